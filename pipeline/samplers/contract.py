@@ -1,0 +1,203 @@
+"""The sampler contract shared by every verify-step implementation.
+
+A sampler verifies the γ tokens a draft model proposed against the target model's logits and emits
+between 1 and γ+1 tokens::
+
+    result = sampler(draft_tokens, draft_logits, target_logits, generator=None)
+
+      draft_tokens   int64 [B, γ]          tokens the draft model sampled
+      draft_logits   float [B, γ, V_d]     raw draft logits at those γ positions
+      target_logits  float [B, γ+1, V_t]   raw target logits at the γ+1 positions
+                                           (position i scores the token after draft_tokens[:, :i])
+      result.accepted  int64 [B]           accepted draft tokens per row, 0..γ
+      result.tokens    int64 [B, γ+1]      the accepted draft tokens, then the one corrected or bonus
+                                           token, then -1 padding
+
+Logits may be fp32, fp16 or bf16; arithmetic that matters is done in fp32. V_d may be smaller than V_t
+(padded embedding matrices): draft entries past V_d count as probability 0. V_d > V_t is an error, because
+the draft could propose a token the target cannot score.
+
+Samplers never synchronise with the host inside a step: no ``.item()``, no Python branch on tensor values,
+no ``.nonzero()``. Problems found in tensor *values* (NaN, +inf, a row of only -inf) are therefore reported
+through device-side flags in the result (``draft_ok``, ``target_ok``), which the caller checks when it
+chooses to sync (:meth:`SamplerResult.check`, or :class:`FiniteCheck` across a whole generation).
+
+Randomness: one ``torch.rand((B, γ+1))`` call per step. Column i < γ is the acceptance uniform of draft
+token i; column γ picks the emitted token by inverse CDF (:func:`sample_from_weights`). Backends that are
+held to the reference take these same uniforms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.errors import NonFiniteLogitsError, SamplerInputError
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# A residual whose mass is at most this fraction of the target row's mass is rounding noise: the two
+# distributions are equal up to fp32 error. Sampling from it would amplify noise, so the target row is
+# used instead (the induced error in the output distribution is below 1e-11).
+RESIDUAL_ZERO_TOL = 16 * torch.finfo(torch.float32).eps
+
+# Inverse-CDF sampling works on chunks of this many vocabulary entries: one pass of chunk sums, a
+# cumulative sum over the chunks, then a cumulative sum inside the one chunk that holds the sample.
+CDF_CHUNK = 1024
+
+
+@dataclass
+class SamplerResult:
+    """What one verify step emits.
+
+    accepted   int64 [B]        accepted draft tokens per row, 0..γ
+    tokens     int64 [B, γ+1]   accepted draft tokens, the corrected/bonus token, then -1 padding
+    draft_ok   bool  [B]        False where a draft logit the step read was NaN/+inf or a row was all -inf
+    target_ok  bool  [B]        the same for the target logits
+    """
+
+    accepted: torch.Tensor
+    tokens: torch.Tensor
+    draft_ok: torch.Tensor
+    target_ok: torch.Tensor
+
+    @property
+    def emitted(self) -> torch.Tensor:
+        """int64 [B]: tokens emitted per row (accepted + 1)."""
+        return self.accepted + 1
+
+    def check(self) -> SamplerResult:
+        """Raise :class:`NonFiniteLogitsError` if any row read non-finite logits. Syncs with the device."""
+        _raise_if_bad(self.draft_ok, "draft_logits")
+        _raise_if_bad(self.target_ok, "target_logits")
+        return self
+
+
+def _raise_if_bad(ok: torch.Tensor, tensor_name: str, where: str = "") -> None:
+    if not bool(ok.all()):
+        rows = (~ok).nonzero().flatten().tolist()
+        raise NonFiniteLogitsError(
+            f"{tensor_name} has NaN/+inf values (or a row of only -inf) in batch rows {rows[:16]}{where}: "
+            "check the model's dtype (fp16 overflow?) and any logits processors"
+        )
+
+
+class FiniteCheck:
+    """Accumulates the device-side finiteness flags of many steps without syncing; ``check()`` syncs once.
+
+    >>> guard = FiniteCheck()
+    >>> for step in ...: guard.update(sampler(...))
+    >>> guard.check()   # raises NonFiniteLogitsError naming the tensor
+    """
+
+    def __init__(self) -> None:
+        self._draft_bad: torch.Tensor | None = None
+        self._target_bad: torch.Tensor | None = None
+
+    def update(self, result: SamplerResult) -> None:
+        draft_bad = ~result.draft_ok.all()
+        target_bad = ~result.target_ok.all()
+        if self._draft_bad is None:
+            self._draft_bad, self._target_bad = draft_bad, target_bad
+        else:
+            self._draft_bad = self._draft_bad | draft_bad
+            self._target_bad = self._target_bad | target_bad
+
+    def check(self) -> None:
+        if self._draft_bad is None:
+            return
+        _raise_if_bad(~self._draft_bad.reshape(1), "draft_logits", where=" (at some verify step)")
+        _raise_if_bad(~self._target_bad.reshape(1), "target_logits", where=" (at some verify step)")
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def validate_inputs(draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> None:
+    """Check shapes, dtypes and devices against the contract. Looks only at metadata: never syncs."""
+    if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype != torch.int64 or draft_tokens.dim() != 2:
+        got = _shape(draft_tokens) + f" {draft_tokens.dtype}" if isinstance(draft_tokens, torch.Tensor) else repr(
+            type(draft_tokens))
+        raise SamplerInputError(f"draft_tokens must be int64 [B, γ]; got {got}")
+    for name, t, dims in (("draft_logits", draft_logits, "[B, γ, V_d]"), ("target_logits", target_logits,
+                                                                          "[B, γ+1, V_t]")):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            got = _shape(t) if isinstance(t, torch.Tensor) else repr(type(t))
+            raise SamplerInputError(f"{name} must be a 3-d tensor {dims}; got {got}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise SamplerInputError(f"{name} must be float32, float16 or bfloat16; got {t.dtype}")
+        if t.device != draft_tokens.device:
+            raise SamplerInputError(
+                f"{name} is on {t.device} but draft_tokens is on {draft_tokens.device}: put all three on one device")
+    B, gamma = draft_tokens.shape
+    if draft_logits.shape[0] != B or draft_logits.shape[1] != gamma:
+        raise SamplerInputError(
+            f"draft_logits has shape {_shape(draft_logits)} but draft_tokens has shape {_shape(draft_tokens)}: "
+            f"expected draft_logits [B, γ, V_d] = [{B}, {gamma}, V_d]")
+    if target_logits.shape[0] != B or target_logits.shape[1] != gamma + 1:
+        raise SamplerInputError(
+            f"target_logits has shape {_shape(target_logits)} but draft_tokens has shape {_shape(draft_tokens)}: "
+            f"expected target_logits [B, γ+1, V_t] = [{B}, {gamma + 1}, V_t]")
+    if draft_logits.shape[2] > target_logits.shape[2]:
+        raise SamplerInputError(
+            f"draft vocabulary ({draft_logits.shape[2]}) is larger than the target's ({target_logits.shape[2]}): "
+            "the target has no logits for some draft tokens; use a draft with the target's tokenizer")
+
+
+def uniforms(batch: int, gamma: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+    """float32 [B, γ+1] uniforms in [0, 1): acceptance tests in columns 0..γ-1, the emitted-token draw in γ."""
+    return torch.rand((batch, gamma + 1), generator=generator, device=device, dtype=torch.float32)
+
+
+def count_accepted(accept: torch.Tensor) -> torch.Tensor:
+    """bool [B, γ] per-position acceptance -> int64 [B] length of the accepted prefix."""
+    return accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def assemble_tokens(draft_tokens: torch.Tensor, accepted: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+    """int64 [B, γ+1]: draft_tokens[:, :accepted], then next_token, then -1.
+
+    draft_tokens int64 [B, γ], accepted int64 [B], next_token int64 [B].
+    """
+    B, gamma = draft_tokens.shape
+    pos = torch.arange(gamma + 1, device=draft_tokens.device).expand(B, gamma + 1)
+    padded = torch.nn.functional.pad(draft_tokens, (0, 1), value=-1)
+    acc = accepted[:, None]
+    return torch.where(pos < acc, padded, torch.where(pos == acc, next_token[:, None], -1))
+
+
+def sample_from_weights(weights: torch.Tensor, u: torch.Tensor, chunk: int = CDF_CHUNK) -> torch.Tensor:
+    """Inverse-CDF sample from non-negative, unnormalised weights, without a host sync.
+
+    weights  float32 [B, V] (contiguous), each row with positive mass
+    u        float32 [B] uniforms in [0, 1)
+    returns  int64 [B]: the first index i with cumsum(weights)[i] > u * sum(weights)
+
+    Two levels, so only one full pass over V: chunk sums, a cumulative sum over chunks, then a cumulative sum
+    inside the chosen chunk. Where rounding puts the target mass past the last positive entry, the last
+    positive entry is taken, so a zero-weight token is never returned for a row with positive mass.
+    """
+    B, V = weights.shape
+    n_full = V // chunk
+    parts = []
+    if n_full:
+        parts.append(weights[:, : n_full * chunk].reshape(B, n_full, chunk).sum(dim=-1))
+    if V % chunk:
+        parts.append(weights[:, n_full * chunk:].sum(dim=-1, keepdim=True))
+    chunk_sums = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]          # [B, n_chunks]
+    chunk_cdf = chunk_sums.cumsum(dim=1)
+    total = chunk_cdf[:, -1:]
+    x = u[:, None] * total                                                          # [B, 1]
+    k = torch.searchsorted(chunk_cdf, x, right=True)
+    k = torch.minimum(k, (chunk_cdf < total).sum(dim=1, keepdim=True))              # last chunk with mass
+    offset = x - (chunk_cdf.gather(1, k) - chunk_sums.gather(1, k))                 # mass left inside chunk k
+
+    idx = k * chunk + torch.arange(chunk, device=weights.device)                    # [B, chunk]
+    in_range = idx < V
+    window = torch.where(in_range, weights.gather(1, idx.clamp_max(V - 1)), 0.0)
+    window_cdf = window.cumsum(dim=1)
+    j = torch.searchsorted(window_cdf, offset, right=True)
+    j = torch.minimum(j, (window_cdf < window_cdf[:, -1:]).sum(dim=1, keepdim=True))
+    return (k * chunk + j).squeeze(1)

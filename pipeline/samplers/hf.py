@@ -1,0 +1,76 @@
+"""Hugging Face's own verify step, behind the sampler contract: the baseline the paper measured against.
+
+This calls transformers' ``_speculative_sampling`` itself (it is not copied), so it measures what HF users
+run: two full-vocabulary softmaxes, host syncs, batch 1. HF's function draws from torch's global RNG; when a
+``generator`` is passed, a seed is drawn from it and HF runs under a forked, re-seeded global RNG.
+HF has no NaN check of its own: NaN logits reach ``torch.multinomial``, which raises.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from pipeline.errors import SamplerInputError, SpecsweepError
+from pipeline.samplers.contract import SamplerResult
+from pipeline.samplers.torch_ref import Sampler
+
+_EXPECTED_PARAMS = ("candidate_input_ids", "candidate_logits", "candidate_length", "new_logits")
+
+
+def hf_speculative_sampling():
+    """Return transformers' ``_speculative_sampling``, after checking it still has the signature we call."""
+    import transformers
+    from transformers.generation import utils as hf_utils
+
+    fn = getattr(hf_utils, "_speculative_sampling", None)
+    if fn is None:
+        raise SpecsweepError(
+            f"transformers {transformers.__version__} has no generation.utils._speculative_sampling: "
+            "install the tested version from constraints.txt")
+    params = tuple(inspect.signature(fn).parameters)[: len(_EXPECTED_PARAMS)]
+    if params != _EXPECTED_PARAMS:
+        raise SpecsweepError(
+            f"transformers {transformers.__version__} changed _speculative_sampling{params}; specsweep calls it "
+            f"as {_EXPECTED_PARAMS}: install the tested version from constraints.txt")
+    return fn
+
+
+class HFSampler(Sampler):
+    """transformers' ``_speculative_sampling`` (Leviathan et al. algorithm 1), batch 1, temperature > 0."""
+
+    name = "hf"
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        super().__init__(temperature)
+        if self.temperature == 0.0:
+            raise SamplerInputError(
+                "the hf sampler needs temperature > 0 (at T = 0 HF verifies by token matching): use sampler greedy")
+        self._fn = hf_speculative_sampling()
+
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+        B, gamma = draft_tokens.shape
+        if B != 1:
+            raise SamplerInputError(f"the hf sampler runs batch 1, as HF does; got batch {B}: use --batch-size 1")
+        if gamma == 0:
+            raise SamplerInputError("the hf sampler needs γ >= 1 (HF never verifies zero candidates)")
+        # HF hands the sampler fp32 logits already divided by the temperature (its logits warpers do that).
+        candidate_logits = draft_logits.float() / self.temperature
+        new_logits = target_logits.float() / self.temperature
+        v_t, v_d = new_logits.shape[-1], candidate_logits.shape[-1]
+        if v_d < v_t:  # padded target vocabulary: the draft's missing entries have probability 0
+            candidate_logits = torch.nn.functional.pad(candidate_logits, (0, v_t - v_d), value=float("-inf"))
+        if generator is None:
+            valid, n_matches = self._fn(draft_tokens, candidate_logits, gamma, new_logits)
+        else:
+            seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device).item())
+            devices = [draft_tokens.device] if draft_tokens.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                valid, n_matches = self._fn(draft_tokens, candidate_logits, gamma, new_logits)
+        accepted = n_matches.reshape(1).to(torch.int64)
+        tokens = torch.full((1, gamma + 1), -1, dtype=torch.int64, device=draft_tokens.device)
+        tokens[:, : valid.shape[1]] = valid
+        ok = torch.ones(1, dtype=torch.bool, device=draft_tokens.device)
+        return SamplerResult(accepted=accepted, tokens=tokens, draft_ok=ok, target_ok=ok)

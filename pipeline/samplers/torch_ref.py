@@ -1,0 +1,268 @@
+"""The torch reference samplers: what `exact`, `sigmoid` and `greedy` compute.
+
+Every other backend (the CUDA kernels) is held to these by the same tests. Batched, CPU or CUDA, no host
+sync inside a step. See :mod:`pipeline.samplers.contract` for the call signature and shapes.
+
+The two stochastic samplers share one algorithm, :func:`rejection_verify`, and differ only in the weight
+function w(z) that turns a logit into an (unnormalised) probability:
+
+    exact    w(z) = softmax(z / T)                 (normalised over the vocabulary)
+    sigmoid  w(z) = sigmoid(alpha * z / T + beta)  (element-wise; normalised only where a sample is drawn)
+
+For draft token x_i at position i: accept with probability min(1, w_t(x_i) / w_d(x_i)), reject outright when
+w_d(x_i) == 0. At the first rejection n draw the emitted token from norm(max(0, w_t[n] - w_d[n])); if all γ
+are accepted draw the bonus token from norm(w_t[γ]). With softmax weights this is the modified rejection
+sampling of Leviathan et al. (2023) / Chen et al. (2023): the emitted tokens follow the target exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from pipeline.errors import SamplerInputError
+from pipeline.samplers.contract import (
+    RESIDUAL_ZERO_TOL,
+    SamplerResult,
+    assemble_tokens,
+    count_accepted,
+    sample_from_weights,
+    uniforms,
+    validate_inputs,
+)
+
+
+class Sampler:
+    """Base class: validates inputs against the contract, then runs ``_verify``.
+
+    Subclasses set ``name`` and ``backend`` and implement ``_verify`` with the contract's shapes.
+    """
+
+    name = "?"
+    backend = "torch"
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        temperature = float(temperature)
+        if not temperature >= 0.0:  # also catches NaN
+            raise SamplerInputError(f"temperature must be >= 0 (0 means greedy verify); got {temperature}")
+        self.temperature = temperature
+
+    @property
+    def params(self) -> dict:
+        return {"temperature": self.temperature}
+
+    def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor,
+                 generator: torch.Generator | None = None) -> SamplerResult:
+        validate_inputs(draft_tokens, draft_logits, target_logits)
+        return self._verify(draft_tokens, draft_logits, target_logits, generator)
+
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator) -> SamplerResult:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}(backend={self.backend!r}, {args})"
+
+
+def _finite_max_ok(max_values: torch.Tensor) -> torch.Tensor:
+    """bool [B]: True where every per-position maximum is finite (NaN, +inf and all -inf rows are not)."""
+    return torch.isfinite(max_values).all(dim=1)
+
+
+def _no_nan_or_posinf(values: torch.Tensor) -> torch.Tensor:
+    """bool [B] for values [B, k]: -inf is a legitimate zero probability; NaN and +inf are not."""
+    return ~(values.isnan() | values.isposinf()).any(dim=1)
+
+
+def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
+                  target_logits: torch.Tensor) -> SamplerResult:
+    """Accept while the draft token equals argmax of the target, then emit the target's argmax.
+
+    Reads the whole target tensor (one max pass) and the draft logits only at the drafted tokens.
+    """
+    gamma = draft_tokens.shape[1]
+    target_max, target_argmax = target_logits.max(dim=-1)                  # [B, γ+1]
+    accepted = count_accepted(draft_tokens == target_argmax[:, :gamma])
+    next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)
+    drafted = draft_logits.gather(2, draft_tokens[..., None]).squeeze(2)     # [B, γ]
+    return SamplerResult(
+        accepted=accepted,
+        tokens=assemble_tokens(draft_tokens, accepted, next_token),
+        draft_ok=_no_nan_or_posinf(drafted),
+        target_ok=_finite_max_ok(target_max),
+    )
+
+
+def rejection_verify(
+    draft_tokens: torch.Tensor,
+    target_point: torch.Tensor,
+    draft_point: torch.Tensor,
+    target_row: Callable[[torch.Tensor], torch.Tensor],
+    draft_row: Callable[[torch.Tensor], torch.Tensor],
+    u: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Modified rejection sampling over arbitrary non-negative weights.
+
+    draft_tokens  int64   [B, γ]
+    target_point  float32 [B, γ]   w_t(x_i) at the drafted tokens
+    draft_point   float32 [B, γ]   w_d(x_i) at the drafted tokens
+    target_row    n int64 [B] -> float32 [B, V_t]   w_t over the vocabulary at position n[b] (n in 0..γ)
+    draft_row     n int64 [B] -> float32 [B, V_d]   w_d over the vocabulary at position n[b] (n in 0..γ-1)
+    u             float32 [B, γ+1] uniforms (see contract.uniforms)
+    returns       (accepted int64 [B], next_token int64 [B])
+    """
+    gamma = draft_tokens.shape[1]
+    # u < w_t/w_d without dividing; w_d == 0 (underflow, masked token) always rejects.
+    accept = (draft_point > 0) & (u[:, :gamma] * draft_point < target_point)
+    accepted = count_accepted(accept)
+    weights = target_row(accepted)                                           # [B, V_t]
+    if gamma > 0:
+        residual = weights.clone()
+        d_row = draft_row(accepted.clamp_max(gamma - 1))                     # [B, V_d]
+        residual[:, : d_row.shape[1]] -= d_row
+        residual.clamp_min_(0.0)
+        # Use the residual where a draft token was rejected and the residual is more than rounding noise.
+        use_residual = (accepted < gamma) & (residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
+        weights = torch.where(use_residual[:, None], residual, weights)
+    return accepted, sample_from_weights(weights, u[:, gamma])
+
+
+def _rows(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """logits [B, P, V], positions int64 [B] -> logits[b, positions[b]] as [B, V] (a copy)."""
+    return logits[torch.arange(logits.shape[0], device=logits.device), positions]
+
+
+class ExactSampler(Sampler):
+    """Modified rejection sampling: the emitted tokens are distributed exactly as the target's samples.
+
+    Cost: one fused softmax over each logit tensor (the normalisers are unavoidable for exact ratios), one
+    residual row per batch row, and a two-level inverse-CDF draw. ``temperature=0`` verifies greedily.
+    """
+
+    name = "exact"
+
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+        if self.temperature == 0.0:
+            return greedy_verify(draft_tokens, draft_logits, target_logits)
+        B, gamma = draft_tokens.shape
+        inv_t = 1.0 / self.temperature
+        p = _softmax_fp32(target_logits, inv_t)                               # [B, γ+1, V_t]
+        q = _softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
+        idx = draft_tokens[..., None]
+        p_x = p[:, :gamma].gather(2, idx).squeeze(2)
+        q_x = q.gather(2, idx).squeeze(2)
+        u = uniforms(B, gamma, draft_tokens.device, generator)
+        accepted, next_token = rejection_verify(
+            draft_tokens, p_x, q_x, lambda n: _rows(p, n), lambda n: _rows(q, n), u)
+        # A softmax row that saw NaN, +inf, or only -inf is NaN in every entry: one entry per row tells.
+        return SamplerResult(
+            accepted=accepted,
+            tokens=assemble_tokens(draft_tokens, accepted, next_token),
+            draft_ok=~q[:, :, 0].isnan().any(dim=1),
+            target_ok=~p[:, :, 0].isnan().any(dim=1),
+        )
+
+
+def _softmax_fp32(logits: torch.Tensor, inv_t: float) -> torch.Tensor:
+    if inv_t != 1.0:
+        logits = logits.float() * inv_t
+    return torch.softmax(logits, dim=-1, dtype=torch.float32)
+
+
+class SigmoidSampler(Sampler):
+    """The paper's approximation: softmax replaced by w(z) = sigmoid(alpha * z / T + beta).
+
+    NOT distribution-preserving: outputs do not follow the target's distribution. The acceptance ratio uses
+    the unnormalised weights w_t(x)/w_d(x), and the residual and bonus rows are normalised only where a token
+    is drawn, so no full-vocabulary reduction is needed for positions that are accepted. That is where the
+    speed comes from: only the γ drafted logits and one vocabulary row per batch row are read.
+
+    Parameters (the paper writes sigmoid((z - a) / b); here alpha = 1/b, beta = -a/b):
+      alpha > 0  scale of the tempered logit. Default 1.
+      beta       shift. Default -20: for alpha*z/T below ~-5, sigmoid(x) ~= exp(x), so ratios and normalised
+                 rows match softmax's (at temperature T/alpha) and the sampler is close to exact; logits
+                 that push alpha*z/T + beta towards 0 or above saturate at 1, flattening the top of the
+                 distribution. As beta -> -inf the sampler becomes exact (until fp32 underflow).
+
+    ``SigmoidSampler.paper(...)`` reproduces the constants of the paper's released kernels,
+    sigmoid((z + 1e4) / 2e4), i.e. alpha = 5e-5, beta = 0.5. With logits of ordinary size (|z| < 100) every
+    weight is within 0.001 of sigmoid(0.5) = 0.62: the ratio w_t/w_d is ~1, so nearly every draft token is
+    accepted whatever the target thinks, and residual/bonus draws are close to uniform over the vocabulary.
+    """
+
+    name = "sigmoid"
+    PAPER_ALPHA = 1.0 / 2e4
+    PAPER_BETA = 1e4 / 2e4
+
+    def __init__(self, temperature: float = 1.0, alpha: float = 1.0, beta: float = -20.0) -> None:
+        super().__init__(temperature)
+        alpha, beta = float(alpha), float(beta)
+        if not alpha > 0.0 or alpha == float("inf"):
+            raise SamplerInputError(f"sigmoid alpha must be a finite number > 0; got {alpha}")
+        if beta != beta or abs(beta) == float("inf"):
+            raise SamplerInputError(f"sigmoid beta must be finite; got {beta}")
+        self.alpha, self.beta = alpha, beta
+
+    @classmethod
+    def paper(cls, temperature: float = 1.0) -> SigmoidSampler:
+        """The paper's released-kernel constants: sigmoid((z + 1e4) / 2e4). Accepts nearly every draft token."""
+        return cls(temperature=temperature, alpha=cls.PAPER_ALPHA, beta=cls.PAPER_BETA)
+
+    @property
+    def params(self) -> dict:
+        return {"temperature": self.temperature, "alpha": self.alpha, "beta": self.beta}
+
+    def _weights(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(logits.float() * (self.alpha / self.temperature) + self.beta)
+
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+        if self.temperature == 0.0:
+            return greedy_verify(draft_tokens, draft_logits, target_logits)
+        B, gamma = draft_tokens.shape
+        idx = draft_tokens[..., None]
+        z_t = target_logits[:, :gamma].gather(2, idx).squeeze(2)               # [B, γ]
+        z_d = draft_logits.gather(2, idx).squeeze(2)
+        u = uniforms(B, gamma, draft_tokens.device, generator)
+
+        row_max = {}
+
+        def target_row(n):
+            z = _rows(target_logits, n)
+            row_max["target"] = z.amax(dim=1)
+            return self._weights(z)
+
+        def draft_row(n):
+            z = _rows(draft_logits, n)
+            row_max["draft"] = z.amax(dim=1)
+            return self._weights(z)
+
+        accepted, next_token = rejection_verify(
+            draft_tokens, self._weights(z_t), self._weights(z_d), target_row, draft_row, u)
+        # Everything this step read: the drafted logits and the drawn rows. A drafted target logit of -inf is
+        # a legitimate zero; NaN and +inf are not, nor is a drawn row whose maximum is not finite.
+        target_ok = _no_nan_or_posinf(z_t) & torch.isfinite(row_max["target"])
+        draft_ok = _no_nan_or_posinf(z_d)
+        if "draft" in row_max:
+            draft_ok &= torch.isfinite(row_max["draft"])
+        return SamplerResult(
+            accepted=accepted,
+            tokens=assemble_tokens(draft_tokens, accepted, next_token),
+            draft_ok=draft_ok,
+            target_ok=target_ok,
+        )
+
+
+class GreedySampler(Sampler):
+    """Accept while the draft token equals the target's argmax; then emit the target's argmax.
+
+    Deterministic; ignores temperature and the draft's probabilities. Equivalent to `exact` at T = 0.
+    """
+
+    name = "greedy"
+
+    def __init__(self, temperature: float = 0.0) -> None:
+        super().__init__(temperature)
+
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+        return greedy_verify(draft_tokens, draft_logits, target_logits)

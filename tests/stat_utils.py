@@ -1,0 +1,57 @@
+"""Statistics helpers for the sampler tests: chi-square goodness of fit with pooled sparse cells.
+
+Every chi-square test in the suite uses ``assert_fits``, which applies one Bonferroni-corrected threshold:
+a family-wise false-alarm rate of FAMILY_ALPHA spread over at most MAX_TESTS tests. Seeds are fixed, so a
+pass or a fail is deterministic; the negative controls in test_sampler_exactness.py show the same test
+rejects wrong samplers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+FAMILY_ALPHA = 0.01
+MAX_TESTS = 200
+THRESHOLD = FAMILY_ALPHA / MAX_TESTS
+MIN_EXPECTED = 5.0
+
+
+def pooled(observed: np.ndarray, expected_prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pool cells with expected count < MIN_EXPECTED into one cell (merged into the smallest remaining cell
+    if the pool itself is still too small). Returns (observed, expected) counts with equal totals."""
+    observed = np.asarray(observed, dtype=np.float64).ravel()
+    expected = np.asarray(expected_prob, dtype=np.float64).ravel() * observed.sum()
+    small = expected < MIN_EXPECTED
+    if observed[expected == 0].sum() > 0:
+        bad = np.flatnonzero((expected == 0) & (observed > 0))
+        raise AssertionError(f"observed samples in zero-probability cells {bad[:10].tolist()}")
+    obs, exp = list(observed[~small]), list(expected[~small])
+    if small.any():
+        pool_obs, pool_exp = observed[small].sum(), expected[small].sum()
+        if pool_exp >= MIN_EXPECTED or not exp:
+            obs.append(pool_obs)
+            exp.append(pool_exp)
+        else:
+            i = int(np.argmin(exp))
+            obs[i] += pool_obs
+            exp[i] += pool_exp
+    return np.array(obs), np.array(exp)
+
+
+def chisquare_pvalue(observed: np.ndarray, expected_prob: np.ndarray) -> float:
+    obs, exp = pooled(observed, expected_prob)
+    if len(obs) < 2:
+        return 1.0
+    exp = exp * (obs.sum() / exp.sum())  # exact totals despite float rounding
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+def assert_fits(observed: np.ndarray, expected_prob: np.ndarray, what: str) -> float:
+    p = chisquare_pvalue(observed, expected_prob)
+    assert p > THRESHOLD, f"{what}: chi-square p = {p:.3g} <= {THRESHOLD:.3g}; the sampler's distribution is wrong"
+    return p
+
+
+def counts(values: np.ndarray, n_cells: int) -> np.ndarray:
+    return np.bincount(np.asarray(values).ravel(), minlength=n_cells)[:n_cells]
