@@ -1,0 +1,812 @@
+// Verify-step kernels for speculative decoding: exact (modified rejection sampling), sigmoid, greedy.
+//
+// What they compute is defined by pipeline/samplers/torch_ref.py; shapes follow pipeline/samplers/contract.py:
+//   draft_tokens  int64 [B, γ]         target logits  T [B, γ+1, V_t]      draft logits  T [B, γ, V_d]
+//   u             fp32  [B, γ+1]       (column i < γ: acceptance uniforms, column γ: inverse-CDF draw)
+//   tokens        int64 [B, γ+1]       accepted  int64 [B]      draft_ok / target_ok  bool [B]
+// T is float, __half or __nv_bfloat16 (templated; instantiated by name from kernels/loader.py). Logits may have
+// any batch / position strides, but unit stride along the vocabulary. All arithmetic is fp32.
+//
+// The math. With weights w(z) (exact: softmax(z/T), sigmoid: sigmoid(alpha*z/T + beta)):
+//   accept draft token x_i  iff  w_d,i(x_i) > 0  and  u_i * w_d,i(x_i) < w_t,i(x_i)          (no division)
+//   n = length of the accepted prefix
+//   emitted token ~ norm(max(0, w_t,n - w_d,n))   if n < γ and that residual has mass > TOL * mass(w_t,n)
+//                 ~ norm(w_t,n)                    otherwise (bonus token, or residual that is rounding noise)
+// The emitted token is drawn by inverse CDF with u_γ, in two levels exactly as contract.sample_from_weights:
+// sums over chunks of kChunk = 1024 entries, the chunk k holding u_γ * total, then a scan inside chunk k.
+//
+// Softmax needs per-row normalisers m = max z/T and S = Σ exp(z/T - m): these are computed in one read of the
+// logits with an online (rescaling) max/sum-exp, never materialising probabilities. The residual needs the
+// normalisers of rows n of both models *before* it can be summed (max(0, p - q) does not decompose over
+// blocks), so exact uses two launches on one stream:
+//   exact_partials<T>  grid (S1, 2γ+1, B): block (s, r, b) reduces slice s of row r (γ+1 target rows, then γ
+//                      draft rows) to (m, S); the last block of batch row b (atomic counter + __threadfence)
+//                      combines the S1 partials per row, makes the γ acceptance decisions and writes n,
+//                      the accepted prefix, the flags and the normalisers of rows n.
+//   exact_sample<T>    grid (S2, B): block (s, b) sums p and max(0, p - q) over its chunks of row n; the last
+//                      block of row b chooses the chunk and scans inside it.
+// Why not one launch: a single launch would need either a spin barrier between blocks (correct only while
+// every block is co-resident, which MPS limits, green contexts or a busy GPU do not guarantee, and a wrong
+// guess hangs the GPU) or would leave the residual pass over two full rows to the one last block per batch row
+// (one SM reading 2 x V entries: several microseconds at B = 1 with V = 128k, far more than a second launch
+// costs). Two launches keep every pass spread over the whole GPU at B = 1 and cost one launch gap; both are
+// captured by CUDA graphs.
+//   sigmoid_sample<T>  grid (S2, B): sigmoid weights are unnormalised, so every block makes the γ acceptance
+//                      decisions itself from the 2γ drafted logits (cheap, identical in every block), then
+//                      runs the same chunk pass as exact_sample over row n. One launch.
+//   greedy_verify<T>   grid (S1, γ+1, B): block (s, r, b) finds the argmax of slice s of target row r (first
+//                      index on ties, as torch.max); the last block of row b combines them. One launch.
+//
+// Work split: the vocabulary is cut into slices of whole 1024-entry chunks, and the host (loader.py) picks the
+// number of slices so that the grid has a few blocks per SM even at B = 1. Every block has kThreads = 256
+// threads; each thread loads 16 bytes at a time (4 fp32 or 8 fp16/bf16 entries) when the row start is 16-byte
+// aligned, and element by element otherwise (odd V). Entries past a row's end read as -inf (weight 0).
+//
+// Faults avoided (of the paper's released kernels): shared arrays are fp32/int and sized by compile-time
+// bounds (kMaxRows, kMaxChunks, kWarps), never by a half-precision count; reductions are warp shuffles over
+// full warps plus a loop over all warps, so no element is dropped whatever the slice length; every
+// __syncthreads() is reached by all threads of the block (a block that is not last leaves as a whole); no
+// [γ, V] probability, ratio or residual tensor is written: the workspace holds per-slice partials, per-chunk
+// sums and per-row decisions only. Counters are reset by the block that used them, so no memset per step.
+//
+// Matching the torch reference: tempering is z * (1/T) rounded once (__fmul_rn), as torch multiplies; softmax
+// entries are expf(x - m) / S, as torch's epilogue; sigmoid is 1 / (1 + expf(-(z * a + b))) with separate
+// roundings, as torch's mul, add and sigmoid kernels. Acceptance uses the same comparison. Given the same
+// uniforms, decisions can differ from the reference only where u * w_d and w_t are within fp32 rounding of each
+// other (the reference's S is summed in another order), and the emitted token only where u_γ * total lies
+// within rounding of a CDF step. CuPy compiles with -ftz=true, so weights below FLT_MIN (1.2e-38) count as 0.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace specsweep {
+
+constexpr int kThreads = 256;                  // threads per block, all kernels
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 1024;                   // == contract.CDF_CHUNK
+constexpr int kMaxGamma = 16;
+constexpr int kMaxRows = 2 * kMaxGamma + 1;    // rows reduced per batch row by exact_partials
+constexpr int kMaxChunks = 256;                // V_t <= 262144
+constexpr int kUnroll = 4;                     // 16-byte loads in flight per thread in the partial passes
+constexpr float kResidualZeroTol = 16.0f * 1.1920928955078125e-07f;  // == contract.RESIDUAL_ZERO_TOL
+constexpr unsigned kFull = 0xffffffffu;
+#define SPECSWEEP_INF __int_as_float(0x7f800000)   // NVRTC has no math.h: INFINITY / NAN spelled out
+#define SPECSWEEP_NAN __int_as_float(0x7fffffff)
+
+// ---- loads --------------------------------------------------------------------------------------------------
+
+template <typename T> struct Vec;
+template <> struct Vec<float> { static constexpr int N = 4; };
+template <> struct Vec<__half> { static constexpr int N = 8; };
+template <> struct Vec<__nv_bfloat16> { static constexpr int N = 8; };
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// The two 16-bit values packed in one 32-bit word, low half first.
+__device__ __forceinline__ void unpack2(unsigned w, float& lo, float& hi, __half) {
+  lo = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+  hi = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+__device__ __forceinline__ void unpack2(unsigned w, float& lo, float& hi, __nv_bfloat16) {
+  lo = __uint_as_float(w << 16);             // bf16 -> fp32 is a 16-bit shift, exact
+  hi = __uint_as_float(w & 0xffff0000u);
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& r, float (&v)[Vec<T>::N]) {
+  unpack2(r.x, v[0], v[1], T());
+  unpack2(r.y, v[2], v[3], T());
+  unpack2(r.z, v[4], v[5], T());
+  unpack2(r.w, v[6], v[7], T());
+}
+template <>
+__device__ __forceinline__ void unpack16<float>(const uint4& r, float (&v)[4]) {
+  v[0] = __uint_as_float(r.x); v[1] = __uint_as_float(r.y);
+  v[2] = __uint_as_float(r.z); v[3] = __uint_as_float(r.w);
+}
+
+// v[k] = row[i + k] for i + k < len, else fill. `vec`: the row start is 16-byte aligned (and i is a multiple of
+// N), so a whole vector in range is read with one 16-byte load.
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* __restrict__ row, int i, int len, bool vec, float fill,
+                                         float (&v)[Vec<T>::N]) {
+  constexpr int N = Vec<T>::N;
+  if (vec && i + N <= len) {
+    unpack16<T>(__ldg(reinterpret_cast<const uint4*>(row + i)), v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = (i + k < len) ? to_float(row[i + k]) : fill;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ bool aligned16(const T* p) {
+  return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull;
+}
+
+__device__ __forceinline__ bool nan_or_posinf(float x) { return isnan(x) || x == SPECSWEEP_INF; }
+
+// ---- reductions ---------------------------------------------------------------------------------------------
+
+// Online softmax normaliser: m = max, s = Σ exp(x - m). m == -inf means "no entry yet" (then s == 0).
+struct MaxSum {
+  float m;
+  float s;
+};
+
+__device__ __forceinline__ MaxSum ms_merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -SPECSWEEP_INF) return {m, 0.0f};
+  const float sa = (a.s == 0.0f) ? 0.0f : a.s * expf(a.m - m);
+  const float sb = (b.s == 0.0f) ? 0.0f : b.s * expf(b.m - m);
+  return {m, sa + sb};
+}
+
+__device__ __forceinline__ MaxSum warp_ms(MaxSum v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    MaxSum o = {__shfl_xor_sync(kFull, v.m, off), __shfl_xor_sync(kFull, v.s, off)};
+    v = ms_merge(v, o);
+  }
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
+  return v;
+}
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
+  return v;
+}
+
+// Sum of one int per thread over the block; every thread gets the result. Called by all threads.
+__device__ __forceinline__ int block_sum_int(int v, int* sh /* [kWarps] */) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum_int(v);
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += sh[w];
+  __syncthreads();
+  return total;
+}
+
+// Inclusive prefix sum of one float per thread over the block (thread order). Called by all threads.
+__device__ __forceinline__ float block_inclusive_scan(float v, float* sh /* [kWarps] */) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float o = __shfl_up_sync(kFull, v, off);
+    if (lane >= off) v += o;
+  }
+  if (lane == 31) sh[warp] = v;
+  __syncthreads();
+  float before = 0.0f;
+  for (int w = 0; w < warp; ++w) before += sh[w];
+  __syncthreads();
+  return before + v;
+}
+
+// Last-block-done: returns true in every thread of the one block of batch row b that arrives last. Writes the
+// block made before the call are visible to that block. Called by all threads.
+__device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned blocks, int* sh_flag) {
+  __threadfence();                     // release this block's global writes
+  __syncthreads();
+  if (threadIdx.x == 0) *sh_flag = (atomicAdd(counter, 1u) == blocks - 1u) ? 1 : 0;
+  __syncthreads();
+  const bool last = *sh_flag != 0;
+  if (last) __threadfence();           // acquire: order the reads of the other blocks' writes after the atomic
+  return last;
+}
+
+// ---- weights ------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float softmax_w(float z, float inv_t, float m, float s) {
+  return expf(__fsub_rn(__fmul_rn(z, inv_t), m)) / s;
+}
+
+__device__ __forceinline__ float sigmoid_w(float z, float a, float b) {
+  const float x = __fadd_rn(__fmul_rn(z, a), b);
+  return 1.0f / (1.0f + expf(-x));
+}
+
+// ---- inverse-CDF draw over chunk sums (last block of a batch row) -------------------------------------------
+
+struct Shared {
+  float red[kWarps];
+  int ired[kWarps];
+  float cdf[kMaxChunks];
+  float csum[kMaxChunks];
+  int flag;
+  int n;
+  float total;
+};
+
+// Which chunk holds x = u * total, as contract.sample_from_weights: k = #{c : cdf[c] <= x}, clamped to the last
+// chunk with mass; returns k and the mass left inside it. `w` is this thread's chunk weight (thread c = chunk c).
+__device__ __forceinline__ int choose_chunk(float w, int nc, float u, Shared& sh, float& offset) {
+  const int c = threadIdx.x;
+  const float cdf = block_inclusive_scan(c < nc ? w : 0.0f, sh.red);
+  sh.cdf[c] = cdf;
+  sh.csum[c] = w;
+  if (c == nc - 1) sh.total = cdf;
+  __syncthreads();
+  const float total = sh.total;
+  const float x = u * total;
+  int k = block_sum_int(c < nc && cdf <= x, sh.ired);
+  const int kmax = block_sum_int(c < nc && cdf < total, sh.ired);
+  k = min(k, kmax);
+  k = min(k, nc - 1);
+  offset = x - (sh.cdf[k] - sh.csum[k]);
+  return k;
+}
+
+// Position inside a chunk: thread t holds weights w[0..3] of entries 4t..4t+3. j = #{e : wcdf[e] <= offset},
+// clamped to the last entry with mass (so a zero-weight entry is never returned for a chunk with mass).
+__device__ __forceinline__ int choose_in_chunk(const float (&w)[4], float offset, Shared& sh) {
+  float local[4];
+  local[0] = w[0];
+  local[1] = local[0] + w[1];
+  local[2] = local[1] + w[2];
+  local[3] = local[2] + w[3];
+  const float incl = block_inclusive_scan(local[3], sh.red);
+  const float before = incl - local[3];
+  if (threadIdx.x == kThreads - 1) sh.total = incl;
+  __syncthreads();
+  const float last = sh.total;
+  int le = 0, lt = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float cdf = before + local[e];
+    le += cdf <= offset;
+    lt += cdf < last;
+  }
+  const int j = block_sum_int(le, sh.ired);
+  const int jmax = block_sum_int(lt, sh.ired);
+  return min(j, jmax);
+}
+
+// ---- the chunk pass shared by exact_sample and sigmoid_sample ----------------------------------------------
+
+// Per-row inputs of the pass over row n, already decided.
+struct RowPass {
+  const void* trow;       // target row n
+  const void* drow;       // draft row min(n, γ-1), or nullptr when γ == 0
+  bool residual;          // n < γ: the residual is a candidate
+  // exact: softmax normalisers of the two rows; sigmoid: unused
+  float mt, st, md, sd;
+};
+
+struct WeightParams {
+  bool sigmoid;
+  float inv_t;            // exact: 1/T
+  float a, b;             // sigmoid: alpha/T, beta
+};
+
+template <typename T>
+__device__ __forceinline__ void weights_of(const float (&zt)[Vec<T>::N], const float (&zd)[Vec<T>::N],
+                                           const RowPass& rp, const WeightParams& wp, int i, int vd,
+                                           float& sum_p, float& sum_r) {
+  constexpr int N = Vec<T>::N;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const float p = wp.sigmoid ? sigmoid_w(zt[k], wp.a, wp.b) : softmax_w(zt[k], wp.inv_t, rp.mt, rp.st);
+    float q = 0.0f;
+    if (rp.residual && i + k < vd)
+      q = wp.sigmoid ? sigmoid_w(zd[k], wp.a, wp.b) : softmax_w(zd[k], wp.inv_t, rp.md, rp.sd);
+    sum_p += p;
+    sum_r += fmaxf(__fsub_rn(p, q), 0.0f);
+  }
+}
+
+// Sums p and max(0, p - q) over the chunks [c0, c1) of row n and stores them per chunk in csum[c] (float2).
+// With `flags`, also reduces the raw logits of the rows for the sigmoid reference's row checks: *bad_t / *bad_d
+// get NaN or +inf seen, *any_t / *any_d an entry above -inf seen (per thread).
+template <typename T>
+__device__ void chunk_pass(const RowPass& rp, const WeightParams& wp, int vt, int vd, bool read_draft, int c0,
+                           int c1, float2* __restrict__ csum, bool flags, Shared& sh, bool& bad_t, bool& bad_d,
+                           bool& any_t, bool& any_d) {
+  constexpr int N = Vec<T>::N;
+  constexpr int kStep = kThreads * N;                // entries per block step: 1 (fp32) or 2 (16-bit) chunks
+  constexpr int kThreadsPerChunk = kChunk / N;       // 256 or 128
+  constexpr int kWarpsPerChunk = kThreadsPerChunk / 32;
+  const T* trow = static_cast<const T*>(rp.trow);
+  const T* drow = static_cast<const T*>(rp.drow);
+  const bool tvec = aligned16(trow);
+  const bool dvec = read_draft && aligned16(drow);
+  const int lim = min(c1 * kChunk, vt);
+  const int dlim = min(lim, vd);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int base = c0 * kChunk; base < c1 * kChunk; base += kStep) {  // same trip count in every thread
+    const int i = base + threadIdx.x * N;
+    float zt[N], zd[N];
+    load_vec<T>(trow, i, lim, tvec, -SPECSWEEP_INF, zt);
+    if (read_draft) {
+      load_vec<T>(drow, i, dlim, dvec, -SPECSWEEP_INF, zd);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) zd[k] = -SPECSWEEP_INF;
+    }
+    if (flags) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        bad_t |= nan_or_posinf(zt[k]);
+        any_t |= zt[k] > -SPECSWEEP_INF;
+        bad_d |= nan_or_posinf(zd[k]);
+        any_d |= zd[k] > -SPECSWEEP_INF;
+      }
+    }
+    float sp = 0.0f, sr = 0.0f;
+    if (i < lim) weights_of<T>(zt, zd, rp, wp, i, vd, sp, sr);
+    sp = warp_sum(sp);
+    sr = warp_sum(sr);
+    if (lane == 0) {
+      sh.cdf[warp] = sp;                            // scratch: per-warp sums of this step
+      sh.csum[warp] = sr;
+    }
+    __syncthreads();
+    const int chunk_in_step = threadIdx.x;          // thread j < kWarps / kWarpsPerChunk sums chunk j
+    if (chunk_in_step < kWarps / kWarpsPerChunk) {
+      const int c = base / kChunk + chunk_in_step;
+      float tp = 0.0f, tr = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarpsPerChunk; ++w) {
+        tp += sh.cdf[chunk_in_step * kWarpsPerChunk + w];
+        tr += sh.csum[chunk_in_step * kWarpsPerChunk + w];
+      }
+      if (c < c1) csum[c] = make_float2(tp, tr);
+    }
+    __syncthreads();
+  }
+}
+
+// Weights of the 4 entries 4t..4t+3 of chunk k (thread t), for the in-chunk scan of the last block.
+template <typename T>
+__device__ __forceinline__ void chunk_weights(const RowPass& rp, const WeightParams& wp, bool use_residual, int k,
+                                              int vt, int vd, float (&w)[4]) {
+  const T* trow = static_cast<const T*>(rp.trow);
+  const T* drow = static_cast<const T*>(rp.drow);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int v = k * kChunk + threadIdx.x * 4 + e;
+    float p = 0.0f;
+    if (v < vt) {
+      const float z = to_float(trow[v]);
+      p = wp.sigmoid ? sigmoid_w(z, wp.a, wp.b) : softmax_w(z, wp.inv_t, rp.mt, rp.st);
+      if (use_residual) {
+        float q = 0.0f;
+        if (v < vd) {
+          const float zd = to_float(drow[v]);
+          q = wp.sigmoid ? sigmoid_w(zd, wp.a, wp.b) : softmax_w(zd, wp.inv_t, rp.md, rp.sd);
+        }
+        p = fmaxf(__fsub_rn(p, q), 0.0f);
+      }
+    }
+    w[e] = p;
+  }
+}
+
+// The last block of batch row b: residual or target weights, chunk, entry. Returns the token (all threads).
+template <typename T>
+__device__ int draw_token(const RowPass& rp, const WeightParams& wp, int vt, int vd, int nc,
+                          const float2* __restrict__ csum, float u, Shared& sh) {
+  float cp = 0.0f, cr = 0.0f;
+  if (threadIdx.x < nc) {
+    const float2 s = __ldcg(csum + threadIdx.x);   // written by other blocks: read past L1
+    cp = s.x;
+    cr = s.y;
+  }
+  // reference: use the residual where a draft token was rejected and its mass is more than rounding noise
+  const float tp = block_inclusive_scan(cp, sh.red);
+  const float tr = block_inclusive_scan(cr, sh.red);
+  if (threadIdx.x == kThreads - 1) {
+    sh.cdf[0] = tp;
+    sh.cdf[1] = tr;
+  }
+  __syncthreads();
+  const bool use_residual = rp.residual && sh.cdf[1] > kResidualZeroTol * sh.cdf[0];
+  __syncthreads();
+  float offset;
+  const int k = choose_chunk(use_residual ? cr : cp, nc, u, sh, offset);
+  float w[4];
+  chunk_weights<T>(rp, wp, use_residual, k, vt, vd, w);
+  const int j = choose_in_chunk(w, offset, sh);
+  return min(k * kChunk + j, vt - 1);
+}
+
+// ---- exact: pass 1 --------------------------------------------------------------------------------------------
+
+// Workspace of one batch row b (float/int arrays allocated by loader.py):
+//   part    float2 [B, 2γ+1, S1]  (m, S) per row slice; m = NaN marks a slice with NaN or +inf
+//   dec     float4 [B]             (m_t, S_t, m_d, S_d) of target row n and draft row min(n, γ-1)
+//   nacc    int    [B]             n
+//   csum    float2 [B, kMaxChunks] per-chunk (Σ p, Σ max(0, p - q)) of row n
+//   count   unsigned [2, B]        arrival counters of the two passes, reset by their last block
+template <typename T>
+__device__ void exact_partials_impl(const long long* __restrict__ tokens, const T* __restrict__ target,
+                                    const T* __restrict__ draft, const float* __restrict__ u, int gamma, int vt,
+                                    int vd, long long tsb, long long tsr, long long dsb, long long dsr,
+                                    float inv_t, int slice, float2* __restrict__ part, float4* __restrict__ dec,
+                                    int* __restrict__ nacc, unsigned* __restrict__ count,
+                                    long long* __restrict__ out_tokens, long long out_ld,
+                                    long long* __restrict__ out_accepted, long long acc_stride,
+                                    bool* __restrict__ draft_ok, bool* __restrict__ target_ok) {
+  constexpr int N = Vec<T>::N;
+  __shared__ Shared sh;
+  __shared__ float sh_m[kMaxRows], sh_s[kMaxRows];
+  __shared__ int sh_bad[kMaxRows], sh_acc[kMaxGamma], sh_tok_bad;
+  const int s = blockIdx.x, r = blockIdx.y, b = blockIdx.z;
+  const int rows = 2 * gamma + 1, slices = gridDim.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  // 1) this block's slice of row r: online max / sum-exp of x = z / T, NaN / +inf seen
+  const bool is_target = r <= gamma;
+  const T* row = is_target ? target + b * tsb + r * tsr : draft + b * dsb + (r - gamma - 1) * dsr;
+  const int len = is_target ? vt : vd;
+  const int start = s * slice, end = min(start + slice, len);
+  const bool vec = aligned16(row);
+  MaxSum acc = {-SPECSWEEP_INF, 0.0f};
+  bool bad = false;
+  for (int i0 = start + threadIdx.x * N; i0 < end; i0 += kThreads * N * kUnroll) {
+    float z[kUnroll][N];
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) load_vec<T>(row, i0 + q * kThreads * N, end, vec, -SPECSWEEP_INF, z[q]);
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+      float vm = -SPECSWEEP_INF;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        z[q][k] = __fmul_rn(z[q][k], inv_t);
+        bad |= nan_or_posinf(z[q][k]);
+        vm = fmaxf(vm, z[q][k]);
+      }
+      if (vm > acc.m) {
+        acc.s = (acc.s == 0.0f) ? 0.0f : acc.s * expf(acc.m - vm);
+        acc.m = vm;
+      }
+      if (acc.m != -SPECSWEEP_INF) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) acc.s += expf(z[q][k] - acc.m);
+      }
+    }
+  }
+  acc = warp_ms(acc);
+  bad = __any_sync(kFull, bad);
+  if (lane == 0) {
+    sh.cdf[warp] = acc.m;
+    sh.csum[warp] = acc.s;
+    sh.ired[warp] = bad;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    MaxSum t = {sh.cdf[0], sh.csum[0]};
+    bool any_bad = sh.ired[0] != 0;
+    for (int w = 1; w < kWarps; ++w) {
+      t = ms_merge(t, {sh.cdf[w], sh.csum[w]});
+      any_bad |= sh.ired[w] != 0;
+    }
+    part[(static_cast<long long>(b) * rows + r) * slices + s] = any_bad ? make_float2(SPECSWEEP_NAN, 0.0f)
+                                                                       : make_float2(t.m, t.s);
+  }
+  if (!arrive_last(count + b, static_cast<unsigned>(slices * rows), &sh.flag)) return;
+
+  // 2) last block of batch row b: combine the slices of every row (one warp per row)
+  for (int rr = warp; rr < rows; rr += kWarps) {
+    MaxSum t = {-SPECSWEEP_INF, 0.0f};
+    bool rbad = false;
+    for (int ss = lane; ss < slices; ss += 32) {
+      const float2 p = __ldcg(part + (static_cast<long long>(b) * rows + rr) * slices + ss);
+      if (isnan(p.x)) rbad = true;
+      else t = ms_merge(t, {p.x, p.y});
+    }
+    t = warp_ms(t);
+    rbad = __any_sync(kFull, rbad);
+    if (lane == 0) {
+      sh_m[rr] = t.m;
+      sh_s[rr] = t.s;
+      sh_bad[rr] = rbad || t.m == -SPECSWEEP_INF;   // NaN/+inf, or a row of only -inf: softmax is NaN there
+    }
+  }
+  if (threadIdx.x == 0) sh_tok_bad = 0;
+  __syncthreads();
+
+  // 3) acceptance decisions, one thread per drafted position
+  const int i = threadIdx.x;
+  long long x = -1;
+  if (i < gamma) {
+    x = tokens[static_cast<long long>(b) * gamma + i];
+    const bool in_range = x >= 0 && x < vd;
+    bool accept = false;
+    if (in_range) {
+      const float p = softmax_w(to_float(target[b * tsb + i * tsr + x]), inv_t, sh_m[i], sh_s[i]);
+      const float q = softmax_w(to_float(draft[b * dsb + i * dsr + x]), inv_t, sh_m[gamma + 1 + i],
+                                sh_s[gamma + 1 + i]);
+      accept = q > 0.0f && u[static_cast<long long>(b) * (gamma + 1) + i] * q < p;
+    } else {
+      atomicOr(&sh_tok_bad, 1);               // a token the draft cannot have proposed: reject, flag the draft
+    }
+    sh_acc[i] = accept;
+  }
+  __syncthreads();
+  int n = 0;
+  while (n < gamma && sh_acc[n]) ++n;          // same loop in every thread: n is uniform
+
+  if (i <= gamma) out_tokens[b * out_ld + i] = (i < n) ? x : -1;   // position n is written by exact_sample
+  if (i == 0) {
+    bool dok = sh_tok_bad == 0, tok = true;
+    for (int rr = 0; rr <= gamma; ++rr) tok &= !sh_bad[rr];
+    for (int rr = gamma + 1; rr < rows; ++rr) dok &= !sh_bad[rr];
+    out_accepted[b * acc_stride] = n;
+    draft_ok[b] = dok;
+    target_ok[b] = tok;
+    nacc[b] = n;
+    const int nd = gamma > 0 ? min(n, gamma - 1) : 0;
+    dec[b] = make_float4(sh_m[n], sh_s[n], gamma > 0 ? sh_m[gamma + 1 + nd] : 0.0f,
+                         gamma > 0 ? sh_s[gamma + 1 + nd] : 1.0f);
+    count[b] = 0u;                             // ready for the next step
+  }
+}
+
+// ---- exact: pass 2, and sigmoid -------------------------------------------------------------------------------
+
+template <typename T, bool kSigmoid>
+__device__ void sample_impl(const long long* __restrict__ tokens, const T* __restrict__ target,
+                            const T* __restrict__ draft, const float* __restrict__ u, int gamma, int vt, int vd,
+                            long long tsb, long long tsr, long long dsb, long long dsr, float inv_t, float a,
+                            float beta, int chunks_per_block, const float4* __restrict__ dec,
+                            const int* __restrict__ nacc, float2* __restrict__ csum_all,
+                            unsigned* __restrict__ count, unsigned* __restrict__ flag_words,
+                            long long* __restrict__ out_tokens, long long out_ld,
+                            long long* __restrict__ out_accepted, long long acc_stride, bool* __restrict__ draft_ok,
+                            bool* __restrict__ target_ok) {
+  __shared__ Shared sh;
+  __shared__ int sh_acc[kMaxGamma], sh_point_bad_t, sh_point_bad_d;
+  const int s = blockIdx.x, b = blockIdx.y;
+  const int nc = (vt + kChunk - 1) / kChunk;
+  const long long ub = static_cast<long long>(b) * (gamma + 1);
+
+  // 1) n: read from pass 1 (exact) or decided here from the 2γ drafted logits (sigmoid, identical in all blocks)
+  int n;
+  RowPass rp;
+  WeightParams wp;
+  wp.sigmoid = kSigmoid;
+  wp.inv_t = inv_t;
+  wp.a = a;
+  wp.b = beta;
+  long long x = -1;
+  if (kSigmoid) {
+    if (threadIdx.x == 0) {
+      sh_point_bad_t = 0;
+      sh_point_bad_d = 0;
+    }
+    __syncthreads();
+    const int i = threadIdx.x;
+    if (i < gamma) {
+      x = tokens[static_cast<long long>(b) * gamma + i];
+      bool accept = false;
+      if (x >= 0 && x < vd) {
+        const float zt = to_float(target[b * tsb + i * tsr + x]);
+        const float zd = to_float(draft[b * dsb + i * dsr + x]);
+        if (nan_or_posinf(zt)) atomicOr(&sh_point_bad_t, 1);
+        if (nan_or_posinf(zd)) atomicOr(&sh_point_bad_d, 1);
+        const float wt = sigmoid_w(zt, a, beta), wd = sigmoid_w(zd, a, beta);
+        accept = wd > 0.0f && u[ub + i] * wd < wt;
+      } else {
+        atomicOr(&sh_point_bad_d, 1);
+      }
+      sh_acc[i] = accept;
+    }
+    __syncthreads();
+    n = 0;
+    while (n < gamma && sh_acc[n]) ++n;
+  } else {
+    n = nacc[b];
+    const float4 d = dec[b];
+    rp.mt = d.x;
+    rp.st = d.y;
+    rp.md = d.z;
+    rp.sd = d.w;
+  }
+  const int nd = gamma > 0 ? min(n, gamma - 1) : 0;
+  rp.trow = target + b * tsb + n * tsr;
+  rp.drow = gamma > 0 ? static_cast<const void*>(draft + b * dsb + nd * dsr) : nullptr;
+  rp.residual = n < gamma;
+  // sigmoid reads draft row min(n, γ-1) even when n == γ: the reference checks that row's maximum
+  const bool read_draft = gamma > 0 && (rp.residual || kSigmoid);
+
+  // 2) this block's chunks of row n
+  float2* csum = csum_all + static_cast<long long>(b) * kMaxChunks;
+  const int c0 = s * chunks_per_block, c1 = min(c0 + chunks_per_block, nc);
+  bool bad_t = false, bad_d = false, any_t = false, any_d = false;
+  chunk_pass<T>(rp, wp, vt, vd, read_draft, c0, c1, csum, kSigmoid, sh, bad_t, bad_d, any_t, any_d);
+  if (kSigmoid) {
+    // bit 0: NaN/+inf in target row, bit 1: same in draft row, bit 2/3: an entry above -inf in target/draft
+    const unsigned bits = (__syncthreads_or(bad_t) ? 1u : 0u) | (__syncthreads_or(bad_d) ? 2u : 0u) |
+                          (__syncthreads_or(any_t) ? 4u : 0u) | (__syncthreads_or(any_d) ? 8u : 0u);
+    if (threadIdx.x == 0 && bits) atomicOr(flag_words + b, bits);
+  }
+  if (!arrive_last(count + b, gridDim.x, &sh.flag)) return;
+
+  // 3) last block: the emitted token (and, for sigmoid, everything else of this batch row)
+  const int token = draw_token<T>(rp, wp, vt, vd, nc, csum, u[ub + gamma], sh);
+  if (kSigmoid) {
+    const int i = threadIdx.x;
+    if (i <= gamma) out_tokens[b * out_ld + i] = (i < n) ? x : (i == n ? token : -1);
+    if (i == 0) {
+      const unsigned bits = atomicExch(flag_words + b, 0u);
+      const bool row_d_ok = gamma == 0 || (!(bits & 2u) && (bits & 8u));
+      out_accepted[b * acc_stride] = n;
+      target_ok[b] = !sh_point_bad_t && !(bits & 1u) && (bits & 4u);
+      draft_ok[b] = !sh_point_bad_d && row_d_ok;
+    }
+  } else if (threadIdx.x == 0) {
+    out_tokens[b * out_ld + n] = token;
+  }
+  if (threadIdx.x == 0) count[b] = 0u;
+}
+
+// ---- greedy --------------------------------------------------------------------------------------------------
+
+// Argmax pair: larger value wins, the smaller index on ties (torch.max's first maximal index).
+__device__ __forceinline__ void arg_merge(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+template <typename T>
+__device__ void greedy_impl(const long long* __restrict__ tokens, const T* __restrict__ target,
+                            const T* __restrict__ draft, int gamma, int vt, int vd, long long tsb, long long tsr,
+                            long long dsb, long long dsr, int slice, float2* __restrict__ part,
+                            unsigned* __restrict__ count, long long* __restrict__ out_tokens, long long out_ld,
+                            long long* __restrict__ out_accepted, long long acc_stride, bool* __restrict__ draft_ok,
+                            bool* __restrict__ target_ok) {
+  constexpr int N = Vec<T>::N;
+  __shared__ Shared sh;
+  __shared__ int sh_arg[kMaxGamma + 1], sh_bad[kMaxGamma + 1], sh_acc[kMaxGamma], sh_dbad;
+  const int s = blockIdx.x, r = blockIdx.y, b = blockIdx.z;
+  const int rows = gamma + 1, slices = gridDim.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  const T* row = target + b * tsb + r * tsr;
+  const int start = s * slice, end = min(start + slice, vt);
+  const bool vec = aligned16(row);
+  float best = -SPECSWEEP_INF;
+  int besti = 0x7fffffff;
+  bool bad = false;
+  for (int i0 = start + threadIdx.x * N; i0 < end; i0 += kThreads * N * kUnroll) {
+    float z[kUnroll][N];
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) load_vec<T>(row, i0 + q * kThreads * N, end, vec, -SPECSWEEP_INF, z[q]);
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const int idx = i0 + q * kThreads * N + k;
+        bad |= isnan(z[q][k]);
+        if (idx < end) arg_merge(best, besti, z[q][k], idx);
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    arg_merge(best, besti, __shfl_xor_sync(kFull, best, off), __shfl_xor_sync(kFull, besti, off));
+  bad = __any_sync(kFull, bad);
+  if (lane == 0) {
+    sh.cdf[warp] = best;
+    sh.ired[warp] = besti;
+    sh.csum[warp] = bad ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float v = sh.cdf[0];
+    int vi = sh.ired[0];
+    bool any_bad = sh.csum[0] != 0.0f;
+    for (int w = 1; w < kWarps; ++w) {
+      arg_merge(v, vi, sh.cdf[w], sh.ired[w]);
+      any_bad |= sh.csum[w] != 0.0f;
+    }
+    // (value, index as float bits); value NaN marks a slice with NaN
+    part[(static_cast<long long>(b) * rows + r) * slices + s] = make_float2(any_bad ? SPECSWEEP_NAN : v, __int_as_float(vi));
+  }
+  if (!arrive_last(count + b, static_cast<unsigned>(slices * rows), &sh.flag)) return;
+
+  for (int rr = warp; rr < rows; rr += kWarps) {
+    float v = -SPECSWEEP_INF;
+    int vi = 0x7fffffff;
+    bool rbad = false;
+    for (int ss = lane; ss < slices; ss += 32) {
+      const float2 p = __ldcg(part + (static_cast<long long>(b) * rows + rr) * slices + ss);
+      if (isnan(p.x)) rbad = true;
+      else arg_merge(v, vi, p.x, __float_as_int(p.y));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      arg_merge(v, vi, __shfl_xor_sync(kFull, v, off), __shfl_xor_sync(kFull, vi, off));
+    rbad = __any_sync(kFull, rbad);
+    if (lane == 0) {
+      sh_arg[rr] = min(vi, vt - 1);
+      sh_bad[rr] = rbad || !isfinite(v);      // reference: isfinite(target max)
+    }
+  }
+  if (threadIdx.x == 0) sh_dbad = 0;
+  __syncthreads();
+  const int i = threadIdx.x;
+  long long x = -1;
+  if (i < gamma) {
+    x = tokens[static_cast<long long>(b) * gamma + i];
+    if (x >= 0 && x < vd) {
+      if (nan_or_posinf(to_float(draft[b * dsb + i * dsr + x]))) atomicOr(&sh_dbad, 1);
+    } else {
+      atomicOr(&sh_dbad, 1);
+    }
+    sh_acc[i] = (x == sh_arg[i]);
+  }
+  __syncthreads();
+  int n = 0;
+  while (n < gamma && sh_acc[n]) ++n;
+  if (i <= gamma) out_tokens[b * out_ld + i] = (i < n) ? x : (i == n ? sh_arg[n] : -1);
+  if (i == 0) {
+    bool tok = true;
+    for (int rr = 0; rr < rows; ++rr) tok &= !sh_bad[rr];
+    out_accepted[b * acc_stride] = n;
+    draft_ok[b] = sh_dbad == 0;
+    target_ok[b] = tok;
+    count[b] = 0u;
+  }
+}
+
+}  // namespace specsweep
+
+// ---- entry points (instantiated by name: exact_partials<float>, sample_exact<__half>, ...) -------------------
+
+template <typename T>
+__global__ void __launch_bounds__(specsweep::kThreads)
+exact_partials(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
+               long long tsb, long long tsr, long long dsb, long long dsr, float inv_t, int slice, float2* part,
+               float4* dec, int* nacc, unsigned* count, long long* out_tokens, long long out_ld,
+               long long* out_accepted, long long acc_stride, bool* draft_ok, bool* target_ok) {
+  specsweep::exact_partials_impl<T>(tokens, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, inv_t, slice, part,
+                                    dec, nacc, count, out_tokens, out_ld, out_accepted, acc_stride, draft_ok,
+                                    target_ok);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(specsweep::kThreads)
+sample_exact(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
+             long long tsb, long long tsr, long long dsb, long long dsr, float inv_t, int chunks_per_block,
+             const float4* dec, const int* nacc, float2* csum, unsigned* count, long long* out_tokens,
+             long long out_ld) {
+  specsweep::sample_impl<T, false>(tokens, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, inv_t, 0.0f, 0.0f,
+                                   chunks_per_block, dec, nacc, csum, count, nullptr, out_tokens, out_ld, nullptr,
+                                   0, nullptr, nullptr);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(specsweep::kThreads)
+sample_sigmoid(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
+               long long tsb, long long tsr, long long dsb, long long dsr, float a, float beta,
+               int chunks_per_block, float2* csum, unsigned* count, unsigned* flag_words, long long* out_tokens,
+               long long out_ld, long long* out_accepted, long long acc_stride, bool* draft_ok, bool* target_ok) {
+  specsweep::sample_impl<T, true>(tokens, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, 1.0f, a, beta,
+                                  chunks_per_block, nullptr, nullptr, csum, count, flag_words, out_tokens, out_ld,
+                                  out_accepted, acc_stride, draft_ok, target_ok);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(specsweep::kThreads)
+greedy_verify(const long long* tokens, const T* target, const T* draft, int gamma, int vt, int vd, long long tsb,
+              long long tsr, long long dsb, long long dsr, int slice, float2* part, unsigned* count,
+              long long* out_tokens, long long out_ld, long long* out_accepted, long long acc_stride, bool* draft_ok,
+              bool* target_ok) {
+  specsweep::greedy_impl<T>(tokens, target, draft, gamma, vt, vd, tsb, tsr, dsb, dsr, slice, part, count,
+                            out_tokens, out_ld, out_accepted, acc_stride, draft_ok, target_ok);
+}

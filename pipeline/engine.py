@@ -1,0 +1,345 @@
+"""The speculative decoding loop for a pair of causal LMs that share a tokenizer.
+
+One step, for B rows at once:
+  1. the draft proposes γ tokens autoregressively with its KV cache          [B, γ], logits [B, γ, V_d]
+  2. the target scores the pending token and the γ proposals in one forward  logits [B, γ+1, V_t]
+  3. the sampler verifies (any sampler from pipeline.samplers)              accepted [B], tokens [B, γ+1]
+  4. both caches roll back to the accepted prefix; the emitted token is fed on.
+γ = 0 is plain autoregressive decoding through the same code (the draft is never called).
+
+Cache layout. Both models keep one transformers ``DynamicCache`` whose length is common to all rows, plus a
+per-row mask of which cache positions hold real tokens (:class:`CachedModel`). Rows accept different
+numbers of tokens: the cache is cropped to the longest accepted prefix and the positions a row rejected
+stay in the cache as masked holes, with explicit ``position_ids`` counting only real tokens. At B = 1 there
+are never holes. Rows that finish (EOS or max_new_tokens) are dropped from both caches, so they stop costing
+target work.
+
+Synchronisation. Each step makes exactly one host sync: after the verify step, a small tensor (accepted
+counts, finished flags) comes to the host, because cropping the cache and dropping rows need host integers.
+Token bookkeeping (EOS, length limits, output buffers, statistics) stays on the device.
+"""
+
+from __future__ import annotations
+
+import inspect
+import resource
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.errors import SpecsweepError
+from pipeline.samplers import FiniteCheck, Sampler
+from pipeline.samplers.contract import sample_from_weights
+
+
+class PhaseTimer:
+    """Time spent in named phases: CUDA events on a GPU (no syncs until ``totals``), perf_counter on CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = str(device).startswith("cuda")
+        self.counts: dict[str, int] = defaultdict(int)
+        self._cpu: dict[str, float] = defaultdict(float)
+        self._events: dict[str, list] = defaultdict(list)
+
+    @contextmanager
+    def phase(self, name: str):
+        self.counts[name] += 1
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events[name].append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._cpu[name] += time.perf_counter() - t0
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase. On CUDA this synchronises once."""
+        if not self.cuda:
+            return dict(self._cpu)
+        torch.cuda.synchronize()
+        return {k: sum(s.elapsed_time(e) for s, e in v) / 1e3 for k, v in self._events.items()}
+
+
+class CachedModel:
+    """A causal LM, its KV cache, and which cache positions hold real tokens for each row.
+
+    mask    bool  [B, L]  True where cache position l of row b holds a real token
+    n_real  int64 [B]     real tokens in the cache per row (the next token's position id)
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        params = inspect.signature(model.forward).parameters
+        self._keeps_logits = "logits_to_keep" in params
+        self.cache = None
+        self.mask: torch.Tensor | None = None
+        self.n_real: torch.Tensor | None = None
+
+    def reset(self, batch: int, device: torch.device) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=device)
+        self.n_real = torch.zeros(batch, dtype=torch.int64, device=device)
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Append input_ids [B, k] (``valid`` bool [B, k]: False marks a hole) and return logits [B, k, V]
+        (or [B, 1, V] with ``last_only``)."""
+        mask = torch.cat([self.mask, valid], dim=1)
+        position_ids = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        kwargs = {"logits_to_keep": 1} if last_only and self._keeps_logits else {}
+        out = self.model(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids,
+                         past_key_values=self.cache, use_cache=True, **kwargs)
+        self.mask = mask
+        self.n_real = self.n_real + valid.sum(dim=1)
+        return out.logits[:, -1:] if last_only else out.logits
+
+    def retain(self, k: int, keep: torch.Tensor, max_keep: int) -> None:
+        """Of the last k cache positions, row b keeps the first keep[b] (int64 [B]); the cache is cropped to
+        the longest kept prefix (``max_keep`` = keep.max(), passed in because it is already on the host)."""
+        if k == 0:
+            return
+        start = self.length - k
+        recent = self.mask[:, start:] & (torch.arange(k, device=keep.device) < keep[:, None])
+        self.mask = torch.cat([self.mask[:, :start], recent], dim=1)[:, : start + max_keep]
+        if k > max_keep:
+            self.cache.crop(-(k - max_keep))
+        self.n_real = self.mask.sum(dim=1)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (int64 indices)."""
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+        self.n_real = self.n_real[rows]
+
+
+@dataclass
+class GenerationResult:
+    """Output of one ``generate`` call over B rows.
+
+    tokens            per row, the new token ids (EOS included when reached; nothing past it)
+    row_stats         per row: new_tokens, verify_steps, accepted, drafted, wall_time_s
+    phase_time_s      seconds in prefill / draft / target / verify
+    phase_calls       forward or verify calls per phase
+    """
+
+    tokens: list[list[int]]
+    row_stats: list[dict]
+    wall_time_s: float
+    verify_steps: int
+    phase_time_s: dict[str, float]
+    phase_calls: dict[str, int]
+    peak_memory_mb: float
+    extra: dict = field(default_factory=dict)
+
+
+def draft_sample(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
+    """Sample the draft's proposal from logits [B, V] (any float dtype) with uniforms u [B]: argmax at T = 0,
+    else inverse CDF of softmax(logits / T). int64 [B]. No host sync."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return sample_from_weights(probs, u)
+
+
+def max_positions(config) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_target_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class SpeculativeEngine:
+    """Speculative decoding of a draft/target pair with any sampler; γ = 0 is autoregressive decoding.
+
+    target, draft     transformers causal LMs on ``device`` (draft may be None when gamma == 0)
+    sampler           a pipeline.samplers Sampler (its temperature is the decoding temperature)
+    eos_token_ids     ids that end a row (empty: run to max_new_tokens)
+    pad_token_id      id fed at cache holes and left padding (never attended to)
+    """
+
+    def __init__(self, target, draft, sampler: Sampler, gamma: int, device: str, eos_token_ids: list[int],
+                 pad_token_id: int = 0) -> None:
+        if gamma < 0:
+            raise SpecsweepError(f"gamma must be >= 0; got {gamma}")
+        if gamma > 0 and draft is None:
+            raise SpecsweepError("gamma > 0 needs a draft model")
+        self.target = CachedModel(target)
+        self.draft = CachedModel(draft) if draft is not None else None
+        self.sampler = sampler
+        self.gamma = gamma
+        self.device = torch.device(device)
+        self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.int64, device=self.device)
+        self.pad = pad_token_id
+        # The draft proposes what the verify step expects: argmax for greedy verification.
+        self.draft_temperature = 0.0 if sampler.name == "greedy" else sampler.temperature
+        self.v_draft = draft.get_output_embeddings().weight.shape[0] if draft is not None else None
+        # The target may emit ids the draft cannot embed (rows of a padded target vocabulary). They reach the
+        # draft as the pad id: that only changes what the draft proposes (acceptance), never the output
+        # distribution, which the verify step guarantees whatever the draft's context was.
+        self.draft_vocab_in = draft.get_input_embeddings().num_embeddings if draft is not None else None
+
+    def _draftable(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.where(ids < self.draft_vocab_in, ids, self.pad)
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                 generator: torch.Generator | None = None) -> GenerationResult:
+        """input_ids, attention_mask: int64 [B, L], left-padded (the last column is a real token)."""
+        B, L = input_ids.shape
+        dev = self.device
+        input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev).bool()
+        if not bool(attention_mask[:, -1].all()):
+            raise SpecsweepError("prompts must be left-padded and non-empty (the last column must be real tokens)")
+        limit = max_positions(self.target.model.config)
+        if limit is not None and L + max_new_tokens + self.gamma + 1 > limit:
+            raise SpecsweepError(
+                f"prompt ({L} tokens) + max_new_tokens ({max_new_tokens}) + γ + 1 exceeds the target's "
+                f"{limit} positions: shorten the prompts (--max-prompt-tokens) or lower --max-new-tokens")
+        timer = PhaseTimer(str(dev))
+        guard = FiniteCheck()
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        t_start = time.perf_counter()
+
+        models = [self.target] + ([self.draft] if self.gamma > 0 else [])
+        for m in models:
+            m.reset(B, dev)
+        if L > 1:
+            with timer.phase("prefill"):
+                for m in models:
+                    m.forward(input_ids[:, :-1], attention_mask[:, :-1], last_only=True)
+        pending = input_ids[:, -1]
+        backlog = pending[:, None]                              # tokens the draft has not seen yet
+        backlog_valid = torch.ones_like(backlog, dtype=torch.bool)
+
+        width = max_new_tokens + self.gamma + 2                 # + a dummy column for masked writes
+        out = torch.full((B, width), -1, dtype=torch.int64, device=dev)
+        out_len = torch.zeros(B, dtype=torch.int64, device=dev)
+        n_accepted = torch.zeros(B, dtype=torch.int64, device=dev)
+        n_drafted = torch.zeros(B, dtype=torch.int64, device=dev)
+        n_steps = torch.zeros(B, dtype=torch.int64, device=dev)
+        rows = torch.arange(B, device=dev)                      # original index of each active row
+        rows_host = list(range(B))
+        len_host = [0] * B
+        finish_time = [0.0] * B
+        steps = draft_forwards = 0
+
+        while rows_host and max_new_tokens > 0:
+            steps += 1
+            b = len(rows_host)
+            # never draft more than the roomiest row can still emit (one slot is the corrected/bonus token)
+            room = max_new_tokens - min(len_host[r] for r in rows_host)
+            gamma = min(self.gamma, room - 1)
+            draft_forwards += gamma
+
+            if gamma > 0:
+                with timer.phase("draft"):
+                    u = torch.rand((b, gamma), generator=generator, device=dev)
+                    logits = self.draft.forward(backlog, backlog_valid, last_only=True)[:, 0]
+                    proposals, proposal_logits = [], []
+                    for i in range(gamma):
+                        if i > 0:
+                            logits = self.draft.forward(proposals[-1][:, None], _ones(b, dev), last_only=True)[:, 0]
+                        proposals.append(draft_sample(logits, self.draft_temperature, u[:, i]))
+                        proposal_logits.append(logits)
+                    draft_tokens = torch.stack(proposals, dim=1)                       # [b, γ]
+                    draft_logits = torch.stack(proposal_logits, dim=1)                 # [b, γ, V_d]
+            else:
+                draft_tokens = torch.empty(b, 0, dtype=torch.int64, device=dev)
+                draft_logits = None
+
+            with timer.phase("target"):
+                target_in = torch.cat([pending[:, None], draft_tokens], dim=1)
+                target_logits = self.target.forward(target_in, torch.ones_like(target_in, dtype=torch.bool))
+            if draft_logits is None:
+                draft_logits = target_logits.new_empty(b, 0, self.v_draft or target_logits.shape[-1])
+
+            with timer.phase("verify"):
+                res = self.sampler(draft_tokens, draft_logits, target_logits, generator=generator)
+            guard.update(res)
+
+            # -- bookkeeping on the device: emitted tokens, EOS, length limit ------------------------------------
+            j = torch.arange(gamma + 1, device=dev)
+            n_emit = res.accepted + 1
+            emitted = j < n_emit[:, None]
+            hit_eos = torch.zeros(b, dtype=torch.bool, device=dev)
+            if self.eos.numel():
+                is_eos = torch.isin(res.tokens, self.eos) & emitted
+                hit_eos = is_eos.any(dim=1)
+                n_emit = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, n_emit)
+            cur_len = out_len[rows]
+            n_emit = torch.minimum(n_emit, max_new_tokens - cur_len)
+            finished = hit_eos | (cur_len + n_emit >= max_new_tokens)
+            write = j < n_emit[:, None]
+            cols = torch.where(write, cur_len[:, None] + j, width - 1)
+            out.index_put_((rows[:, None].expand_as(cols), cols), torch.where(write, res.tokens, -1))
+            out_len.index_add_(0, rows, n_emit)
+            n_accepted.index_add_(0, rows, res.accepted)
+            n_drafted.index_add_(0, rows, torch.full_like(rows, gamma))
+            n_steps.index_add_(0, rows, torch.ones_like(rows))
+
+            # -- the one host sync of the step ------------------------------------------------------------------
+            acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), cur_len + n_emit]).tolist()
+            now = time.perf_counter() - t_start
+            for i, r in enumerate(rows_host):
+                len_host[r] = len_h[i]
+                if fin_h[i]:
+                    finish_time[r] = now
+            max_acc = max(acc_h)
+
+            # -- roll the caches back to the accepted prefix ---------------------------------------------------
+            next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
+            self.target.retain(gamma + 1, res.accepted + 1, max_acc + 1)
+            if gamma > 0:
+                # the draft appended its backlog, then x_1..x_{γ-1}; it never saw x_γ
+                self.draft.retain(gamma - 1, res.accepted.clamp_max(gamma - 1), min(max_acc, gamma - 1))
+                for_draft = self._draftable(next_token)
+                if max_acc == gamma:
+                    all_accepted = res.accepted == gamma
+                    backlog = torch.stack([torch.where(all_accepted, draft_tokens[:, -1], self.pad), for_draft], 1)
+                    backlog_valid = torch.stack([all_accepted, torch.ones_like(all_accepted)], dim=1)
+                else:
+                    backlog, backlog_valid = for_draft[:, None], _ones(b, dev)
+            elif self.draft is not None and self.gamma > 0:
+                backlog = torch.cat([backlog, self._draftable(next_token)[:, None]], dim=1)
+                backlog_valid = torch.cat([backlog_valid, _ones(b, dev)], dim=1)
+            pending = next_token
+
+            if any(fin_h):
+                keep = [i for i, f in enumerate(fin_h) if not f]
+                rows_host = [rows_host[i] for i in keep]
+                if rows_host:
+                    keep_t = torch.tensor(keep, dtype=torch.int64, device=dev)
+                    for m in models:
+                        m.select(keep_t)
+                    rows, pending = rows[keep_t], pending[keep_t]
+                    backlog, backlog_valid = backlog[keep_t], backlog_valid[keep_t]
+
+        guard.check()
+        out_h, len_final, acc_f, dr_f, st_f = (t.tolist() for t in (out, out_len, n_accepted, n_drafted, n_steps))
+        phase_time = timer.totals()
+        wall = time.perf_counter() - t_start
+        peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda"
+                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        tokens = [out_h[r][: len_final[r]] for r in range(B)]
+        row_stats = [{"new_tokens": len_final[r], "verify_steps": st_f[r], "accepted": acc_f[r],
+                      "drafted": dr_f[r], "wall_time_s": finish_time[r]} for r in range(B)]
+        return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=steps,
+                                phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
+                                extra={"draft_forwards": draft_forwards})
+
+
+def _ones(b: int, dev: torch.device) -> torch.Tensor:
+    return torch.ones(b, 1, dtype=torch.bool, device=dev)

@@ -1,0 +1,111 @@
+"""Loading draft/target pairs: hub ids or local directories, dtype and device, tokenizer compatibility."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from pipeline.errors import SpecsweepError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise SpecsweepError(f"unknown dtype {name!r}: choose one of {list(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_device(device: str, dtype: torch.dtype = torch.float32) -> str:
+    """'cpu', 'cuda[:N]' or 'auto' -> the device the engine runs on ('auto' picks CUDA when present).
+
+    With 'auto' and several GPUs the target is spread over all of them (``device_map="auto"``); inputs then
+    live on the first GPU. Refuses a dtype the CPU cannot run.
+    """
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise SpecsweepError(f"unknown device {device!r}: choose cpu, cuda, cuda:N or auto")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecsweepError(f"--device {device} asked for, but torch sees no CUDA GPU: use --device cpu or auto")
+    if device == "cpu" and dtype != torch.float32:
+        _check_cpu_dtype(dtype)
+    return device
+
+
+def _check_cpu_dtype(dtype: torch.dtype) -> None:
+    """Half precisions on CPU depend on the build and the processor: probe the ops a decoder needs."""
+    try:
+        x = torch.ones(2, 8, dtype=dtype)
+        w = torch.ones(8, 8, dtype=dtype)
+        torch.nn.functional.layer_norm(x @ w, (8,)).softmax(-1)
+        torch.nn.functional.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None])
+    except RuntimeError as e:
+        raise SpecsweepError(f"{dtype} is not supported on this CPU ({str(e).splitlines()[0]}): use --dtype float32 "
+                             "or a GPU") from None
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or (os.sep in name and Path(name).exists()) or Path(name).is_dir()
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        raise _load_error("tokenizer", name_or_path, e) from None
+
+
+def load_causal_lm(name_or_path: str, dtype: torch.dtype, device: str):
+    """AutoModelForCausalLM in eval mode. device 'auto' (resolved to cuda) spreads over all visible GPUs."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": dtype}
+    if device == "cuda" and torch.cuda.device_count() > 1:
+        kwargs["device_map"] = "auto"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError) as e:
+        raise _load_error("model", name_or_path, e) from None
+    if "device_map" not in kwargs:
+        model = model.to(device)
+    return model.eval()
+
+
+def _load_error(what: str, name: str, e: Exception) -> SpecsweepError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if _looks_local(name) and not Path(name).expanduser().exists():
+        return SpecsweepError(f"{what} path {name!r} does not exist: give a local directory saved with "
+                              "save_pretrained, or a Hugging Face hub id")
+    return SpecsweepError(f"cannot load {what} {name!r} ({first[:200]}): check the hub id or local path, and the "
+                          "network (offline machines need a local directory)")
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Refuse a pair whose vocabularies differ (token -> id maps are compared, not names). Different
+    embedding-matrix sizes of one tokenizer (32000 vs 32001 rows) are fine: the sampler handles them."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv == dv:
+        return
+    only_t = len(tv.keys() - dv.keys())
+    only_d = len(dv.keys() - tv.keys())
+    moved = sum(1 for k in tv.keys() & dv.keys() if tv[k] != dv[k])
+    raise SpecsweepError(
+        f"draft {draft_name!r} and target {target_name!r} use different tokenizers ({only_t} tokens only in the "
+        f"target's, {only_d} only in the draft's, {moved} with different ids): speculative decoding needs one "
+        "vocabulary; pick a draft from the target's model family")
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends generation: the model's generation config, else the tokenizer's EOS."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    if ids is None:
+        return []
+    return [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]

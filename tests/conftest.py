@@ -1,0 +1,24 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def fixtures_path() -> Path:
+    """The real sample data: $SPECSWEEP_FIXTURES, else <repo root>/../shared/fixtures (absent in a user's clone)."""
+    return Path(os.environ.get("SPECSWEEP_FIXTURES") or REPO_ROOT.parent / "shared" / "fixtures")
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    """The real sample data folder (see fixtures_path); the test skips when it is absent."""
+    path = fixtures_path()
+    if not path.is_dir():
+        pytest.skip(f"real sample data not found at {path} (set SPECSWEEP_FIXTURES)")
+    return path

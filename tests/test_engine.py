@@ -1,0 +1,158 @@
+"""The speculative decoding engine on tiny random-init models (CPU, offline).
+
+Lossless: greedy verification reproduces the target's own greedy decoding token for token, for several γ,
+alone and in batches of prompts of different lengths. Cache rollback: after a rejection, the cached target
+gives the logits of a fresh forward over the accepted prefix. Sampling: with `exact` at T = 1 the first and
+second emitted tokens follow the target's distribution (chi-square).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from stat_utils import assert_fits, counts
+from tiny_models import PROMPTS, build_tokenizer, save_pair
+
+from pipeline.engine import CachedModel, SpeculativeEngine
+from pipeline.errors import SpecsweepError
+from pipeline.models import check_same_tokenizer, load_causal_lm, load_tokenizer
+from pipeline.samplers import get_sampler
+
+EOS = 1
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def pair(request, tmp_path_factory):
+    """(target, draft, tokenizer); the llama draft has a smaller embedding matrix than its target."""
+    root = tmp_path_factory.mktemp(request.param)
+    tp, dp = save_pair(root, kind=request.param, draft_vocab_pad=-2 if request.param == "llama" else 0)
+    tok = load_tokenizer(str(tp))
+    return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), tok
+
+
+def hf_greedy(model, tok, prompt, max_new, eos):
+    enc = tok(prompt, return_tensors="pt")
+    out = model.generate(**enc, do_sample=False, max_new_tokens=max_new, pad_token_id=0, eos_token_id=eos)
+    return out[0, enc.input_ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("gamma", [0, 1, 3, 5])
+@pytest.mark.parametrize("sampler", ["greedy", "exact"])
+def test_greedy_verification_is_lossless(pair, gamma, sampler):
+    target, draft, tok = pair
+    reference = [hf_greedy(target, tok, p, 24, EOS) for p in PROMPTS]
+    engine = SpeculativeEngine(target, draft, get_sampler(sampler, temperature=0.0), gamma, "cpu", [EOS], 0)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    batched = engine.generate(enc.input_ids, enc.attention_mask, 24)
+    assert batched.tokens == reference
+    for i in (0, 3):  # B = 1
+        one = tok(PROMPTS[i], return_tensors="pt")
+        assert engine.generate(one.input_ids, one.attention_mask, 24).tokens == [reference[i]]
+    if gamma:
+        stats = batched.row_stats
+        assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats), "no partial acceptance"
+
+
+def test_stops_at_eos_and_never_emits_past_it(pair):
+    target, draft, tok = pair
+    free = [hf_greedy(target, tok, p, 20, None) for p in PROMPTS]
+    # a token that greedy decoding will produce
+    eos = max({t for row in free for t in row}, key=lambda t: sum(row.count(t) for row in free))
+    reference = [hf_greedy(target, tok, p, 20, eos) for p in PROMPTS]
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, "cpu", [eos], 0)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    out = engine.generate(enc.input_ids, enc.attention_mask, 20).tokens
+    assert out == reference
+    assert any(len(r) < 20 for r in out) and all(r.count(eos) <= 1 and (eos not in r or r[-1] == eos) for r in out)
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7])
+def test_never_emits_past_max_new_tokens(pair, max_new):
+    target, draft, tok = pair
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 5, "cpu", [], 0)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    res = engine.generate(enc.input_ids, enc.attention_mask, max_new, torch.Generator().manual_seed(0))
+    assert [len(t) for t in res.tokens] == [max_new] * len(PROMPTS)
+    assert all(s["new_tokens"] == max_new for s in res.row_stats)
+
+
+def test_cache_rollback_matches_a_fresh_forward(pair):
+    """Rows keep different numbers of the γ+1 scored positions; the next logits must equal a fresh forward
+    over each row's kept prefix."""
+    target, _, tok = pair
+    enc = tok(PROMPTS[:4], return_tensors="pt", padding=True)
+    ids, mask = enc.input_ids, enc.attention_mask.bool()
+    g = torch.Generator().manual_seed(3)
+    model = CachedModel(target)
+    model.reset(4, torch.device("cpu"))
+    model.forward(ids, mask)
+    scored = torch.randint(3, 90, (4, 5), generator=g)
+    model.forward(scored, torch.ones_like(scored, dtype=torch.bool))
+    keep = torch.tensor([1, 3, 5, 2])
+    model.retain(5, keep, 5)
+    nxt = torch.randint(3, 90, (4, 1), generator=g)
+    cached = model.forward(nxt, torch.ones_like(nxt, dtype=torch.bool))[:, -1]
+    for b in range(4):
+        prefix = torch.cat([ids[b][mask[b]], scored[b, : keep[b]], nxt[b]])[None]
+        fresh = target(input_ids=prefix).logits[0, -1]
+        torch.testing.assert_close(cached[b], fresh, rtol=1e-4, atol=1e-4)
+    assert model.length == ids.shape[1] + 5 + 1  # cropped to the longest kept prefix, plus the new token
+
+
+def test_exact_sampling_follows_the_target_distribution(pair):
+    """First and second emitted tokens of `exact` at T = 1 against the target's p(t1) and sum_t1 p(t1) p(t2|t1)."""
+    target, draft, tok = pair
+    n = 6000
+    enc = tok([PROMPTS[0]] * n, return_tensors="pt", padding=True)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, "cpu", [], 0)
+    res = engine.generate(enc.input_ids, enc.attention_mask, 2, torch.Generator().manual_seed(1))
+    out = np.array(res.tokens)
+    stats = res.row_stats
+    assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats)
+    V = target.config.vocab_size
+    with torch.no_grad():
+        prompt = enc.input_ids[:1]
+        p1 = torch.softmax(target(prompt).logits[0, -1].double(), -1)
+        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
+        p2_given = torch.softmax(target(seqs).logits[:, -1].double(), -1)
+    assert_fits(counts(out[:, 0], V), p1.numpy(), "engine first token")
+    assert_fits(counts(out[:, 1], V), (p1[:, None] * p2_given).sum(0).numpy(), "engine second token")
+
+
+def test_same_seed_same_tokens(pair):
+    target, draft, tok = pair
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, "cpu", [EOS], 0)
+
+    def run(seed):
+        return engine.generate(enc.input_ids, enc.attention_mask, 16, torch.Generator().manual_seed(seed)).tokens
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_sigmoid_and_gamma_zero_run_through_the_same_loop(pair):
+    target, draft, tok = pair
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    for sampler, gamma, d in ((get_sampler("sigmoid", temperature=0.8), 4, draft), (get_sampler("exact"), 0, None)):
+        res = SpeculativeEngine(target, d, sampler, gamma, "cpu", [EOS], 0).generate(
+            enc.input_ids, enc.attention_mask, 12, torch.Generator().manual_seed(0))
+        assert all(1 <= len(t) <= 12 for t in res.tokens)
+        assert res.verify_steps >= 1 and res.phase_calls["target"] == res.verify_steps
+        if gamma == 0:
+            assert "draft" not in res.phase_calls and all(s["drafted"] == 0 for s in res.row_stats)
+
+
+def test_refuses_different_tokenizers_and_overlong_requests(pair):
+    target, draft, tok = pair
+    other = build_tokenizer(words=["zebra", "yak", "the"])
+    with pytest.raises(SpecsweepError, match="different tokenizers"):
+        check_same_tokenizer(tok, other, "t", "d")
+    check_same_tokenizer(tok, tok, "t", "d")
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, "cpu", [EOS], 0)
+    enc = tok(PROMPTS[:1], return_tensors="pt")
+    with pytest.raises(SpecsweepError, match="exceeds the target's 256 positions"):
+        engine.generate(enc.input_ids, enc.attention_mask, 400)
+    with pytest.raises(SpecsweepError, match="gamma must be >= 0"):
+        SpeculativeEngine(target, draft, get_sampler("greedy"), -1, "cpu", [EOS], 0)
