@@ -84,7 +84,8 @@ def compile_for_arch(arch: str | int, ptxas_verbose: bool = False) -> CompiledKe
     try:
         from cupy_backends.cuda.libs import nvrtc
     except ImportError as e:
-        raise KernelBuildError("CuPy is not installed: pip install -e '.[dev]' (cupy-cuda13x, nvidia-cuda-nvrtc)") from e
+        raise KernelBuildError(
+            "CuPy is not installed: pip install -e '.[dev]' (cupy-cuda13x, nvidia-cuda-nvrtc)") from e
     arch = str(arch).removeprefix("sm_")
     options = (*compile_options(), *_CUPY_ADDED_OPTIONS, f"-arch=sm_{arch}")
     if ptxas_verbose:
@@ -107,7 +108,7 @@ def compile_for_arch(arch: str | int, ptxas_verbose: bool = False) -> CompiledKe
                            seconds=time.perf_counter() - t0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def module(device_index: int):
     """The RawModule for one device, every instantiation loaded (first call compiles or reads CuPy's cache)."""
     import cupy
@@ -119,7 +120,7 @@ def module(device_index: int):
     return mod
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _function(device_index: int, name: str, dtype: str):
     return module(device_index).get_function(f"{name}<{CXX_TYPES[dtype]}>")
 

@@ -62,6 +62,7 @@
 namespace specsweep {
 
 constexpr int kThreads = 256;                  // threads per block, all kernels
+constexpr int kMinBlocksPerSM = 4;             // register cap 65536 / (256 * 4) = 64: 1024 threads per SM
 constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 1024;                   // == contract.CDF_CHUNK
 constexpr int kMaxGamma = 16;
@@ -690,9 +691,9 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const T* __res
     for (int q = 0; q < kUnroll; ++q) {
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        const int idx = i0 + q * kThreads * N + k;
+        // entries past `end` read as -inf with a larger index than any entry in range, so they never win
         bad |= isnan(z[q][k]);
-        if (idx < end) arg_merge(best, besti, z[q][k], idx);
+        arg_merge(best, besti, z[q][k], i0 + q * kThreads * N + k);
       }
     }
   }
@@ -769,7 +770,7 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const T* __res
 // ---- entry points (instantiated by name: exact_partials<float>, sample_exact<__half>, ...) -------------------
 
 template <typename T>
-__global__ void __launch_bounds__(specsweep::kThreads)
+__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
 exact_partials(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
                long long tsb, long long tsr, long long dsb, long long dsr, float inv_t, int slice, float2* part,
                float4* dec, int* nacc, unsigned* count, long long* out_tokens, long long out_ld,
@@ -780,7 +781,7 @@ exact_partials(const long long* tokens, const T* target, const T* draft, const f
 }
 
 template <typename T>
-__global__ void __launch_bounds__(specsweep::kThreads)
+__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
 sample_exact(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
              long long tsb, long long tsr, long long dsb, long long dsr, float inv_t, int chunks_per_block,
              const float4* dec, const int* nacc, float2* csum, unsigned* count, long long* out_tokens,
@@ -791,7 +792,7 @@ sample_exact(const long long* tokens, const T* target, const T* draft, const flo
 }
 
 template <typename T>
-__global__ void __launch_bounds__(specsweep::kThreads)
+__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
 sample_sigmoid(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
                long long tsb, long long tsr, long long dsb, long long dsr, float a, float beta,
                int chunks_per_block, float2* csum, unsigned* count, unsigned* flag_words, long long* out_tokens,
@@ -802,7 +803,7 @@ sample_sigmoid(const long long* tokens, const T* target, const T* draft, const f
 }
 
 template <typename T>
-__global__ void __launch_bounds__(specsweep::kThreads)
+__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
 greedy_verify(const long long* tokens, const T* target, const T* draft, int gamma, int vt, int vd, long long tsb,
               long long tsr, long long dsb, long long dsr, int slice, float2* part, unsigned* count,
               long long* out_tokens, long long out_ld, long long* out_accepted, long long acc_stride, bool* draft_ok,

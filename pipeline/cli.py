@@ -14,7 +14,7 @@ from pipeline import __version__
 from pipeline.errors import SpecsweepError
 
 # name -> module in pipeline.commands, in the order --help lists them
-SUBCOMMANDS = ("bench", "fetch")
+SUBCOMMANDS = ("run", "fetch", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

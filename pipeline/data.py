@@ -197,7 +197,7 @@ def truncate_audio(audio: np.ndarray, max_seconds: float = MAX_AUDIO_SECONDS,
 
 # -------------------------------------------------------------------------------------- local sources
 
-def _read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
+def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file, checked to hold ``required`` strings."""
     try:
         f = path.open(encoding="utf-8")
@@ -229,7 +229,7 @@ def _read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, di
 
 def _source_candidates(spec: TaskSpec, path: Path) -> Iterator[tuple[str, dict]]:
     """(id, undecoded row) for each line of a --source file. Audio rows carry ``audio_path``, checked to exist."""
-    for n, obj in _read_jsonl(path, spec.source_fields):
+    for n, obj in read_jsonl(path, spec.source_fields):
         if spec.name == "cnn_dailymail":
             example_id = obj.get("id", f"line-{n}")
             yield example_id, {"id": example_id, "article": obj["article"], "highlights": obj["highlights"]}

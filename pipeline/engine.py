@@ -43,20 +43,31 @@ class PhaseTimer:
         self.counts: dict[str, int] = defaultdict(int)
         self._cpu: dict[str, float] = defaultdict(float)
         self._events: dict[str, list] = defaultdict(list)
+        self._open: dict[str, object] = {}
+
+    def start(self, name: str) -> None:
+        self.counts[name] += 1
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._open[name] = event
+        else:
+            self._open[name] = time.perf_counter()
+
+    def stop(self, name: str) -> None:
+        begun = self._open.pop(name)
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events[name].append((begun, end))
+        else:
+            self._cpu[name] += time.perf_counter() - begun
 
     @contextmanager
     def phase(self, name: str):
-        self.counts[name] += 1
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self._events[name].append((start, end))
-        else:
-            t0 = time.perf_counter()
-            yield
-            self._cpu[name] += time.perf_counter() - t0
+        self.start(name)
+        yield
+        self.stop(name)
 
     def totals(self) -> dict[str, float]:
         """Seconds per phase. On CUDA this synchronises once."""
@@ -80,6 +91,9 @@ class CachedModel:
         self.cache = None
         self.mask: torch.Tensor | None = None
         self.n_real: torch.Tensor | None = None
+        # False while every row's cache is contiguous real tokens (always at B = 1): the model then gets no
+        # attention mask or position ids and takes its fast causal path.
+        self.has_holes = False
 
     def reset(self, batch: int, device: torch.device) -> None:
         from transformers import DynamicCache
@@ -87,28 +101,37 @@ class CachedModel:
         self.cache = DynamicCache(config=self.model.config)
         self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=device)
         self.n_real = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.has_holes = False
 
     @property
     def length(self) -> int:
         return self.mask.shape[1]
 
-    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Append input_ids [B, k] (``valid`` bool [B, k]: False marks a hole) and return logits [B, k, V]
-        (or [B, 1, V] with ``last_only``)."""
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor, last_only: bool = False,
+                holes: bool = False) -> torch.Tensor:
+        """Append input_ids [B, k] and return logits [B, k, V] (or [B, 1, V] with ``last_only``).
+
+        valid  bool [B, k]: False marks a hole (padding, or a slot a row does not use). The caller says
+               whether it holds any False (``holes``): the host knows without a sync.
+        """
+        self.has_holes = self.has_holes or holes
         mask = torch.cat([self.mask, valid], dim=1)
-        position_ids = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
         kwargs = {"logits_to_keep": 1} if last_only and self._keeps_logits else {}
-        out = self.model(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids,
-                         past_key_values=self.cache, use_cache=True, **kwargs)
+        if self.has_holes:
+            kwargs["attention_mask"] = mask.long()
+            kwargs["position_ids"] = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
         self.mask = mask
         self.n_real = self.n_real + valid.sum(dim=1)
         return out.logits[:, -1:] if last_only else out.logits
 
-    def retain(self, k: int, keep: torch.Tensor, max_keep: int) -> None:
+    def retain(self, k: int, keep: torch.Tensor, max_keep: int, min_keep: int) -> None:
         """Of the last k cache positions, row b keeps the first keep[b] (int64 [B]); the cache is cropped to
-        the longest kept prefix (``max_keep`` = keep.max(), passed in because it is already on the host)."""
+        the longest kept prefix. ``max_keep``/``min_keep`` = keep.max()/min(), passed in because the caller
+        has them on the host already; rows that keep fewer than the longest leave holes."""
         if k == 0:
             return
+        self.has_holes = self.has_holes or min_keep < max_keep
         start = self.length - k
         recent = self.mask[:, start:] & (torch.arange(k, device=keep.device) < keep[:, None])
         self.mask = torch.cat([self.mask[:, :start], recent], dim=1)[:, : start + max_keep]
@@ -216,20 +239,20 @@ class SpeculativeEngine:
         models = [self.target] + ([self.draft] if self.gamma > 0 else [])
         for m in models:
             m.reset(B, dev)
+        padded = not bool(attention_mask.all())  # one sync before decoding starts
         if L > 1:
             with timer.phase("prefill"):
                 for m in models:
-                    m.forward(input_ids[:, :-1], attention_mask[:, :-1], last_only=True)
+                    m.forward(input_ids[:, :-1], attention_mask[:, :-1], last_only=True, holes=padded)
         pending = input_ids[:, -1]
         backlog = pending[:, None]                              # tokens the draft has not seen yet
         backlog_valid = torch.ones_like(backlog, dtype=torch.bool)
+        backlog_holes = False
 
         width = max_new_tokens + self.gamma + 2                 # + a dummy column for masked writes
         out = torch.full((B, width), -1, dtype=torch.int64, device=dev)
         out_len = torch.zeros(B, dtype=torch.int64, device=dev)
-        n_accepted = torch.zeros(B, dtype=torch.int64, device=dev)
-        n_drafted = torch.zeros(B, dtype=torch.int64, device=dev)
-        n_steps = torch.zeros(B, dtype=torch.int64, device=dev)
+        counts = torch.zeros(3, B, dtype=torch.int64, device=dev)     # accepted, drafted, verify steps per row
         rows = torch.arange(B, device=dev)                      # original index of each active row
         rows_host = list(range(B))
         len_host = [0] * B
@@ -247,7 +270,7 @@ class SpeculativeEngine:
             if gamma > 0:
                 with timer.phase("draft"):
                     u = torch.rand((b, gamma), generator=generator, device=dev)
-                    logits = self.draft.forward(backlog, backlog_valid, last_only=True)[:, 0]
+                    logits = self.draft.forward(backlog, backlog_valid, True, backlog_holes)[:, 0]
                     proposals, proposal_logits = [], []
                     for i in range(gamma):
                         if i > 0:
@@ -286,9 +309,8 @@ class SpeculativeEngine:
             cols = torch.where(write, cur_len[:, None] + j, width - 1)
             out.index_put_((rows[:, None].expand_as(cols), cols), torch.where(write, res.tokens, -1))
             out_len.index_add_(0, rows, n_emit)
-            n_accepted.index_add_(0, rows, res.accepted)
-            n_drafted.index_add_(0, rows, torch.full_like(rows, gamma))
-            n_steps.index_add_(0, rows, torch.ones_like(rows))
+            counts.index_add_(1, rows, torch.stack([res.accepted, torch.full_like(rows, gamma),
+                                                     torch.ones_like(rows)]))
 
             # -- the one host sync of the step ------------------------------------------------------------------
             acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), cur_len + n_emit]).tolist()
@@ -297,15 +319,17 @@ class SpeculativeEngine:
                 len_host[r] = len_h[i]
                 if fin_h[i]:
                     finish_time[r] = now
-            max_acc = max(acc_h)
+            max_acc, min_acc = max(acc_h), min(acc_h)
 
             # -- roll the caches back to the accepted prefix ---------------------------------------------------
             next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
-            self.target.retain(gamma + 1, res.accepted + 1, max_acc + 1)
+            self.target.retain(gamma + 1, res.accepted + 1, max_acc + 1, min_acc + 1)
             if gamma > 0:
                 # the draft appended its backlog, then x_1..x_{γ-1}; it never saw x_γ
-                self.draft.retain(gamma - 1, res.accepted.clamp_max(gamma - 1), min(max_acc, gamma - 1))
+                self.draft.retain(gamma - 1, res.accepted.clamp_max(gamma - 1), min(max_acc, gamma - 1),
+                                  min(min_acc, gamma - 1))
                 for_draft = self._draftable(next_token)
+                backlog_holes = min_acc < gamma <= max_acc   # some rows feed [x_γ, y], others [hole, y]
                 if max_acc == gamma:
                     all_accepted = res.accepted == gamma
                     backlog = torch.stack([torch.where(all_accepted, draft_tokens[:, -1], self.pad), for_draft], 1)
@@ -328,7 +352,8 @@ class SpeculativeEngine:
                     backlog, backlog_valid = backlog[keep_t], backlog_valid[keep_t]
 
         guard.check()
-        out_h, len_final, acc_f, dr_f, st_f = (t.tolist() for t in (out, out_len, n_accepted, n_drafted, n_steps))
+        out_h, len_final = out.tolist(), out_len.tolist()
+        acc_f, dr_f, st_f = counts.tolist()
         phase_time = timer.totals()
         wall = time.perf_counter() - t_start
         peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda"

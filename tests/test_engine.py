@@ -86,11 +86,11 @@ def test_cache_rollback_matches_a_fresh_forward(pair):
     g = torch.Generator().manual_seed(3)
     model = CachedModel(target)
     model.reset(4, torch.device("cpu"))
-    model.forward(ids, mask)
+    model.forward(ids, mask, holes=True)
     scored = torch.randint(3, 90, (4, 5), generator=g)
     model.forward(scored, torch.ones_like(scored, dtype=torch.bool))
     keep = torch.tensor([1, 3, 5, 2])
-    model.retain(5, keep, 5)
+    model.retain(5, keep, 5, 1)
     nxt = torch.randint(3, 90, (4, 1), generator=g)
     cached = model.forward(nxt, torch.ones_like(nxt, dtype=torch.bool))[:, -1]
     for b in range(4):

@@ -11,7 +11,8 @@ compares with closed forms:
   first two tokens        a Markov toy model, run through a second step where the first one emitted only one
                           token: joint = p_1(a) p_2(b | a)
 
-Backends other than torch are held to the same tests through ``SAMPLER_BACKENDS``.
+Backends other than torch are held to the same tests through ``EXACT_BACKENDS`` / ``SIGMOID_BACKENDS``; each runs
+on its own device (``BACKEND_DEVICES``: the cupy kernels on CUDA), with results brought back to the CPU.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ NEG_INF = float("-inf")
 N_SAMPLES = 20_000
 EXACT_BACKENDS = sorted({b for n, b in available_samplers() if n == "exact"})
 SIGMOID_BACKENDS = sorted({b for n, b in available_samplers() if n == "sigmoid"})
+BACKEND_DEVICES = {"cupy": "cuda"}  # every other backend runs on the CPU
+
+
+def _on_device(sampler, g: torch.Generator):
+    """(device, generator) a sampler runs with: the CPU and ``g`` itself, or CUDA and a generator seeded from g."""
+    device = BACKEND_DEVICES.get(sampler.backend, "cpu")
+    if device == "cpu":
+        return device, g
+    return device, torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=g)))
 
 
 @dataclass
@@ -116,6 +126,7 @@ CASES = make_cases()
 def run_case(sampler, case: Case, seed: int, chunk: int = 2_000) -> tuple[np.ndarray, np.ndarray]:
     """Run ``case.n`` independent verify steps (as batch rows). Returns (tokens [n, γ+1], accepted [n])."""
     g = _gen(seed)
+    device, sg = _on_device(sampler, g)
     _, q = case.probs()
     gamma = case.gamma
     all_tokens, all_accepted = [], []
@@ -125,10 +136,10 @@ def run_case(sampler, case: Case, seed: int, chunk: int = 2_000) -> tuple[np.nda
             [torch.multinomial(q[i].float(), b, replacement=True, generator=g) for i in range(gamma)], dim=1)
         dl = case.draft.to(case.dtype).expand(b, -1, -1)
         tl = case.target.to(case.dtype).expand(b, -1, -1)
-        res = sampler(draft_tokens, dl, tl, generator=g)
+        res = sampler(draft_tokens.to(device), dl.to(device), tl.to(device), generator=sg)
         res.check()
-        all_tokens.append(res.tokens.numpy())
-        all_accepted.append(res.accepted.numpy())
+        all_tokens.append(res.tokens.cpu().numpy())
+        all_accepted.append(res.accepted.cpu().numpy())
     return np.concatenate(all_tokens), np.concatenate(all_accepted)
 
 
@@ -207,6 +218,7 @@ def first_two_tokens(sampler, m, n: int, temperature: float, seed: int) -> np.nd
     """Emit two tokens per row with γ = 2, running a second verify step (γ = 1) for rows whose first step
     emitted one token. Returns int [n, 2]."""
     g = _gen(seed)
+    device, sg = _on_device(sampler, g)
     V = m["p1"].shape[0]
 
     def draw(logits):  # logits [n, V] -> [n]
@@ -216,13 +228,15 @@ def first_two_tokens(sampler, m, n: int, temperature: float, seed: int) -> np.nd
     x2 = draw(m["q2"][x1])
     draft_logits = torch.stack([m["q1"].expand(n, V), m["q2"][x1]], 1)
     target_logits = torch.stack([m["p1"].expand(n, V), m["p2"][x1], m["p3"][x1, x2]], 1)
-    res = sampler(torch.stack([x1, x2], 1), draft_logits, target_logits, generator=g)
-    y1, y2 = res.tokens[:, 0], res.tokens[:, 1]
+    res = sampler(torch.stack([x1, x2], 1).to(device), draft_logits.to(device), target_logits.to(device),
+                  generator=sg)
+    tokens, accepted = res.tokens.cpu(), res.accepted.cpu()
+    y1, y2 = tokens[:, 0], tokens[:, 1]
     # rows that emitted only the corrected token need a second step from context y1
     x1b = draw(m["q2"][y1])
-    res2 = sampler(x1b[:, None], m["q2"][y1][:, None], torch.stack([m["p2"][y1], m["p3"][y1, x1b]], 1),
-                   generator=g)
-    y2 = torch.where(res.accepted >= 1, y2, res2.tokens[:, 0])
+    res2 = sampler(x1b[:, None].to(device), m["q2"][y1][:, None].to(device),
+                   torch.stack([m["p2"][y1], m["p3"][y1, x1b]], 1).to(device), generator=sg)
+    y2 = torch.where(accepted >= 1, y2, res2.tokens[:, 0].cpu())
     return torch.stack([y1, y2], 1).numpy()
 
 
@@ -251,11 +265,14 @@ def test_rows_of_one_batch_with_different_distributions(backend):
     qs = torch.stack([torch.softmax(CASES[k].draft, -1) for k in names])
     draft_tokens = torch.stack(
         [torch.multinomial(qs[which, i], 1, generator=g).squeeze(1) for i in range(tl.shape[1] - 1)], 1)
-    res = get_sampler("exact", backend=backend)(draft_tokens, dl, tl, generator=g).check()
+    sampler = get_sampler("exact", backend=backend)
+    device, sg = _on_device(sampler, g)
+    res = sampler(draft_tokens.to(device), dl.to(device), tl.to(device), generator=sg).check()
+    tokens = res.tokens.cpu()
     for k, name in enumerate(names):
         rows = (which == k).numpy()
         p0 = torch.softmax(CASES[name].target[0], -1).double().numpy()
-        assert_fits(counts(res.tokens[rows, 0].numpy(), p0.shape[0]), p0, f"batch rows of {name}")
+        assert_fits(counts(tokens[rows, 0].numpy(), p0.shape[0]), p0, f"batch rows of {name}")
 
 
 # ---- negative controls: the same tests must reject deliberately wrong samplers -----------------------------

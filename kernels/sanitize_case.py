@@ -1,0 +1,36 @@
+"""A small verify step for compute-sanitizer (kernels/sanitize.sh): every sampler and dtype, odd V, γ = 0..4.
+
+Runs the cupy kernels on B = 3, V_t = 5003 (odd: the element-wise load path), V_d = 4999 (padded), and on a
+16-byte-aligned V = 4096 (the vector path), then synchronises. Exit code 0 means the kernels ran; the sanitizer
+reports memory errors and races itself.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def main() -> int:
+    from pipeline.samplers import cupy_backend
+
+    if not cupy_backend.available():
+        print(f"sanitize_case: skipped: {cupy_backend.unavailable_reason()}")
+        return 0
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for vt, vd in ((5003, 4999), (4096, 4096)):
+        for gamma in (0, 4):
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                tl = (torch.randn(3, gamma + 1, vt, device="cuda", generator=g) * 3).to(dtype)
+                dl = (torch.randn(3, gamma, vd, device="cuda", generator=g) * 3).to(dtype)
+                dt = torch.randint(0, vd, (3, gamma), device="cuda", generator=g)
+                for name, cls in cupy_backend.SAMPLERS.items():
+                    cls(temperature=0.0 if name == "greedy" else 0.8)(dt, dl, tl, generator=g)
+    torch.cuda.synchronize()
+    print("sanitize_case: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

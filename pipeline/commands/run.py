@@ -1,0 +1,60 @@
+"""`specsweep run`: decode a dataset with a draft/target pair and one verify sampler; write results JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeline.config import DTYPES, ENGINES, SAMPLERS, TASKS, RunConfig
+
+HELP = "run speculative (or, with --gamma 0, autoregressive) decoding over a dataset and write results JSON"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="target model: hub id or local directory (save_pretrained)")
+    p.add_argument("--draft", help="draft model sharing the target's tokenizer (needed when --gamma > 0)")
+    p.add_argument("--data", required=True, help="JSONL file, or a folder written by `specsweep fetch`")
+    p.add_argument("--task", default="prompts", choices=TASKS,
+                   help="prompts: JSONL of {id, prompt}; cnn_dailymail: article + ' Summary:', scored with ROUGE")
+    p.add_argument("--sampler", default="exact", choices=SAMPLERS, help="verify step (default: exact)")
+    p.add_argument("--backend", default="torch", help="sampler backend: torch (reference) or cupy (CUDA kernels)")
+    p.add_argument("--alpha", type=float, help="sigmoid: scale of the tempered logit (default 1)")
+    p.add_argument("--beta", type=float, help="sigmoid: shift (default -20)")
+    p.add_argument("--preset", choices=["paper"], help="sigmoid: the paper's kernel constants sigmoid((z+1e4)/2e4)")
+    p.add_argument("--gamma", type=int, default=4, help="draft tokens per step; 0 = autoregressive (default: 4)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="model dtype (default: float32)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per sample at most (default: 64)")
+    p.add_argument("--max-prompt-tokens", type=int, help="truncate longer prompts/articles from the end")
+    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the tokenizer's chat template")
+    p.add_argument("--limit", type=int, help="use N samples (a seeded subset when the data has more)")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling and subset selection (default: 0)")
+    p.add_argument("--engine", default="specsweep", choices=ENGINES,
+                   help="specsweep: our loop; hf: transformers' generate(assistant_model=...) with our sampler")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--baseline", help="results JSON of a γ = 0 run with the same settings: adds `speedup`")
+    p.add_argument("--out", default="results/run.json", help="results JSON (written atomically)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pipeline.runner import run
+
+    values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "no_progress")}
+    config = RunConfig(**values)
+    result = run(config, progress=not args.no_progress)
+    m = result["metrics"]
+    parts = [f"{m['new_tokens']} tokens in {m['wall_time_s']:.2f} s ({m['tokens_per_second']:.1f} tok/s)"]
+    if m["acceptance_rate"] is not None:
+        parts.append(f"acceptance {m['acceptance_rate']:.3f}, {m['mean_accepted_tokens']:.2f} tokens/step")
+    if "speedup" in m:
+        parts.append(f"speedup {m['speedup']:.2f}x")
+    if m.get("theoretical_speedup") is not None:
+        parts.append(f"theoretical {m['theoretical_speedup']:.2f}x")
+    for k, v in result["quality"].items():
+        if isinstance(v, float):
+            parts.append(f"{k} {v:.4f}")
+    print("; ".join(parts))
+    print(f"wrote {config.out}")
+    return 0

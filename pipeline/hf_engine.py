@@ -1,0 +1,140 @@
+"""The `hf` engine: Hugging Face's own assisted generation, with our sampler as its verify step.
+
+``target.generate(assistant_model=draft, ...)`` runs HF's loop (batch 1, as HF requires). For the duration
+of each call, transformers' ``_speculative_sampling`` is replaced by a shim that runs any specsweep sampler
+(the paper's ``--use_custom_sampler`` method) and HF's function is put back afterwards, also on error.
+HF hands the verify step logits already divided by the temperature, so the shim's sampler runs at T = 1.
+At T = 0 HF verifies by token matching and never calls the verify step.
+
+The draft is given a constant schedule of γ tokens with no confidence threshold, so HF drafts exactly what
+our engine drafts. Time in draft and target forwards is measured with forward hooks.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from contextlib import ExitStack, contextmanager
+
+import torch
+
+from pipeline.engine import GenerationResult, PhaseTimer
+from pipeline.samplers import FiniteCheck, Sampler
+
+
+@contextmanager
+def hf_verify_step(sampler: Sampler, generator: torch.Generator | None, stats: dict, timer: PhaseTimer | None = None):
+    """Put ``sampler`` in place of transformers' ``_speculative_sampling`` inside the block.
+
+    ``stats`` gains calls / accepted / drafted counts; a FiniteCheck under stats["finite"] is checked by the
+    caller.
+    """
+    from transformers.generation import utils as hf_utils
+
+    original = hf_utils._speculative_sampling
+    guard = stats.setdefault("finite", FiniteCheck())
+
+    def specsweep_verify(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs):
+        draft_tokens = candidate_input_ids[:, -candidate_length:]
+        if timer is not None:
+            timer.start("verify")
+        result = sampler(draft_tokens, candidate_logits, new_logits, generator=generator)
+        if timer is not None:
+            timer.stop("verify")
+        guard.update(result)
+        n = int(result.accepted[0])  # HF's loop needs host integers here anyway
+        stats["calls"] = stats.get("calls", 0) + 1
+        stats["accepted"] = stats.get("accepted", 0) + n
+        stats["drafted"] = stats.get("drafted", 0) + candidate_length
+        return result.tokens[:, : n + 1], result.accepted[0]
+
+    hf_utils._speculative_sampling = specsweep_verify
+    try:
+        yield stats
+    finally:
+        hf_utils._speculative_sampling = original
+
+
+@contextmanager
+def _forward_timing(model, timer: PhaseTimer, name: str):
+    handles = [model.register_forward_pre_hook(lambda *_: timer.start(name)),
+               model.register_forward_hook(lambda *_: timer.stop(name))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class HFEngine:
+    """Runs ``target.generate(assistant_model=draft)`` one row at a time with ``sampler`` as the verify step.
+
+    ``sampler`` must be built at temperature 1 when ``temperature`` > 0 (HF applies the temperature itself).
+    """
+
+    def __init__(self, target, draft, sampler: Sampler, gamma: int, temperature: float, device: str,
+                 eos_token_ids: list[int], pad_token_id: int = 0) -> None:
+        self.target, self.draft, self.sampler = target, draft, sampler
+        self.gamma, self.temperature = gamma, temperature
+        self.device = torch.device(device)
+        self.eos, self.pad = eos_token_ids, pad_token_id
+
+    def _generate_kwargs(self, max_new_tokens: int) -> dict:
+        kwargs = {"max_new_tokens": max_new_tokens, "min_new_tokens": 0, "pad_token_id": self.pad,
+                  "eos_token_id": self.eos or None, "do_sample": self.temperature > 0, "top_k": None,
+                  "top_p": None, "num_beams": 1, "return_dict_in_generate": False}
+        if self.temperature > 0:
+            kwargs["temperature"] = self.temperature
+        if self.gamma > 0:
+            kwargs.update(assistant_model=self.draft, num_assistant_tokens=self.gamma,
+                          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+        return kwargs
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                 generator: torch.Generator | None = None) -> GenerationResult:
+        """input_ids, attention_mask int64 [B, L] (left-padded); each row is generated alone (HF: batch 1)."""
+        dev = self.device
+        timer = PhaseTimer(str(dev))
+        stats: dict = {}
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        tokens, row_stats = [], []
+        t_start = time.perf_counter()
+        kwargs = self._generate_kwargs(max_new_tokens)
+        with ExitStack() as stack:
+            stack.enter_context(hf_verify_step(self.sampler, generator, stats, timer))
+            stack.enter_context(_forward_timing(self.target, timer, "target"))
+            if self.gamma > 0:
+                stack.enter_context(_forward_timing(self.draft, timer, "draft"))
+            for row in range(input_ids.shape[0]):
+                keep = attention_mask[row].bool()
+                ids = input_ids[row][keep][None].to(dev)
+                before = {k: stats.get(k, 0) for k in ("calls", "accepted", "drafted")}
+                target_calls_before = timer.counts["target"]
+                t_row = time.perf_counter()
+                if generator is not None:  # HF draws from the global RNG: seed it from our generator
+                    torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator,
+                                                        device=generator.device).item()))
+                out = self.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+                new = out[0, ids.shape[1]:].tolist()
+                tokens.append(new)
+                steps = timer.counts["target"] - target_calls_before
+                if stats.get("calls", 0) > before["calls"]:  # sampled: the shim counted exactly
+                    accepted = stats["accepted"] - before["accepted"]
+                    drafted = stats["drafted"] - before["drafted"]
+                else:  # greedy: HF matched tokens itself; each step emits accepted + 1 tokens
+                    accepted = max(0, len(new) - steps)
+                    drafted = self.gamma * steps
+                row_stats.append({"new_tokens": len(new), "verify_steps": steps, "accepted": accepted,
+                                  "drafted": drafted, "wall_time_s": time.perf_counter() - t_row})
+        stats["finite"].check()
+        wall = time.perf_counter() - t_start
+        peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda"
+                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        calls = dict(timer.counts)
+        return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall,
+                                verify_steps=sum(r["verify_steps"] for r in row_stats),
+                                phase_time_s=timer.totals(), phase_calls=calls, peak_memory_mb=peak,
+                                extra={"draft_forwards": calls.get("draft", 0)})
+

@@ -1,0 +1,185 @@
+"""One run: load the pair and the data, decode every sample with the chosen engine and sampler, measure,
+score, and write the results JSON atomically. ``specsweep run``, DVC stages, W&B agents and Optuna trials all
+come through :func:`run`.
+
+Speed metrics:
+  tokens_per_second      new tokens / seconds inside the engine's generate calls (no loading, no scoring)
+  acceptance_rate        accepted draft tokens / drafted tokens
+  mean_accepted_tokens   new tokens per verify step, the corrected/bonus token included (Spec-Bench's MAT)
+  cost_ratio             c = seconds per draft forward / seconds per target forward, measured in this run
+  theoretical_speedup    (1 - a^(γ+1)) / ((1 - a)(γc + 1))  (Leviathan et al. 2023), a = acceptance_rate
+  speedup                tokens_per_second / the AR baseline's tokens_per_second; the baseline is a γ = 0 run
+                         of the same target, task, data, dtype, device and length settings (``--baseline``)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from pipeline.config import RunConfig
+from pipeline.env_info import provenance
+from pipeline.errors import SpecsweepError
+from pipeline.io import write_json_atomic
+
+# Settings that must match between a run and the AR baseline its speedup is measured against.
+BASELINE_KEYS = ("target", "task", "data", "dtype", "max_new_tokens", "max_prompt_tokens", "limit", "seed",
+                 "temperature", "batch_size", "ignore_eos", "chat_template")
+
+
+def theoretical_speedup(acceptance: float | None, gamma: int, cost_ratio: float | None) -> float | None:
+    """Expected speedup over autoregressive decoding for i.i.d. acceptance ``acceptance`` (Leviathan et al.)."""
+    if gamma == 0:
+        return 1.0
+    if acceptance is None or cost_ratio is None:
+        return None
+    a = min(max(acceptance, 0.0), 1.0)
+    tokens_per_step = gamma + 1 if a == 1.0 else (1 - a ** (gamma + 1)) / (1 - a)
+    return tokens_per_step / (gamma * cost_ratio + 1)
+
+
+def _load_baseline(path: str, config: RunConfig, device: str) -> dict:
+    try:
+        baseline = json.loads(Path(path).read_text(encoding="utf-8"))
+        base_cfg, tps = baseline["config"], baseline["metrics"]["tokens_per_second"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SpecsweepError(f"--baseline {path} is not a specsweep results file ({e})") from None
+    if base_cfg.get("gamma") != 0:
+        raise SpecsweepError(f"--baseline {path} is a γ = {base_cfg.get('gamma')} run: the baseline must be γ = 0")
+    ours = config.to_dict()
+    differ = [k for k in BASELINE_KEYS if base_cfg.get(k) != ours.get(k)]
+    if baseline.get("resolved", {}).get("device") != device:
+        differ.append("device")
+    if differ:
+        raise SpecsweepError(f"--baseline {path} differs from this run in {differ}: the AR baseline must use the "
+                             "same settings")
+    return {"path": path, "tokens_per_second": tps}
+
+
+def _build_sampler(config: RunConfig):
+    from pipeline.samplers import get_sampler
+
+    params = config.sampler_params()
+    if config.engine == "hf" and config.temperature > 0 and "temperature" in params:
+        params["temperature"] = 1.0  # HF divides the logits by T before its verify step
+    return get_sampler(config.sampler, backend=config.backend, **params)
+
+
+def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: str):
+    from pipeline.engine import SpeculativeEngine
+    from pipeline.hf_engine import HFEngine
+    from pipeline.models import eos_token_ids
+
+    eos = [] if config.ignore_eos else eos_token_ids(target, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    if config.engine == "hf":
+        return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad)
+    return SpeculativeEngine(target, draft, sampler, config.gamma, device, eos, pad)
+
+
+def run(config: RunConfig, progress: bool = True) -> dict:
+    """Run one configuration end to end; returns the results dict (also written to ``config.out``)."""
+    from pipeline.models import check_same_tokenizer, load_causal_lm, load_tokenizer, parse_dtype, resolve_device
+    from pipeline.tasks import get_task
+
+    config.validate()
+    dtype = parse_dtype(config.dtype)
+    device = resolve_device(config.device, dtype)
+    baseline = _load_baseline(config.baseline, config, device) if config.baseline else None
+    sampler = _build_sampler(config)  # before loading models: a bad sampler request fails fast
+    task = get_task(config.task)
+    records = task.load(config.data, config.limit, config.seed if config.limit else None)
+    if not progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+    tokenizer = load_tokenizer(config.target)
+    if config.draft and config.gamma > 0:
+        check_same_tokenizer(tokenizer, load_tokenizer(config.draft), config.target, config.draft)
+    target = load_causal_lm(config.target, dtype, device)
+    draft = load_causal_lm(config.draft, dtype, device) if config.draft and config.gamma > 0 else None
+    engine = _build_engine(config, sampler, target, draft, tokenizer, device)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+
+    torch.manual_seed(config.seed)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    texts, truncated = task.prompts(records, tokenizer, config.max_prompt_tokens, config.chat_template)
+
+    samples, totals = [], {"wall": 0.0, "phase_time": {}, "phase_calls": {}, "draft_forwards": 0, "peak": 0.0}
+    bar = tqdm(total=len(records), desc=f"{config.sampler} γ={config.gamma}", unit="sample", disable=not progress)
+    for start in range(0, len(records), config.batch_size):
+        batch_texts = texts[start: start + config.batch_size]
+        enc = tokenizer(batch_texts, return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=not config.chat_template)
+        result = engine.generate(enc.input_ids, enc.attention_mask, config.max_new_tokens, generator)
+        totals["wall"] += result.wall_time_s
+        totals["draft_forwards"] += result.extra.get("draft_forwards", 0)
+        totals["peak"] = max(totals["peak"], result.peak_memory_mb)
+        for key in ("phase_time", "phase_calls"):
+            for k, v in getattr(result, f"{key}_s" if key == "phase_time" else key).items():
+                totals[key][k] = totals[key].get(k, 0) + v
+        for i, (tokens, stats) in enumerate(zip(result.tokens, result.row_stats)):
+            rec = records[start + i]
+            samples.append({"id": rec["id"], "text": tokenizer.decode(tokens, skip_special_tokens=True),
+                            "token_ids": tokens, "prompt_tokens": int(enc.attention_mask[i].sum()), **stats,
+                            "acceptance_rate": stats["accepted"] / stats["drafted"] if stats["drafted"] else None,
+                            "mean_accepted_tokens": stats["new_tokens"] / max(1, stats["verify_steps"]),
+                            "reference": task.reference(rec)})
+        bar.update(len(batch_texts))
+    bar.close()
+
+    quality, per_sample = task.score([s["text"] for s in samples], records, tokenizer, config.seed)
+    for s, q in zip(samples, per_sample):
+        s["quality"] = q
+    metrics = _summarize(samples, totals, config)
+    if baseline is not None:
+        metrics["baseline_tokens_per_second"] = baseline["tokens_per_second"]
+        metrics["speedup"] = metrics["tokens_per_second"] / baseline["tokens_per_second"]
+    results = {
+        "specsweep_results": 1,
+        "config": config.to_dict(),
+        "resolved": {"device": device, "prompts_truncated": truncated, "samples": len(samples),
+                     "baseline": baseline["path"] if baseline else None},
+        "provenance": provenance(device),
+        "metrics": metrics,
+        "quality": quality,
+        "samples": samples,
+    }
+    write_json_atomic(config.out, results)
+    return results
+
+
+def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
+    new_tokens = sum(s["new_tokens"] for s in samples)
+    accepted = sum(s["accepted"] for s in samples)
+    drafted = sum(s["drafted"] for s in samples)
+    steps = sum(s["verify_steps"] for s in samples)
+    t, calls = totals["phase_time"], totals["phase_calls"]
+    acceptance = accepted / drafted if drafted else None
+    cost_ratio = None
+    if totals["draft_forwards"] and calls.get("target"):
+        cost_ratio = (t.get("draft", 0.0) / totals["draft_forwards"]) / (t["target"] / calls["target"])
+    return {
+        "tokens_per_second": new_tokens / totals["wall"] if totals["wall"] > 0 else None,
+        "wall_time_s": totals["wall"],
+        "new_tokens": new_tokens,
+        "verify_steps": steps,
+        "accepted_tokens": accepted,
+        "drafted_tokens": drafted,
+        "acceptance_rate": acceptance,
+        "mean_accepted_tokens": new_tokens / steps if steps else None,
+        "prefill_time_s": t.get("prefill", 0.0),
+        "draft_time_s": t.get("draft", 0.0),
+        "target_time_s": t.get("target", 0.0),
+        "verify_time_s": t.get("verify", 0.0),
+        "draft_forwards": totals["draft_forwards"],
+        "target_forwards": calls.get("target", 0),
+        "peak_memory_mb": totals["peak"],
+        "cost_ratio": cost_ratio,
+        "theoretical_speedup": theoretical_speedup(acceptance, config.gamma, cost_ratio),
+    }

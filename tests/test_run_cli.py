@@ -1,0 +1,196 @@
+"""`specsweep run` end to end on tiny models, the hf engine, and bad input (one line, exit code 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny_models import PROMPTS, save_pair
+
+from pipeline.cli import main
+from pipeline.engine import SpeculativeEngine
+from pipeline.hf_engine import HFEngine, hf_verify_step
+from pipeline.models import load_causal_lm, load_tokenizer
+from pipeline.samplers import get_sampler
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    tp, dp = save_pair(root)
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    articles = root / "articles.jsonl"
+    articles.write_text("".join(json.dumps({"id": f"a{i}", "article": " ".join([p] * 12), "highlights": p}) + "\n"
+                                for i, p in enumerate(PROMPTS)))
+    return root, tp, dp, data, articles
+
+
+def base_args(tp, dp, data, out, *extra):
+    return ["run", "--target", str(tp), "--draft", str(dp), "--data", str(data), "--device", "cpu",
+            "--max-new-tokens", "12", "--no-progress", "--out", str(out), *extra]
+
+
+def test_run_writes_results_with_speedup_against_the_ar_baseline(setup, capsys):
+    root, tp, dp, data, _ = setup
+    assert main(base_args(tp, dp, data, root / "ar.json", "--gamma", "0")) == 0
+    assert main(base_args(tp, dp, data, root / "sd.json", "--gamma", "3", "--baseline", str(root / "ar.json"))) == 0
+    res = json.loads((root / "sd.json").read_text())
+    m = res["metrics"]
+    for key in ("tokens_per_second", "acceptance_rate", "mean_accepted_tokens", "speedup", "theoretical_speedup",
+                "draft_time_s", "target_time_s", "verify_time_s", "peak_memory_mb", "cost_ratio"):
+        assert m[key] is not None, key
+    ar = json.loads((root / "ar.json").read_text())
+    assert m["speedup"] == pytest.approx(m["tokens_per_second"] / ar["metrics"]["tokens_per_second"])
+    assert res["config"]["gamma"] == 3 and res["config"]["sampler"] == "exact"
+    assert res["provenance"]["versions"]["torch"].startswith("2.")
+    tok = load_tokenizer(str(tp))
+    assert [s["id"] for s in res["samples"]] == [f"p{i}" for i in range(len(PROMPTS))]
+    for s in res["samples"]:
+        assert 1 <= len(s["token_ids"]) <= 12 and s["new_tokens"] == len(s["token_ids"])
+        assert s["text"] == tok.decode(s["token_ids"], skip_special_tokens=True)
+    assert m["new_tokens"] == sum(s["new_tokens"] for s in res["samples"])
+    assert m["acceptance_rate"] == pytest.approx(m["accepted_tokens"] / m["drafted_tokens"])
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_same_seed_same_tokens_through_the_cli(setup):
+    root, tp, dp, data, _ = setup
+    runs = []
+    for seed, name in ((7, "a"), (7, "b"), (8, "c")):
+        out = root / f"seed_{name}.json"
+        assert main(base_args(tp, dp, data, out, "--seed", str(seed), "--batch-size", "2")) == 0
+        runs.append([s["token_ids"] for s in json.loads(out.read_text())["samples"]])
+    assert runs[0] == runs[1] != runs[2]
+
+
+def test_cnn_dailymail_task_scores_rouge_and_records_truncation(setup):
+    root, tp, dp, _, articles = setup
+    out = root / "cnn.json"
+    assert main(base_args(tp, dp, articles, out, "--task", "cnn_dailymail", "--max-prompt-tokens", "40",
+                          "--temperature", "0", "--sampler", "greedy")) == 0
+    res = json.loads(out.read_text())
+    assert set(res["quality"]) >= {"rouge1", "rouge2", "rougeL", "rougeLsum"}
+    assert res["resolved"]["prompts_truncated"] == sum(len(" ".join([p] * 12).split()) > 36 for p in PROMPTS)
+    assert all(0 <= s["quality"]["rougeL"] <= 1 and s["reference"] for s in res["samples"])
+
+
+def test_hf_engine_through_the_cli(setup):
+    root, tp, dp, data, _ = setup
+    out = root / "hf.json"
+    assert main(base_args(tp, dp, data, out, "--engine", "hf", "--gamma", "3", "--sampler", "sigmoid")) == 0
+    m = json.loads(out.read_text())["metrics"]
+    assert m["drafted_tokens"] > 0 and 0 <= m["acceptance_rate"] <= 1 and m["verify_time_s"] > 0
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--gamma", "-1"], "--gamma must be >= 0"),
+    (["--temperature", "-0.5"], "--temperature must be >= 0"),
+    (["--sampler", "hf", "--temperature", "0"], "use --sampler greedy"),
+    (["--backend", "cupy"], "cupy"),
+    (["--alpha", "2"], "--alpha/--beta/--preset apply to --sampler sigmoid only"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+])
+def test_bad_settings_are_one_line_errors_with_exit_code_2(setup, capsys, extra, message):
+    root, tp, dp, data, _ = setup
+    assert main(base_args(tp, dp, data, root / "bad.json", *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_bad_paths_and_data(setup, capsys, tmp_path):
+    root, tp, dp, data, _ = setup
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    no_prompt = tmp_path / "noprompt.jsonl"
+    no_prompt.write_text('{"id": "x", "text": "hi"}\n')
+    cases = [
+        (["--target", str(tmp_path / "missing")], "does not exist"),
+        (["--data", str(empty)], "empty data file"),
+        (["--data", str(no_prompt)], "line 1: missing field(s) 'prompt'"),
+        (["--data", str(tmp_path / "nope.jsonl")], "--data"),
+    ]
+    for extra, message in cases:
+        args = base_args(tp, dp, data, root / "bad.json")
+        for flag, value in zip(extra[::2], extra[1::2]):
+            args[args.index(flag) + 1] = value
+        assert main(args) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_unknown_sampler_is_rejected_by_the_parser(setup, capsys):
+    root, tp, dp, data, _ = setup
+    with pytest.raises(SystemExit) as e:
+        main(base_args(tp, dp, data, root / "bad.json", "--sampler", "nope"))
+    assert e.value.code == 2
+
+
+def test_half_precision_on_a_cpu_without_support_is_refused(setup, capsys, monkeypatch):
+    root, tp, dp, data, _ = setup
+
+    def no_half(*a, **k):
+        raise RuntimeError('"LayerNormKernelImpl" not implemented for \'Half\'')
+
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", no_half)
+    assert main(base_args(tp, dp, data, root / "bad.json", "--dtype", "float16")) == 2
+    assert "torch.float16 is not supported on this CPU" in capsys.readouterr().err
+
+
+def test_a_failed_run_leaves_earlier_results_untouched(setup):
+    root, tp, dp, data, _ = setup
+    out = root / "keep.json"
+    assert main(base_args(tp, dp, data, out, "--gamma", "2")) == 0
+    before = out.read_bytes()
+    assert main(base_args(tp, dp, data, out, "--gamma", "2", "--baseline", str(out))) == 2  # γ=2 is no baseline
+    assert out.read_bytes() == before
+    assert not list(root.glob(".keep.json.*"))
+
+
+# ---- the hf engine -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def models(setup):
+    _, tp, dp, _, _ = setup
+    tok = load_tokenizer(str(tp))
+    return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), tok
+
+
+def test_hf_engine_restores_hfs_function_after_the_call_and_after_an_error(models):
+    from transformers.generation import utils as hf_utils
+
+    target, draft, tok = models
+    original = hf_utils._speculative_sampling
+    enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
+    engine = HFEngine(target, draft, get_sampler("exact"), 3, 1.0, "cpu", [1], 0)
+    engine.generate(enc.input_ids, enc.attention_mask, 8, torch.Generator().manual_seed(0))
+    assert hf_utils._speculative_sampling is original
+
+    class Boom(RuntimeError):
+        pass
+
+    def failing(*args, **kwargs):
+        raise Boom("sampler failed")
+
+    broken = get_sampler("exact")
+    broken._verify = failing
+    with pytest.raises(Boom):
+        HFEngine(target, draft, broken, 3, 1.0, "cpu", [1], 0).generate(enc.input_ids, enc.attention_mask, 8)
+    assert hf_utils._speculative_sampling is original
+    with pytest.raises(Boom), hf_verify_step(broken, None, {}):
+        assert hf_utils._speculative_sampling is not original
+        hf_utils._speculative_sampling(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, 5), 2,
+                                       torch.zeros(1, 3, 5))
+    assert hf_utils._speculative_sampling is original
+
+
+def test_hf_engine_greedy_equals_our_engine_and_the_target(models):
+    target, draft, tok = models
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    hf = HFEngine(target, draft, get_sampler("greedy"), 4, 0.0, "cpu", [1], 0).generate(
+        enc.input_ids, enc.attention_mask, 16)
+    ours = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, "cpu", [1], 0).generate(
+        enc.input_ids, enc.attention_mask, 16)
+    assert hf.tokens == ours.tokens
+    assert sum(r["accepted"] for r in hf.row_stats) > 0
