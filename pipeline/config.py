@@ -14,7 +14,7 @@ from pipeline.errors import SpecsweepError
 
 SAMPLERS = ("exact", "sigmoid", "greedy", "hf")
 BACKENDS = ("torch", "cupy")
-TASKS = ("prompts", "cnn_dailymail")
+TASKS = ("prompts", "cnn_dailymail", "librispeech")
 ENGINES = ("specsweep", "hf")
 DTYPES = ("float32", "float16", "bfloat16")
 

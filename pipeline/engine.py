@@ -171,8 +171,9 @@ def draft_sample(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> t
     else inverse CDF of softmax(logits / T). int64 [B]. No host sync."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return sample_from_weights(probs, u)
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    return sample_from_weights(torch.softmax(logits, dim=-1, dtype=torch.float32), u)
 
 
 def max_positions(config) -> int | None:
@@ -251,7 +252,7 @@ class SpeculativeEngine:
 
         width = max_new_tokens + self.gamma + 2                 # + a dummy column for masked writes
         out = torch.full((B, width), -1, dtype=torch.int64, device=dev)
-        out_len = torch.zeros(B, dtype=torch.int64, device=dev)
+        act_len = torch.zeros(B, dtype=torch.int64, device=dev)      # tokens emitted so far, per active row
         counts = torch.zeros(3, B, dtype=torch.int64, device=dev)     # accepted, drafted, verify steps per row
         rows = torch.arange(B, device=dev)                      # original index of each active row
         rows_host = list(range(B))
@@ -302,18 +303,18 @@ class SpeculativeEngine:
                 is_eos = torch.isin(res.tokens, self.eos) & emitted
                 hit_eos = is_eos.any(dim=1)
                 n_emit = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, n_emit)
-            cur_len = out_len[rows]
+            cur_len = act_len
             n_emit = torch.minimum(n_emit, max_new_tokens - cur_len)
             finished = hit_eos | (cur_len + n_emit >= max_new_tokens)
             write = j < n_emit[:, None]
             cols = torch.where(write, cur_len[:, None] + j, width - 1)
             out.index_put_((rows[:, None].expand_as(cols), cols), torch.where(write, res.tokens, -1))
-            out_len.index_add_(0, rows, n_emit)
+            act_len = cur_len + n_emit
             counts.index_add_(1, rows, torch.stack([res.accepted, torch.full_like(rows, gamma),
                                                      torch.ones_like(rows)]))
 
             # -- the one host sync of the step ------------------------------------------------------------------
-            acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), cur_len + n_emit]).tolist()
+            acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), act_len]).tolist()
             now = time.perf_counter() - t_start
             for i, r in enumerate(rows_host):
                 len_host[r] = len_h[i]
@@ -348,11 +349,11 @@ class SpeculativeEngine:
                     keep_t = torch.tensor(keep, dtype=torch.int64, device=dev)
                     for m in models:
                         m.select(keep_t)
-                    rows, pending = rows[keep_t], pending[keep_t]
+                    rows, pending, act_len = rows[keep_t], pending[keep_t], act_len[keep_t]
                     backlog, backlog_valid = backlog[keep_t], backlog_valid[keep_t]
 
         guard.check()
-        out_h, len_final = out.tolist(), out_len.tolist()
+        out_h, len_final = out.tolist(), len_host
         acc_f, dr_f, st_f = counts.tolist()
         phase_time = timer.totals()
         wall = time.perf_counter() - t_start

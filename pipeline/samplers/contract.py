@@ -84,7 +84,7 @@ def _raise_if_bad(ok: torch.Tensor, tensor_name: str, where: str = "") -> None:
 
 
 class FiniteCheck:
-    """Accumulates the device-side finiteness flags of many steps without syncing; ``check()`` syncs once.
+    """Collects the device-side finiteness flags of many steps without syncing; ``check()`` syncs once.
 
     >>> guard = FiniteCheck()
     >>> for step in ...: guard.update(sampler(...))
@@ -92,23 +92,20 @@ class FiniteCheck:
     """
 
     def __init__(self) -> None:
-        self._draft_bad: torch.Tensor | None = None
-        self._target_bad: torch.Tensor | None = None
+        self._draft_ok: list[torch.Tensor] = []
+        self._target_ok: list[torch.Tensor] = []
 
     def update(self, result: SamplerResult) -> None:
-        draft_bad = ~result.draft_ok.all()
-        target_bad = ~result.target_ok.all()
-        if self._draft_bad is None:
-            self._draft_bad, self._target_bad = draft_bad, target_bad
-        else:
-            self._draft_bad = self._draft_bad | draft_bad
-            self._target_bad = self._target_bad | target_bad
+        """Keeps references only: no device work per step."""
+        self._draft_ok.append(result.draft_ok)
+        self._target_ok.append(result.target_ok)
 
     def check(self) -> None:
-        if self._draft_bad is None:
+        if not self._draft_ok:
             return
-        _raise_if_bad(~self._draft_bad.reshape(1), "draft_logits", where=" (at some verify step)")
-        _raise_if_bad(~self._target_bad.reshape(1), "target_logits", where=" (at some verify step)")
+        for flags, name in ((self._draft_ok, "draft_logits"), (self._target_ok, "target_logits")):
+            ok = torch.cat(flags).all().reshape(1)
+            _raise_if_bad(ok, name, where=" (at some verify step)")
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -180,6 +177,11 @@ def sample_from_weights(weights: torch.Tensor, u: torch.Tensor, chunk: int = CDF
     positive entry is taken, so a zero-weight token is never returned for a row with positive mass.
     """
     B, V = weights.shape
+    if V <= chunk:  # one chunk: a single cumulative sum
+        cdf = weights.cumsum(dim=1)
+        total = cdf[:, -1:]
+        j = torch.searchsorted(cdf, u[:, None] * total, right=True)
+        return torch.minimum(j, (cdf < total).sum(dim=1, keepdim=True)).squeeze(1)
     n_full = V // chunk
     parts = []
     if n_full:

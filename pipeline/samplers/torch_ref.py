@@ -148,6 +148,11 @@ class ExactSampler(Sampler):
         B, gamma = draft_tokens.shape
         inv_t = 1.0 / self.temperature
         p = _softmax_fp32(target_logits, inv_t)                               # [B, γ+1, V_t]
+        if gamma == 0:  # autoregressive decoding: a plain draw from the target
+            next_token = sample_from_weights(p[:, 0], uniforms(B, 0, draft_tokens.device, generator)[:, 0])
+            ok = torch.ones(B, dtype=torch.bool, device=p.device)
+            return SamplerResult(accepted=torch.zeros(B, dtype=torch.int64, device=p.device),
+                                 tokens=next_token[:, None], draft_ok=ok, target_ok=~p[:, 0, 0].isnan())
         q = _softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
         idx = draft_tokens[..., None]
         p_x = p[:, :gamma].gather(2, idx).squeeze(2)
