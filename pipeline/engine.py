@@ -3,6 +3,7 @@
 One step, for B rows at once:
   1. the draft proposes γ tokens autoregressively with its KV cache          [B, γ], logits [B, γ, V_d]
   2. the target scores the pending token and the γ proposals in one forward  logits [B, γ+1, V_t]
+     (in the first step the prefill's last logits score position 0, so the target forward takes the γ drafts)
   3. the sampler verifies (any sampler from pipeline.samplers)              accepted [B], tokens [B, γ+1]
   4. both caches roll back to the accepted prefix; the emitted token is fed on.
 γ = 0 is plain autoregressive decoding through the same code (the draft is never called).
@@ -77,17 +78,38 @@ class PhaseTimer:
         return {k: sum(s.elapsed_time(e) for s, e in v) / 1e3 for k, v in self._events.items()}
 
 
-class CachedModel:
-    """A causal LM, its KV cache, and which cache positions hold real tokens for each row.
+# How each kind of model is called: (token ids, attention mask, position ids) keyword names.
+_CALL_NAMES = {
+    "causal": ("input_ids", "attention_mask", "position_ids"),
+    "seq2seq": ("decoder_input_ids", "decoder_attention_mask", "decoder_position_ids"),  # e.g. Whisper
+    "decoder_with_encoder": ("input_ids", "attention_mask", "position_ids"),  # e.g. WhisperForCausalLM
+}
 
-    mask    bool  [B, L]  True where cache position l of row b holds a real token
-    n_real  int64 [B]     real tokens in the cache per row (the next token's position id)
+
+def model_kind(model, target_is_seq2seq: bool = False) -> str:
+    """'seq2seq' (an encoder-decoder: its decoder is driven), 'decoder_with_encoder' (a decoder-only draft that
+    reads the target's encoder outputs, as distil-large-v2 is used as Whisper's assistant) or 'causal'."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "seq2seq"
+    return "decoder_with_encoder" if target_is_seq2seq else "causal"
+
+
+class CachedModel:
+    """A causal LM (or the decoder of an encoder-decoder), its KV cache, and which cache positions hold real
+    tokens for each row.
+
+    mask      bool  [B, L]  True where cache position l of row b holds a real token
+    n_real    int64 [B]     real tokens in the cache per row (the next token's position id)
+    encoder   (hidden [B, S, D],) encoder outputs the decoder attends to (kinds seq2seq, decoder_with_encoder)
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, kind: str = "causal") -> None:
         self.model = model
+        self.kind = kind
+        self._ids, self._mask, self._pos = _CALL_NAMES[kind]
         params = inspect.signature(model.forward).parameters
         self._keeps_logits = "logits_to_keep" in params
+        self.encoder: tuple[torch.Tensor] | None = None
         self.cache = None
         self.mask: torch.Tensor | None = None
         self.n_real: torch.Tensor | None = None
@@ -95,10 +117,14 @@ class CachedModel:
         # attention mask or position ids and takes its fast causal path.
         self.has_holes = False
 
-    def reset(self, batch: int, device: torch.device) -> None:
-        from transformers import DynamicCache
+    def reset(self, batch: int, device: torch.device, encoder_hidden: torch.Tensor | None = None) -> None:
+        from transformers import DynamicCache, EncoderDecoderCache
 
-        self.cache = DynamicCache(config=self.model.config)
+        if self.kind == "causal":
+            self.cache = DynamicCache(config=self.model.config)
+        else:
+            self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            self.encoder = (encoder_hidden,)
         self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=device)
         self.n_real = torch.zeros(batch, dtype=torch.int64, device=device)
         self.has_holes = False
@@ -118,9 +144,12 @@ class CachedModel:
         mask = torch.cat([self.mask, valid], dim=1)
         kwargs = {"logits_to_keep": 1} if last_only and self._keeps_logits else {}
         if self.has_holes:
-            kwargs["attention_mask"] = mask.long()
-            kwargs["position_ids"] = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
+            kwargs[self._mask] = mask.long()
+            kwargs[self._pos] = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        if self.encoder is not None:
+            kwargs["encoder_outputs"] = self.encoder
+        kwargs[self._ids] = input_ids
+        out = self.model(past_key_values=self.cache, use_cache=True, **kwargs)
         self.mask = mask
         self.n_real = self.n_real + valid.sum(dim=1)
         return out.logits[:, -1:] if last_only else out.logits
@@ -144,6 +173,8 @@ class CachedModel:
         self.cache.batch_select_indices(rows)
         self.mask = self.mask[rows]
         self.n_real = self.n_real[rows]
+        if self.encoder is not None:
+            self.encoder = (self.encoder[0][rows],)
 
 
 @dataclass
@@ -191,16 +222,27 @@ class SpeculativeEngine:
     sampler           a pipeline.samplers Sampler (its temperature is the decoding temperature)
     eos_token_ids     ids that end a row (empty: run to max_new_tokens)
     pad_token_id      id fed at cache holes and left padding (never attended to)
+    suppress_tokens   ids never emitted (their logits are -inf for draft and target), as Whisper's
+                      generation config asks; begin_suppress_tokens: the same for the first new token only
+
+    Encoder-decoder targets (Whisper): ``generate`` takes the encoder inputs (``input_features``); the target's
+    encoder runs once per batch; the draft uses its own encoder (a seq2seq draft) or the target's outputs (a
+    decoder-only draft). input_ids are then the decoder prompt (e.g. <|startoftranscript|><|notimestamps|>).
     """
 
     def __init__(self, target, draft, sampler: Sampler, gamma: int, device: str, eos_token_ids: list[int],
-                 pad_token_id: int = 0) -> None:
+                 pad_token_id: int = 0, suppress_tokens: list[int] = (),
+                 begin_suppress_tokens: list[int] = ()) -> None:
         if gamma < 0:
             raise SpecsweepError(f"gamma must be >= 0; got {gamma}")
         if gamma > 0 and draft is None:
             raise SpecsweepError("gamma > 0 needs a draft model")
-        self.target = CachedModel(target)
-        self.draft = CachedModel(draft) if draft is not None else None
+        self.target = CachedModel(target, model_kind(target))
+        seq2seq = self.target.kind == "seq2seq"
+        self.draft = CachedModel(draft, model_kind(draft, seq2seq)) if draft is not None else None
+        vocab = target.get_output_embeddings().weight.shape[0]
+        self.suppress = _id_tensor(suppress_tokens, vocab, device)
+        self.begin_suppress = _id_tensor(begin_suppress_tokens, vocab, device)
         self.sampler = sampler
         self.gamma = gamma
         self.device = torch.device(device)
@@ -217,10 +259,32 @@ class SpeculativeEngine:
     def _draftable(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.where(ids < self.draft_vocab_in, ids, self.pad)
 
+    def _mask_logits(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
+        """logits [..., V]: suppressed ids set to -inf in place (begin_suppress too at the first new token)."""
+        for ids in (self.suppress, self.begin_suppress if first_position else None):
+            if ids is not None:
+                logits.index_fill_(-1, ids[ids < logits.shape[-1]], float("-inf"))
+        return logits
+
+    def _encode(self, encoder_inputs: dict, timer: PhaseTimer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Encoder hidden states for the target and the draft (None for causal models)."""
+        if self.target.kind != "seq2seq":
+            return None, None
+        dtype = next(self.target.model.parameters()).dtype
+        inputs = {k: v.to(self.device, dtype=dtype if v.is_floating_point() else v.dtype)
+                  for k, v in encoder_inputs.items()}
+        with timer.phase("encode"):
+            h_target = self.target.model.get_encoder()(**inputs).last_hidden_state
+            h_draft = h_target
+            if self.draft is not None and self.draft.kind == "seq2seq" and self.gamma > 0:
+                h_draft = self.draft.model.get_encoder()(**inputs).last_hidden_state
+        return h_target, h_draft
+
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 generator: torch.Generator | None = None) -> GenerationResult:
-        """input_ids, attention_mask: int64 [B, L], left-padded (the last column is a real token)."""
+                 generator: torch.Generator | None = None, encoder_inputs: dict | None = None) -> GenerationResult:
+        """input_ids, attention_mask: int64 [B, L], left-padded (the last column is a real token).
+        encoder_inputs: for an encoder-decoder target, e.g. {"input_features": float [B, n_mels, frames]}."""
         B, L = input_ids.shape
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev).bool()
@@ -238,15 +302,20 @@ class SpeculativeEngine:
         t_start = time.perf_counter()
 
         models = [self.target] + ([self.draft] if self.gamma > 0 else [])
-        for m in models:
-            m.reset(B, dev)
+        if self.target.kind == "seq2seq" and encoder_inputs is None:
+            raise SpecsweepError("an encoder-decoder target needs encoder inputs (e.g. input_features)")
+        h_target, h_draft = self._encode(encoder_inputs or {}, timer)
+        self.target.reset(B, dev, h_target)
+        if self.gamma > 0:
+            self.draft.reset(B, dev, h_draft)
+        # Prefill both models on the whole prompt. Their last logits score the first new token, so the first
+        # step's target forward only scores the γ drafts and the draft's first proposal needs no forward.
         padded = not bool(attention_mask.all())  # one sync before decoding starts
-        if L > 1:
-            with timer.phase("prefill"):
-                for m in models:
-                    m.forward(input_ids[:, :-1], attention_mask[:, :-1], last_only=True, holes=padded)
-        pending = input_ids[:, -1]
-        backlog = pending[:, None]                              # tokens the draft has not seen yet
+        with timer.phase("prefill"):
+            carry = [m.forward(input_ids, attention_mask, last_only=True, holes=padded)[:, 0] for m in models]
+        carry_target, carry_draft = carry[0], (carry[1] if len(carry) > 1 else None)
+        pending = None                                          # the last emitted token, not yet in the target
+        backlog = torch.empty(B, 0, dtype=torch.int64, device=dev)  # tokens the draft has not seen yet
         backlog_valid = torch.ones_like(backlog, dtype=torch.bool)
         backlog_holes = False
 
@@ -259,6 +328,7 @@ class SpeculativeEngine:
         len_host = [0] * B
         finish_time = [0.0] * B
         steps = draft_forwards = 0
+        masked = self.suppress is not None or self.begin_suppress is not None
 
         while rows_host and max_new_tokens > 0:
             steps += 1
@@ -266,16 +336,22 @@ class SpeculativeEngine:
             # never draft more than the roomiest row can still emit (one slot is the corrected/bonus token)
             room = max_new_tokens - min(len_host[r] for r in rows_host)
             gamma = min(self.gamma, room - 1)
-            draft_forwards += gamma
 
             if gamma > 0:
                 with timer.phase("draft"):
                     u = torch.rand((b, gamma), generator=generator, device=dev)
-                    logits = self.draft.forward(backlog, backlog_valid, True, backlog_holes)[:, 0]
+                    if carry_draft is not None:
+                        logits, carry_draft = carry_draft, None
+                    else:
+                        logits = self.draft.forward(backlog, backlog_valid, True, backlog_holes)[:, 0]
+                        draft_forwards += 1
                     proposals, proposal_logits = [], []
                     for i in range(gamma):
                         if i > 0:
                             logits = self.draft.forward(proposals[-1][:, None], _ones(b, dev), last_only=True)[:, 0]
+                            draft_forwards += 1
+                        if masked:
+                            logits = self._mask_logits(logits, first_position=steps == 1 and i == 0)
                         proposals.append(draft_sample(logits, self.draft_temperature, u[:, i]))
                         proposal_logits.append(logits)
                     draft_tokens = torch.stack(proposals, dim=1)                       # [b, γ]
@@ -284,9 +360,20 @@ class SpeculativeEngine:
                 draft_tokens = torch.empty(b, 0, dtype=torch.int64, device=dev)
                 draft_logits = None
 
-            with timer.phase("target"):
-                target_in = torch.cat([pending[:, None], draft_tokens], dim=1)
-                target_logits = self.target.forward(target_in, torch.ones_like(target_in, dtype=torch.bool))
+            if carry_target is not None:  # first step: the prefill scored position 0
+                target_in, target_logits = draft_tokens, carry_target[:, None]
+                carry_target = None
+            else:
+                target_in, target_logits = torch.cat([pending[:, None], draft_tokens], dim=1), None
+            scored = target_in.shape[1]                          # positions this step appends to the target
+            if scored:
+                with timer.phase("target"):
+                    logits = self.target.forward(target_in, torch.ones_like(target_in, dtype=torch.bool))
+                target_logits = logits if target_logits is None else torch.cat([target_logits, logits], dim=1)
+            if masked:
+                self._mask_logits(target_logits, first_position=False)
+                if steps == 1 and self.begin_suppress is not None:
+                    self._mask_logits(target_logits[:, :1], first_position=True)
             if draft_logits is None:
                 draft_logits = target_logits.new_empty(b, 0, self.v_draft or target_logits.shape[-1])
 
@@ -324,7 +411,9 @@ class SpeculativeEngine:
 
             # -- roll the caches back to the accepted prefix ---------------------------------------------------
             next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
-            self.target.retain(gamma + 1, res.accepted + 1, max_acc + 1, min_acc + 1)
+            # the target keeps the pending token (if it was fed) and the accepted drafts
+            fed = scored - gamma
+            self.target.retain(scored, res.accepted + fed, max_acc + fed, min_acc + fed)
             if gamma > 0:
                 # the draft appended its backlog, then x_1..x_{γ-1}; it never saw x_γ
                 self.draft.retain(gamma - 1, res.accepted.clamp_max(gamma - 1), min(max_acc, gamma - 1),
@@ -337,7 +426,8 @@ class SpeculativeEngine:
                     backlog_valid = torch.stack([all_accepted, torch.ones_like(all_accepted)], dim=1)
                 else:
                     backlog, backlog_valid = for_draft[:, None], _ones(b, dev)
-            elif self.draft is not None and self.gamma > 0:
+            elif self.draft is not None and self.gamma > 0:  # the draft sat this step out (last step)
+                carry_draft = None
                 backlog = torch.cat([backlog, self._draftable(next_token)[:, None]], dim=1)
                 backlog_valid = torch.cat([backlog_valid, _ones(b, dev)], dim=1)
             pending = next_token
@@ -350,6 +440,7 @@ class SpeculativeEngine:
                     for m in models:
                         m.select(keep_t)
                     rows, pending, act_len = rows[keep_t], pending[keep_t], act_len[keep_t]
+                    carry_draft = carry_draft[keep_t] if carry_draft is not None else None
                     backlog, backlog_valid = backlog[keep_t], backlog_valid[keep_t]
 
         guard.check()
@@ -365,6 +456,11 @@ class SpeculativeEngine:
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=steps,
                                 phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
                                 extra={"draft_forwards": draft_forwards})
+
+
+def _id_tensor(ids, vocab: int, device) -> torch.Tensor | None:
+    ids = sorted({int(i) for i in ids or () if 0 <= int(i) < vocab})
+    return torch.tensor(ids, dtype=torch.int64, device=device) if ids else None
 
 
 def _ones(b: int, dev: torch.device) -> torch.Tensor:

@@ -92,8 +92,11 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 generator: torch.Generator | None = None) -> GenerationResult:
-        """input_ids, attention_mask int64 [B, L] (left-padded); each row is generated alone (HF: batch 1)."""
+                 generator: torch.Generator | None = None, encoder_inputs: dict | None = None) -> GenerationResult:
+        """input_ids, attention_mask int64 [B, L] (left-padded); each row is generated alone (HF: batch 1).
+
+        With ``encoder_inputs`` (Whisper's input_features [B, n_mels, frames]) HF builds the decoder prompt
+        itself; input_ids then only name the prompt tokens to strip from its output."""
         dev = self.device
         timer = PhaseTimer(str(dev))
         stats: dict = {}
@@ -116,18 +119,28 @@ class HFEngine:
                 if generator is not None:  # HF draws from the global RNG: seed it from our generator
                     torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator,
                                                         device=generator.device).item()))
-                out = self.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-                new = out[0, ids.shape[1]:].tolist()
+                if encoder_inputs is None:
+                    out = self.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+                    new = out[0, ids.shape[1]:].tolist()
+                else:
+                    dtype = next(self.target.parameters()).dtype
+                    row_inputs = {k: v[row: row + 1].to(dev, dtype=dtype) for k, v in encoder_inputs.items()}
+                    new = self.target.generate(**row_inputs, **kwargs)[0].tolist()
+                    prompt = ids[0].tolist()
+                    while new and prompt and new[0] == prompt[0]:  # HF may return its decoder prompt too
+                        new, prompt = new[1:], prompt[1:]
                 tokens.append(new)
                 steps = timer.counts["target"] - target_calls_before
-                if stats.get("calls", 0) > before["calls"]:  # sampled: the shim counted exactly
+                counted = stats.get("calls", 0) > before["calls"]
+                if counted:  # sampled: the shim counted exactly
                     accepted = stats["accepted"] - before["accepted"]
                     drafted = stats["drafted"] - before["drafted"]
-                else:  # greedy: HF matched tokens itself; each step emits accepted + 1 tokens
+                else:  # greedy: HF matched tokens itself; estimated as (tokens - steps) of γ per step
                     accepted = max(0, len(new) - steps)
                     drafted = self.gamma * steps
                 row_stats.append({"new_tokens": len(new), "verify_steps": steps, "accepted": accepted,
-                                  "drafted": drafted, "wall_time_s": time.perf_counter() - t_row})
+                                  "drafted": drafted, "wall_time_s": time.perf_counter() - t_row,
+                                  "acceptance_counted": counted or self.gamma == 0})
         stats["finite"].check()
         wall = time.perf_counter() - t_start
         peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda"

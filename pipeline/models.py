@@ -61,15 +61,34 @@ def load_tokenizer(name_or_path: str):
         raise _load_error("tokenizer", name_or_path, e) from None
 
 
-def load_causal_lm(name_or_path: str, dtype: torch.dtype, device: str):
-    """AutoModelForCausalLM in eval mode. device 'auto' (resolved to cuda) spreads over all visible GPUs."""
+def load_processor(name_or_path: str):
+    """AutoProcessor (feature extractor + tokenizer) of a speech model such as Whisper."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        raise _load_error("processor", name_or_path, e) from None
+
+
+def load_speech_seq2seq(name_or_path: str, dtype: torch.dtype, device: str):
+    """AutoModelForSpeechSeq2Seq (e.g. WhisperForConditionalGeneration) in eval mode."""
+    from transformers import AutoModelForSpeechSeq2Seq
+
+    return load_causal_lm(name_or_path, dtype, device, auto_class=AutoModelForSpeechSeq2Seq)
+
+
+def load_causal_lm(name_or_path: str, dtype: torch.dtype, device: str, auto_class=None):
+    """AutoModelForCausalLM (or ``auto_class``) in eval mode. device 'auto' (resolved to cuda) spreads over all
+    visible GPUs."""
     from transformers import AutoModelForCausalLM
 
+    auto_class = auto_class or AutoModelForCausalLM
     kwargs = {"dtype": dtype}
     if device == "cuda" and torch.cuda.device_count() > 1:
         kwargs["device_map"] = "auto"
     try:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        model = auto_class.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as e:
         raise _load_error("model", name_or_path, e) from None
     if "device_map" not in kwargs:

@@ -15,6 +15,7 @@ Speed metrics:
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -77,12 +78,47 @@ def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     if config.engine == "hf":
         return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad)
-    return SpeculativeEngine(target, draft, sampler, config.gamma, device, eos, pad)
+    gc = getattr(target, "generation_config", None)
+    return SpeculativeEngine(target, draft, sampler, config.gamma, device, eos, pad,
+                             suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
+                             begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or ())
+
+
+def _load_models(config: RunConfig, task, dtype, device: str):
+    """-> (target, draft or None, tokenizer, processor or None). Refuses a pair with different vocabularies."""
+    from pipeline.models import (
+        check_same_tokenizer,
+        load_causal_lm,
+        load_processor,
+        load_speech_seq2seq,
+        load_tokenizer,
+    )
+
+    use_draft = bool(config.draft) and config.gamma > 0
+    if task.speech:
+        processor = load_processor(config.target)
+        tokenizer = processor.tokenizer
+        if use_draft:
+            check_same_tokenizer(tokenizer, load_processor(config.draft).tokenizer, config.target, config.draft)
+        target = load_speech_seq2seq(config.target, dtype, device)
+        draft = None
+        if use_draft:
+            draft = (load_causal_lm(config.draft, dtype, device) if config.draft_decoder_only
+                     else load_speech_seq2seq(config.draft, dtype, device))
+        return target, draft, tokenizer, processor
+    tokenizer = load_tokenizer(config.target)
+    if use_draft:
+        check_same_tokenizer(tokenizer, load_tokenizer(config.draft), config.target, config.draft)
+    target = load_causal_lm(config.target, dtype, device)
+    draft = load_causal_lm(config.draft, dtype, device) if use_draft else None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return target, draft, tokenizer, None
 
 
 def run(config: RunConfig, progress: bool = True) -> dict:
     """Run one configuration end to end; returns the results dict (also written to ``config.out``)."""
-    from pipeline.models import check_same_tokenizer, load_causal_lm, load_tokenizer, parse_dtype, resolve_device
+    from pipeline.models import parse_dtype, resolve_device
     from pipeline.tasks import get_task
 
     config.validate()
@@ -91,47 +127,46 @@ def run(config: RunConfig, progress: bool = True) -> dict:
     baseline = _load_baseline(config.baseline, config, device) if config.baseline else None
     sampler = _build_sampler(config)  # before loading models: a bad sampler request fails fast
     task = get_task(config.task)
-    records = task.load(config.data, config.limit, config.seed if config.limit else None)
     if not progress:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-
-    tokenizer = load_tokenizer(config.target)
-    if config.draft and config.gamma > 0:
-        check_same_tokenizer(tokenizer, load_tokenizer(config.draft), config.target, config.draft)
-    target = load_causal_lm(config.target, dtype, device)
-    draft = load_causal_lm(config.draft, dtype, device) if config.draft and config.gamma > 0 else None
+    records = task.load(config.data, config.limit, config.seed if config.limit else None)
+    target, draft, tokenizer, processor = _load_models(config, task, dtype, device)
     engine = _build_engine(config, sampler, target, draft, tokenizer, device)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    encode_kwargs = {"processor": processor}
+    if task.speech:
+        encode_kwargs["prompt"] = task.decoder_prompt(target, tokenizer)
 
     torch.manual_seed(config.seed)
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    texts, truncated = task.prompts(records, tokenizer, config.max_prompt_tokens, config.chat_template)
-
-    samples, totals = [], {"wall": 0.0, "phase_time": {}, "phase_calls": {}, "draft_forwards": 0, "peak": 0.0}
+    samples, truncated = [], 0
+    totals = {"wall": 0.0, "phase_time": {}, "phase_calls": {}, "draft_forwards": 0, "peak": 0.0}
     bar = tqdm(total=len(records), desc=f"{config.sampler} γ={config.gamma}", unit="sample", disable=not progress)
     for start in range(0, len(records), config.batch_size):
-        batch_texts = texts[start: start + config.batch_size]
-        enc = tokenizer(batch_texts, return_tensors="pt", padding=True, padding_side="left",
-                        add_special_tokens=not config.chat_template)
-        result = engine.generate(enc.input_ids, enc.attention_mask, config.max_new_tokens, generator)
+        batch = records[start: start + config.batch_size]
+        inputs, cut = task.encode(batch, tokenizer, config, **encode_kwargs)
+        truncated += cut
+        result = engine.generate(inputs["input_ids"], inputs["attention_mask"], config.max_new_tokens, generator,
+                                 encoder_inputs=inputs.get("encoder_inputs"))
         totals["wall"] += result.wall_time_s
         totals["draft_forwards"] += result.extra.get("draft_forwards", 0)
         totals["peak"] = max(totals["peak"], result.peak_memory_mb)
-        for key in ("phase_time", "phase_calls"):
-            for k, v in getattr(result, f"{key}_s" if key == "phase_time" else key).items():
+        for key, values in (("phase_time", result.phase_time_s), ("phase_calls", result.phase_calls)):
+            for k, v in values.items():
                 totals[key][k] = totals[key].get(k, 0) + v
         for i, (tokens, stats) in enumerate(zip(result.tokens, result.row_stats)):
-            rec = records[start + i]
-            samples.append({"id": rec["id"], "text": tokenizer.decode(tokens, skip_special_tokens=True),
-                            "token_ids": tokens, "prompt_tokens": int(enc.attention_mask[i].sum()), **stats,
+            samples.append({"id": batch[i]["id"], "text": tokenizer.decode(tokens, skip_special_tokens=True),
+                            "token_ids": tokens, "prompt_tokens": int(inputs["attention_mask"][i].sum()), **stats,
                             "acceptance_rate": stats["accepted"] / stats["drafted"] if stats["drafted"] else None,
                             "mean_accepted_tokens": stats["new_tokens"] / max(1, stats["verify_steps"]),
-                            "reference": task.reference(rec)})
-        bar.update(len(batch_texts))
+                            "reference": task.reference(batch[i])})
+        bar.update(len(batch))
     bar.close()
+    if task.speech and truncated:
+        tqdm.write(f"warning: {truncated} clip(s) longer than the model's {processor.feature_extractor.chunk_length} s "
+                   "window were cut to it; their WER compares the cut audio with the full transcript",
+                   file=sys.stderr)
 
     quality, per_sample = task.score([s["text"] for s in samples], records, tokenizer, config.seed)
     for s, q in zip(samples, per_sample):
@@ -140,11 +175,12 @@ def run(config: RunConfig, progress: bool = True) -> dict:
     if baseline is not None:
         metrics["baseline_tokens_per_second"] = baseline["tokens_per_second"]
         metrics["speedup"] = metrics["tokens_per_second"] / baseline["tokens_per_second"]
+    resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
+                ("audio_truncated" if task.speech else "prompts_truncated"): truncated}
     results = {
         "specsweep_results": 1,
         "config": config.to_dict(),
-        "resolved": {"device": device, "prompts_truncated": truncated, "samples": len(samples),
-                     "baseline": baseline["path"] if baseline else None},
+        "resolved": resolved,
         "provenance": provenance(device),
         "metrics": metrics,
         "quality": quality,
@@ -180,6 +216,8 @@ def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
         "draft_forwards": totals["draft_forwards"],
         "target_forwards": calls.get("target", 0),
         "peak_memory_mb": totals["peak"],
+        # False where HF's loop matched tokens itself (T = 0): acceptance is then estimated from call counts
+        "acceptance_counted": all(s.get("acceptance_counted", True) for s in samples),
         "cost_ratio": cost_ratio,
         "theoretical_speedup": theoretical_speedup(acceptance, config.gamma, cost_ratio),
     }

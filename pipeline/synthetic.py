@@ -128,3 +128,96 @@ def save_pair(root: Path, kind: str = "gpt2", draft_vocab_pad: int = 0, seed: in
         tok.save_pretrained(path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+# ---- Whisper-architecture pairs -------------------------------------------------------------------------------
+
+WHISPER_SPECIALS = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
+
+
+def build_whisper_processor(chunk_seconds: int = 2):
+    """A WhisperProcessor built offline: a byte-level BPE tokenizer with no merges (every byte a token) plus
+    Whisper's special tokens, and a feature extractor whose window is ``chunk_seconds`` long."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import WhisperFeatureExtractor, WhisperProcessor, WhisperTokenizer
+
+    vocab = {"<|endoftext|>": 0}
+    for ch in sorted(ByteLevel.alphabet()):
+        vocab.setdefault(ch, len(vocab))
+    tok = WhisperTokenizer(vocab=vocab, merges=[], unk_token="<|endoftext|>", bos_token="<|endoftext|>",
+                           eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": list(WHISPER_SPECIALS)})
+    fe = WhisperFeatureExtractor(feature_size=80, sampling_rate=16_000, chunk_length=chunk_seconds)
+    return WhisperProcessor(feature_extractor=fe, tokenizer=tok)
+
+
+def build_whisper(processor, decoder_layers: int, seed: int, width: int = 64, encoder_layers: int = 1,
+                  init_std: float = 0.4):
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    tok = processor.tokenizer
+    ids = {t: tok.convert_tokens_to_ids(t) for t in WHISPER_SPECIALS}
+    frames = processor.feature_extractor.nb_max_frames
+    cfg = WhisperConfig(vocab_size=len(tok), num_mel_bins=80, d_model=width, encoder_layers=encoder_layers,
+                        decoder_layers=decoder_layers, encoder_attention_heads=4, decoder_attention_heads=4,
+                        encoder_ffn_dim=2 * width, decoder_ffn_dim=2 * width, max_source_positions=frames // 2,
+                        max_target_positions=128, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+                        decoder_start_token_id=ids["<|startoftranscript|>"], suppress_tokens=[],
+                        begin_suppress_tokens=[], init_std=init_std)
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(cfg).eval()
+    from transformers import GenerationConfig
+
+    # as an English-only Whisper checkpoint has it: HF's generate then decodes after
+    # <|startoftranscript|><|notimestamps|>, the tokenizer's prefix_tokens
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=ids["<|startoftranscript|>"], no_timestamps_token_id=ids["<|notimestamps|>"],
+        is_multilingual=False, eos_token_id=0, pad_token_id=0, bos_token_id=0, suppress_tokens=[],
+        begin_suppress_tokens=[], max_length=128)
+    return model
+
+
+def save_whisper_pair(root: Path, draft_kind: str = "seq2seq", seed: int = 0, noise: float = 0.05,
+                      decoder_layers: int = 2, chunk_seconds: int = 2) -> tuple[Path, Path]:
+    """target/ (WhisperForConditionalGeneration) and draft/ under root, with the processor saved beside both.
+
+    draft_kind "seq2seq": a full Whisper (own encoder, one decoder layer), like distil-small.en;
+    "decoder_only": a WhisperForCausalLM that reuses the target's encoder outputs, like distil-large-v2 used
+    as an assistant. Either way the draft is a noisy copy of the target, truncated to one decoder layer.
+    """
+    import copy
+
+    from transformers import WhisperForCausalLM
+
+    processor = build_whisper_processor(chunk_seconds)
+    target = build_whisper(processor, decoder_layers, seed)
+    damp_whisper_decoder(target, 1, 0.1)
+    draft = noisy_copy(target, noise, seed + 1)
+    draft.model.decoder.layers = draft.model.decoder.layers[:1]
+    draft.config.decoder_layers = 1
+    if draft_kind == "decoder_only":
+        cfg = copy.deepcopy(draft.config)
+        cfg.is_encoder_decoder = False
+        causal = WhisperForCausalLM(cfg).eval()
+        causal.model.decoder.load_state_dict(draft.model.decoder.state_dict())
+        causal.proj_out.load_state_dict(draft.proj_out.state_dict())
+        causal.generation_config = copy.deepcopy(draft.generation_config)
+        draft = causal
+    elif draft_kind != "seq2seq":
+        raise ValueError(draft_kind)
+    paths = []
+    for name, model in (("target", target), ("draft", draft)):
+        path = root / name
+        model.save_pretrained(path)
+        processor.save_pretrained(path)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def damp_whisper_decoder(model, start: int, factor: float):
+    """damp_layers for a Whisper decoder: layers >= start change the output little."""
+    with torch.no_grad():
+        for layer in list(model.model.decoder.layers)[start:]:
+            for proj in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc2):
+                proj.weight.mul_(factor)
+    return model

@@ -2,8 +2,12 @@
 
     prompts        JSONL of {"id", "prompt"}; no quality metric
     cnn_dailymail  article + " Summary:" (the paper's cue), scored with ROUGE against the highlights
+    librispeech    16 kHz audio -> Whisper log-mel features; the decoder prompt is the tokenizer's prefix
+                   (<|startoftranscript|>, <|en|><|transcribe|> for multilingual models, <|notimestamps|>);
+                   scored with corpus WER after the model's own English normaliser
 
-A task turns records into prompt strings (recording what it truncated) and scores decoded predictions.
+A task reads its records, turns a batch of them into engine inputs (``encode``, which also counts what it
+had to truncate) and scores decoded predictions.
 """
 
 from __future__ import annotations
@@ -41,6 +45,15 @@ class PromptsTask:
             truncated += cut
             texts.append(_chat(tokenizer, text) if chat else text)
         return texts, truncated
+
+    speech = False
+
+    def encode(self, records: list[dict], tokenizer, config, processor=None) -> tuple[dict, int]:
+        """-> ({"input_ids", "attention_mask"} left-padded int64 [B, L], number of prompts truncated)."""
+        texts, truncated = self.prompts(records, tokenizer, config.max_prompt_tokens, config.chat_template)
+        enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=not config.chat_template)
+        return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}, truncated
 
     def reference(self, record: dict) -> str | None:
         return None
@@ -81,7 +94,56 @@ class CnnDailyMailTask(PromptsTask):
         return quality, result.per_sample
 
 
-TASKS = {"prompts": PromptsTask, "cnn_dailymail": CnnDailyMailTask}
+class LibriSpeechTask:
+    """ASR with a Whisper target. Clips longer than the feature extractor's window (30 s for Whisper) are cut
+    to the window, counted, and reported: their WER then compares the cut audio with the full transcript."""
+
+    name = "librispeech"
+    speech = True
+
+    def load(self, path: str, limit: int | None, seed: int | None) -> list[dict]:
+        from pipeline.data import load_task_data
+
+        return load_task_data("librispeech", path, limit=limit, seed=seed)
+
+    def decoder_prompt(self, model, tokenizer) -> list[int]:
+        """Whisper's decoder prompt for English transcription without timestamps."""
+        if getattr(model.generation_config, "is_multilingual", False):
+            tokenizer.set_prefix_tokens(language="english", task="transcribe", predict_timestamps=False)
+        else:
+            tokenizer.set_prefix_tokens(predict_timestamps=False)
+        return list(tokenizer.prefix_tokens)
+
+    def encode(self, records: list[dict], tokenizer, config, processor=None, prompt: list[int] = ()):
+        """-> ({"input_ids", "attention_mask": the decoder prompt [B, P], "encoder_inputs": {"input_features"}},
+        number of clips truncated to the window)."""
+        import torch
+
+        from pipeline.data import SAMPLE_RATE, truncate_audio
+
+        fe = processor.feature_extractor
+        audios, truncated = [], 0
+        for r in records:
+            cut = truncate_audio(r["audio"], max_seconds=fe.chunk_length, sample_rate=SAMPLE_RATE)
+            truncated += cut.truncated
+            audios.append(cut.audio)
+        features = fe(audios, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        ids = torch.tensor([list(prompt)] * len(records), dtype=torch.int64)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                "encoder_inputs": {"input_features": features}}, truncated
+
+    def reference(self, record: dict) -> str | None:
+        return record["text"]
+
+    def score(self, predictions, records, tokenizer, seed):
+        from pipeline.metrics import wer
+
+        result = wer(predictions, [r["text"] for r in records], tokenizer=tokenizer)
+        return ({"wer": result.wer, "normalizer": result.normalizer, "reference_words": result.reference_words},
+                [{"wer": s["wer"]} for s in result.per_sample])
+
+
+TASKS = {"prompts": PromptsTask, "cnn_dailymail": CnnDailyMailTask, "librispeech": LibriSpeechTask}
 
 
 def get_task(name: str):
