@@ -14,7 +14,7 @@ from pipeline import __version__
 from pipeline.errors import SpecsweepError
 
 # name -> module in pipeline.commands, in the order --help lists them
-SUBCOMMANDS = ("run", "fetch", "bench")
+SUBCOMMANDS = ("run", "fetch", "bench", "tune", "report", "toy")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ BACKENDS = ("torch", "cupy")
 TASKS = ("prompts", "cnn_dailymail", "librispeech")
 ENGINES = ("specsweep", "hf")
 DTYPES = ("float32", "float16", "bfloat16")
+WANDB_MODES = ("online", "offline", "disabled")
 
 
 @dataclass
@@ -43,10 +44,16 @@ class RunConfig:
     limit: int | None = None
     seed: int = 0
     engine: str = "specsweep"
+    draft_decoder_only: bool = False
     ignore_eos: bool = False
     baseline: str | None = None
     out: str = "results/run.json"
     tags: dict = field(default_factory=dict)
+    # Tracking (pipeline/tracking.py): where the run is logged, not what it computes. wandb_mode None means
+    # $WANDB_MODE, else "offline" (no account needed; `wandb sync wandb/offline-run-*` uploads later).
+    wandb_mode: str | None = None
+    wandb_project: str = "specsweep"
+    wandb_group: str | None = None
 
     def validate(self) -> RunConfig:
         """Raise SpecsweepError (one line: what is wrong, what to do) for the first problem found."""
@@ -82,6 +89,8 @@ class RunConfig:
                 raise bad("--sampler hf runs batch 1, as HF does: use --batch-size 1")
         if self.engine == "hf" and self.batch_size != 1:
             raise bad("--engine hf runs HF's assisted generation, which is batch 1: use --batch-size 1")
+        if self.wandb_mode is not None and self.wandb_mode not in WANDB_MODES:
+            raise bad(f"--wandb-mode {self.wandb_mode!r} is not one of {list(WANDB_MODES)}")
         if not Path(self.data).exists():
             raise bad(f"--data {self.data} does not exist: give a JSONL file or a folder written by specsweep fetch")
         if self.baseline is not None and not Path(self.baseline).is_file():

@@ -46,8 +46,6 @@ import io
 import json
 import math
 import os
-import sys
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -56,8 +54,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pipeline.env_info import versions
 from pipeline.errors import SpecsweepError
-from pipeline.io import write_json_atomic
+from pipeline.io import atomic_file, write_json_atomic
 
 SAMPLE_RATE = 16_000
 """Sample rate (Hz) of every decoded audio array."""
@@ -394,7 +393,7 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
         "ids": [example_id for _, example_id, _ in kept],
         "positions": [position for position, _, _ in kept],
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "versions": _versions(),
+        "versions": versions(),
         "data_file": DATA_FILE,
     }
     if spec.name == "librispeech":
@@ -495,20 +494,11 @@ def _read_parquet(spec: TaskSpec, path: Path) -> list[dict]:
 
 
 def _write_parquet_atomic(path: Path, table) -> Path:
-    """Write a pyarrow table to ``path`` via a temporary file in the same folder and a rename."""
+    """Write a pyarrow table to ``path`` atomically (see pipeline.io.atomic_file)."""
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "wb") as f:
+        pq.write_table(table, f)
     return path
 
 
@@ -525,14 +515,3 @@ def _sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": sys.version.split()[0]}
-    for pkg in ("datasets", "huggingface_hub", "soundfile", "scipy", "pyarrow", "numpy"):
-        with contextlib.suppress(PackageNotFoundError):
-            out[pkg] = version(pkg)
-    return out
-

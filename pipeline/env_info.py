@@ -6,8 +6,8 @@ import datetime as _dt
 import platform
 from importlib import metadata
 
-_PACKAGES = ("specsweep", "torch", "transformers", "numpy", "cupy-cuda13x", "cupy-cuda12x", "datasets", "wandb",
-             "optuna", "dvc")
+_PACKAGES = ("specsweep", "torch", "transformers", "tokenizers", "numpy", "scipy", "cupy-cuda13x", "cupy-cuda12x",
+             "datasets", "huggingface_hub", "pyarrow", "soundfile", "rouge_score", "jiwer", "wandb", "optuna", "dvc")
 
 
 def versions() -> dict[str, str]:

@@ -5,26 +5,34 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename, so a reader (or a
-    crash) never sees a half-written file and an existing file is replaced only by a complete one."""
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w"):
+    """Open a temporary file beside ``path`` for writing; on success it is synced and renamed over ``path``,
+    so a reader (or a crash) never sees a half-written file and an existing file is replaced only by a
+    complete one. On error the temporary file is removed and ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    with atomic_file(path) as f:
+        f.write(text)
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:

@@ -88,17 +88,29 @@ def truncate_layers(model, layers: int):
 def damp_layers(model, start: int, factor: float):
     """Scale the residual-branch output projections of layers >= ``start`` by ``factor``: those layers keep
     their full compute cost but change the output little, so a draft made of the first ``start`` layers
-    partly agrees with the target."""
-    blocks = model.transformer.h if hasattr(model, "transformer") else model.model.layers
+    partly agrees with the target. GPT-2, Llama-style and Whisper-decoder layers."""
+    if hasattr(model, "transformer"):  # GPT-2
+        blocks = model.transformer.h
+    elif hasattr(model.model, "decoder"):  # Whisper
+        blocks = model.model.decoder.layers
+    else:
+        blocks = model.model.layers
     with torch.no_grad():
         for block in list(blocks)[start:]:
-            if hasattr(block, "attn"):  # GPT-2
-                block.attn.c_proj.weight.mul_(factor)
-                block.mlp.c_proj.weight.mul_(factor)
-            else:
-                block.self_attn.o_proj.weight.mul_(factor)
-                block.mlp.down_proj.weight.mul_(factor)
+            for name in ("attn.c_proj", "mlp.c_proj", "self_attn.o_proj", "mlp.down_proj", "self_attn.out_proj",
+                         "encoder_attn.out_proj", "fc2"):
+                proj = block.get_submodule(name) if _has_submodule(block, name) else None
+                if proj is not None:
+                    proj.weight.mul_(factor)
     return model
+
+
+def _has_submodule(module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+        return True
+    except AttributeError:
+        return False
 
 
 def save_pair(root: Path, kind: str = "gpt2", draft_vocab_pad: int = 0, seed: int = 0, noise: float = 0.05,
@@ -191,7 +203,7 @@ def save_whisper_pair(root: Path, draft_kind: str = "seq2seq", seed: int = 0, no
 
     processor = build_whisper_processor(chunk_seconds)
     target = build_whisper(processor, decoder_layers, seed)
-    damp_whisper_decoder(target, 1, 0.1)
+    damp_layers(target, 1, 0.1)
     draft = noisy_copy(target, noise, seed + 1)
     draft.model.decoder.layers = draft.model.decoder.layers[:1]
     draft.config.decoder_layers = 1
@@ -212,12 +224,3 @@ def save_whisper_pair(root: Path, draft_kind: str = "seq2seq", seed: int = 0, no
         processor.save_pretrained(path)
         paths.append(path)
     return paths[0], paths[1]
-
-
-def damp_whisper_decoder(model, start: int, factor: float):
-    """damp_layers for a Whisper decoder: layers >= start change the output little."""
-    with torch.no_grad():
-        for layer in list(model.model.decoder.layers)[start:]:
-            for proj in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc2):
-                proj.weight.mul_(factor)
-    return model

@@ -4,17 +4,34 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.config import DTYPES, ENGINES, SAMPLERS, TASKS, RunConfig
+from pipeline.config import DTYPES, ENGINES, SAMPLERS, TASKS, WANDB_MODES, RunConfig
 
 HELP = "run speculative (or, with --gamma 0, autoregressive) decoding over a dataset and write results JSON"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+class _ConfigFlags:
+    """Adds each ``--a-b`` flag also as ``--a_b``: W&B sweep agents pass settings as ``--<config name>=value``
+    (``--max_new_tokens=32``), and DVC's dict unpacking of params.yaml does the same. Flags named in ``exclude``
+    are left out (``specsweep tune`` reuses these flags but chooses γ, sampler, ... itself)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()):
+        self._parser, self._exclude = parser, exclude
+
+    def add_argument(self, *names: str, **kwargs):
+        if any(n in self._exclude for n in names):
+            return None
+        aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
+        return self._parser.add_argument(*names, *aliases, **kwargs)
+
+
+def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    p = _ConfigFlags(p, exclude)
     p.add_argument("--target", required=True, help="target model: hub id or local directory (save_pretrained)")
     p.add_argument("--draft", help="draft model sharing the target's tokenizer (needed when --gamma > 0)")
     p.add_argument("--data", required=True, help="JSONL file, or a folder written by `specsweep fetch`")
     p.add_argument("--task", default="prompts", choices=TASKS,
-                   help="prompts: JSONL of {id, prompt}; cnn_dailymail: article + ' Summary:', scored with ROUGE")
+                   help="prompts: JSONL of {id, prompt}; cnn_dailymail: article + ' Summary:', scored with ROUGE; "
+                        "librispeech: Whisper ASR from a manifest of audio files, scored with WER")
     p.add_argument("--sampler", default="exact", choices=SAMPLERS, help="verify step (default: exact)")
     p.add_argument("--backend", default="torch", help="sampler backend: torch (reference) or cupy (CUDA kernels)")
     p.add_argument("--alpha", type=float, help="sigmoid: scale of the tempered logit (default 1)")
@@ -32,16 +49,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and subset selection (default: 0)")
     p.add_argument("--engine", default="specsweep", choices=ENGINES,
                    help="specsweep: our loop; hf: transformers' generate(assistant_model=...) with our sampler")
+    p.add_argument("--draft-decoder-only", action="store_true",
+                   help="librispeech: the draft is a decoder-only assistant (WhisperForCausalLM, as distil-large-v2) "
+                        "that reads the target's encoder outputs")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--baseline", help="results JSON of a γ = 0 run with the same settings: adds `speedup`")
     p.add_argument("--out", default="results/run.json", help="results JSON (written atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--wandb-mode", choices=WANDB_MODES,
+                   help="W&B mode for this run's log (default: $WANDB_MODE, else offline: no account needed)")
+    p.add_argument("--wandb-project", default="specsweep", help="W&B project (default: specsweep)")
+    p.add_argument("--wandb-group", help="W&B group, e.g. the DVC profile or sweep name")
 
 
 def main(args: argparse.Namespace) -> int:
     from pipeline.runner import run
 
     values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "no_progress")}
+    for key in ("baseline", "out"):
+        # Templates such as results/runs/text-ar-{dtype}.json: each point of a W&B sweep names its own files.
+        template = values.get(key)
+        if template and "{" in template:
+            try:
+                values[key] = template.format(**values)
+            except (KeyError, IndexError, ValueError) as e:
+                from pipeline.errors import SpecsweepError
+
+                raise SpecsweepError(f"--{key} {template}: bad template ({e}); use {{name}} of a run setting, "
+                                     "e.g. {dtype}") from None
     config = RunConfig(**values)
     result = run(config, progress=not args.no_progress)
     m = result["metrics"]
@@ -57,4 +92,7 @@ def main(args: argparse.Namespace) -> int:
             parts.append(f"{k} {v:.4f}")
     print("; ".join(parts))
     print(f"wrote {config.out}")
+    from pipeline.tracking import log_run
+
+    log_run(config, result)  # never fails the run: a W&B problem is a warning
     return 0

@@ -1,0 +1,96 @@
+"""`specsweep toy {data,train}`: generated toy tasks and trained toy draft/target pairs, with no network."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.errors import SpecsweepError
+
+HELP = "offline toy tasks: generate text/speech data and train small draft/target pairs on it"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="toy", required=True, metavar="{data,train}")
+    d = sub.add_parser("data", help="generate the toy text and speech tasks (train and test splits)",
+                       description="Write <out>/text/{train,test}.jsonl ({id, article, highlights}, as CNN/DailyMail) "
+                                   "and <out>/speech/{train,test}/manifest.jsonl with WAV files ({id, file, text}, as "
+                                   "LibriSpeech). The same seed writes the same bytes.")
+    d.add_argument("--out", type=Path, default=Path("data/toy"), help="output folder (default: data/toy)")
+    d.add_argument("--seed", type=int, default=0, help="generator seed (default: 0)")
+    d.add_argument("--quick", action="store_true", help="a few examples per split (for tests)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bars")
+    t = sub.add_parser("train", help="train a toy draft/target pair on data from `specsweep toy data`",
+                       description="text: a GPT-2 target and a much cheaper GPT-2 draft; speech: a small Whisper "
+                                   "target and a distil-Whisper-style draft. Writes <out>/<task>/{target,draft} "
+                                   "(save_pretrained, with tokenizer/processor) and <out>/<task>/training.json.")
+    t.add_argument("--task", required=True, choices=("text", "speech"), help="which pair to train")
+    t.add_argument("--data", type=Path, default=Path("data/toy"), help="folder written by `specsweep toy data` "
+                                                                       "(default: data/toy)")
+    t.add_argument("--out", type=Path, default=Path("models/toy"), help="output folder (default: models/toy)")
+    t.add_argument("--seed", type=int, default=0, help="initialisation and batch-order seed (default: 0)")
+    t.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default: 1; these models are too small to gain from more, and extra "
+                        "threads lose badly when other jobs share the CPU)")
+    t.add_argument("--quick", action="store_true", help="tiny models, a few steps (for tests)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.toy == "data":
+        return _data(args)
+    if args.toy == "train":
+        return _train(args)
+    raise SpecsweepError(f"unknown toy command {args.toy!r}")
+
+
+def _data(args: argparse.Namespace) -> int:
+    import time
+
+    from pipeline.toy import speech_data, text_data
+
+    t0 = time.perf_counter()
+    text = text_data.generate(args.out / "text", seed=args.seed, quick=args.quick)
+    speech = speech_data.generate(args.out / "speech", seed=args.seed, quick=args.quick,
+                                  progress=not args.no_progress)
+    print(f"wrote {text['train']['examples']} + {text['test']['examples']} text examples to {args.out / 'text'}; "
+          f"{speech['train']['clips']} + {speech['test']['clips']} speech clips "
+          f"({speech['train']['total_seconds'] + speech['test']['total_seconds']:.0f} s of audio) to "
+          f"{args.out / 'speech'} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.threads < 1:
+        raise SpecsweepError(f"--threads must be >= 1; got {args.threads}")
+    torch.set_num_threads(args.threads)
+    if args.task == "text":
+        from pipeline.toy import train_text as trainer
+
+        needed = args.data / "text" / "train.jsonl"
+    else:
+        from pipeline.toy import train_speech as trainer
+
+        needed = args.data / "speech" / "train" / "manifest.jsonl"
+    if not needed.is_file():
+        raise SpecsweepError(f"{needed} does not exist: run `specsweep toy data --out {args.data}` first")
+    torch.manual_seed(args.seed)
+    record = trainer.run(args.data, args.out, seed=args.seed, quick=args.quick, progress=not args.no_progress)
+    m = record["models"]
+    cost = record["cost"]
+    line = (f"trained {args.task} pair in {record['train_seconds']:.1f} s: target {m['target']['parameters']:,} "
+            f"params (loss {m['target']['training']['final_loss']:.3f}), draft {m['draft']['parameters']:,} params "
+            f"(loss {m['draft']['training']['final_loss']:.3f}); draft/target per-token cost: "
+            f"{cost['flop_ratio']:.3f} in FLOPs, {cost['time_ratio']:.3f} in time")
+    if "eval_greedy" in record:
+        ev = record["eval_greedy"]
+        line += f"; greedy WER target {_pct(ev['target']['wer'])}, draft {_pct(ev['draft']['wer'])}"
+    print(line)
+    print(f"wrote {args.out / args.task} (training.json, target/, draft/)")
+    return 0
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"

@@ -1,0 +1,73 @@
+"""`specsweep tune`: an Optuna multi-objective search (speedup, quality) over γ, sampler, alpha, beta, dtype."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from pipeline.commands import run as run_command
+
+HELP = "search γ, sampler, sigmoid alpha/beta (and dtype) with Optuna for the speedup/quality Pareto front"
+
+# Run settings the study chooses per trial (or derives), so they are not flags here.
+_CHOSEN = ("--gamma", "--sampler", "--alpha", "--beta", "--preset", "--baseline", "--out")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    run_command.add_arguments(p, exclude=_CHOSEN)
+    p.set_defaults(gamma=4, sampler="exact", alpha=None, beta=None, preset=None, baseline=None)
+    p.add_argument("--space", default="sweeps/optuna_space.yaml",
+                   help="search space YAML (default: sweeps/optuna_space.yaml)")
+    p.add_argument("--n-trials", "--n_trials", type=int, default=20,
+                   help="completed trials the study should have, shared by all workers (default: 20)")
+    p.add_argument("--study-name", "--study_name", help="study name (default: specsweep-<task>)")
+    p.add_argument("--study-dir", "--study_dir", default=None,
+                   help="folder for the SQLite study, trial results and baselines (default: results/tune/<task>)")
+    p.add_argument("--storage", help="Optuna storage URL, e.g. postgresql://user:pw@host/db (default: "
+                                     "$OPTUNA_STORAGE, else sqlite:///<study-dir>/study.db)")
+    p.add_argument("--out", help="Pareto front JSON, written atomically (default: <study-dir>/pareto.json)")
+    p.add_argument("--baseline", action="append", default=[],
+                   help="γ = 0 results JSON to reuse as the AR baseline (repeat for several dtypes); "
+                        "otherwise measured once into the study folder")
+    p.add_argument("--worker", type=int, default=0,
+                   help="worker number: seeds this worker's sampler with --seed + 1000 x N (default: 0)")
+    p.add_argument("--heartbeat-interval", "--heartbeat_interval", type=int, default=30,
+                   help="seconds between a running trial's heartbeats (default: 30)")
+    p.add_argument("--grace-period", "--grace_period", type=int, default=None,
+                   help="seconds without a heartbeat after which a trial counts as dead and is retried "
+                        "(default: 2 x interval + 10)")
+    p.add_argument("--max-retry", "--max_retry", type=int, default=2,
+                   help="retries of a dead worker's trial (default: 2)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pipeline.config import RunConfig
+    from pipeline.errors import SpecsweepError
+    from pipeline.tune import SearchSpace, tune
+
+    skip = {"command", "_module", "no_progress", "space", "n_trials", "study_name", "study_dir", "storage",
+            "out", "baseline", "worker", "heartbeat_interval", "grace_period", "max_retry"}
+    values = {k: v for k, v in vars(args).items() if k not in skip}
+    base = RunConfig(**values, out=os.devnull).validate()
+    for path in args.baseline:
+        if not os.path.isfile(path):
+            raise SpecsweepError(f"--baseline {path} does not exist: run the γ = 0 baseline first")
+    if args.heartbeat_interval < 1:
+        raise SpecsweepError(f"--heartbeat-interval must be >= 1; got {args.heartbeat_interval}")
+    space = SearchSpace.load(args.space)
+    name = args.study_name or f"specsweep-{base.task}"
+    study_dir = args.study_dir or os.path.join("results", "tune", base.task)
+    out = args.out or os.path.join(study_dir, "pareto.json")
+    front = tune(dataclasses.replace(base, out=out), space, study_name=name, study_dir=study_dir, out=out,
+                 n_trials=args.n_trials, storage=args.storage, baselines=args.baseline, worker=args.worker,
+                 heartbeat_interval=args.heartbeat_interval, grace_period=args.grace_period,
+                 max_retry=args.max_retry, progress=not args.no_progress)
+    ran = front["worker"]["trials"]
+    print(f"study {name}: {front['n_complete']} complete, {front['n_failed']} failed of {front['n_trials']} trials; "
+          f"this worker ran {len(ran)} {ran}; Pareto front {len(front['best_trials'])} trial(s)")
+    for t in front["best_trials"]:
+        print(f"  trial {t['number']}: speedup {t['values']['speedup']:.3f}, quality {t['values']['quality']:.4f}, "
+              f"{t['params']}")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,197 @@
+"""Train the toy text pair: a GPT-2 target and a much cheaper GPT-2 draft on "article Summary: highlights".
+
+Each training sequence is ``tokens(article + " Summary:") + tokens(" " + highlights) + [<eos>]``; the loss is
+the next-token cross-entropy on the highlights and ``<eos>`` only (the article's entities are random, so
+predicting them teaches nothing). Given the prompt a ``cnn_dailymail`` run builds (article + " Summary:",
+see :mod:`pipeline.tasks`) the target writes the highlights and stops.
+
+Both models share one word-level tokenizer (:func:`pipeline.toy.vocab.text_tokenizer`) and are saved with
+``save_pretrained`` (model, generation config with ``<eos>``, tokenizer) so that
+``AutoModelForCausalLM.from_pretrained`` loads them as it loads hub models. The draft is trained on the same
+data as the target, independently; it is narrower and has fewer layers, and :mod:`pipeline.toy.cost`
+measures how much cheaper it is per token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from pipeline.tasks import SUMMARY_CUE
+
+
+@dataclass(frozen=True)
+class TextModelSpec:
+    """A GPT-2 shape and its training schedule."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    steps: int
+    batch_size: int
+    lr: float
+
+
+TARGET = TextModelSpec(n_layer=3, n_embd=192, n_head=4, steps=600, batch_size=16, lr=2e-3)
+DRAFT = TextModelSpec(n_layer=2, n_embd=64, n_head=2, steps=1500, batch_size=16, lr=3e-3)
+QUICK_TARGET = TextModelSpec(n_layer=2, n_embd=32, n_head=2, steps=4, batch_size=4, lr=1e-3)
+QUICK_DRAFT = TextModelSpec(n_layer=1, n_embd=16, n_head=2, steps=4, batch_size=4, lr=1e-3)
+N_POSITIONS = 256
+
+
+def encode(tokenizer, records: list[dict]) -> list[tuple[list[int], int]]:
+    """Records -> ``(token ids, length of the prompt part)`` per record: the prompt is article + cue."""
+    out = []
+    for r in records:
+        prompt = tokenizer(r["article"] + SUMMARY_CUE, add_special_tokens=False).input_ids
+        summary = tokenizer(" " + r["highlights"], add_special_tokens=False).input_ids
+        ids = (prompt + summary + [tokenizer.eos_token_id])[:N_POSITIONS]
+        out.append((ids, len(prompt)))
+    return out
+
+
+def collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> ``input_ids`` int64 [B, T] (right-padded), ``attention_mask`` int64 [B, T], ``labels`` int64 [B, T]
+    (-100 except on summary and ``<eos>`` positions; the model shifts them)."""
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for i, (ids, n_prompt) in enumerate(batch):
+        input_ids[i, :len(ids)] = torch.tensor(ids)
+        mask[i, :len(ids)] = 1
+        labels[i, n_prompt:len(ids)] = input_ids[i, n_prompt:len(ids)]
+    return input_ids, mask, labels
+
+
+def build_model(spec: TextModelSpec, tokenizer, seed: int):
+    """A randomly initialised ``GPT2LMHeadModel`` of shape ``spec`` over ``tokenizer``'s vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=N_POSITIONS, n_embd=spec.n_embd, n_layer=spec.n_layer,
+                        n_head=spec.n_head, n_inner=4 * spec.n_embd, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)
+    model = GPT2LMHeadModel(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def lr_at(step: int, steps: int, peak: float, warmup_frac: float = 0.05) -> float:
+    """Linear warm-up to ``peak`` over ``warmup_frac`` of the steps, then cosine decay to 10 % of it."""
+    warmup = max(1, int(steps * warmup_frac))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(model, data: list[tuple[list[int], int]], spec: TextModelSpec, pad_id: int, seed: int, desc: str,
+          progress: bool = True) -> dict:
+    """Train ``model`` in place for ``spec.steps`` AdamW steps on batches drawn by a seeded permutation.
+
+    Returns ``{"steps", "losses": [per-step loss], "first_loss", "final_loss" (mean of the last 10 %),
+    "seconds"}``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    model.train()
+    order = torch.randperm(len(data), generator=g).tolist()
+    cursor, losses = 0, []
+    t0 = time.perf_counter()
+    bar = tqdm(range(spec.steps), desc=desc, unit="step", disable=not progress)
+    for step in bar:
+        if cursor + spec.batch_size > len(order):
+            order, cursor = torch.randperm(len(data), generator=g).tolist(), 0
+        batch = [data[i] for i in order[cursor: cursor + spec.batch_size]]
+        cursor += spec.batch_size
+        input_ids, mask, labels = collate(batch, pad_id)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, spec.steps, spec.lr)
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    model.eval()
+    tail = losses[-max(1, len(losses) // 10):]
+    return {"steps": spec.steps, "losses": [round(x, 5) for x in losses], "first_loss": losses[0],
+            "final_loss": sum(tail) / len(tail), "seconds": time.perf_counter() - t0}
+
+
+def measure_cost(target, draft, prompt_ids: torch.Tensor) -> dict:
+    """FLOPs and measured seconds per decoded token of both models and the draft/target ratios."""
+    from pipeline.toy.cost import causal_lm_step_seconds, decode_flops_per_token, matrix_params
+
+    n_ctx = prompt_ids.shape[1]
+    out = {}
+    for name, m in (("target", target), ("draft", draft)):
+        c = m.config
+        out[name] = {"flops_per_token": decode_flops_per_token(matrix_params(m), c.n_layer, c.n_embd, n_ctx),
+                     "seconds_per_token": causal_lm_step_seconds(m, prompt_ids)}
+    out["context_tokens"] = n_ctx
+    out["flop_ratio"] = out["draft"]["flops_per_token"] / out["target"]["flops_per_token"]
+    out["time_ratio"] = out["draft"]["seconds_per_token"] / out["target"]["seconds_per_token"]
+    return out
+
+
+def run(data_dir: Path, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool = True) -> dict:
+    """Train the pair on ``<data_dir>/text/train.jsonl``; write ``<out_dir>/text/{target,draft}`` and
+    ``<out_dir>/text/training.json``; return the training record (also what the JSON holds)."""
+    from pipeline.data import load_task_data
+    from pipeline.io import write_json_atomic
+    from pipeline.toy import text_data
+    from pipeline.toy.vocab import text_tokenizer
+
+    records = load_task_data("cnn_dailymail", Path(data_dir) / "text" / "train.jsonl")
+    tokenizer = text_tokenizer(text_data.vocabulary())
+    data = encode(tokenizer, records)
+    unknown = sum(ids.count(tokenizer.unk_token_id) for ids, _ in data)
+    target_spec, draft_spec = (QUICK_TARGET, QUICK_DRAFT) if quick else (TARGET, DRAFT)
+    t0 = time.perf_counter()
+    target = build_model(target_spec, tokenizer, seed)
+    draft = build_model(draft_spec, tokenizer, seed + 1)
+    target_log = train(target, data, target_spec, tokenizer.pad_token_id, seed, "train text target", progress)
+    draft_log = train(draft, data, draft_spec, tokenizer.pad_token_id, seed + 1, "train text draft", progress)
+    train_seconds = time.perf_counter() - t0
+    root = Path(out_dir) / "text"
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    cost = measure_cost(target, draft, torch.tensor([data[0][0][:data[0][1]]]))
+    record = {
+        "task": "text",
+        "seed": seed,
+        "quick": quick,
+        "train_examples": len(records),
+        "unknown_tokens": unknown,
+        "vocab_size": len(tokenizer),
+        "train_seconds": train_seconds,
+        "threads": torch.get_num_threads(),
+        "models": {
+            name: {"path": str(root / name), "architecture": "GPT2LMHeadModel", "spec": asdict(spec),
+                   "parameters": sum(p.numel() for p in m.parameters()), "matrix_parameters": _matrix(m),
+                   "training": {k: v for k, v in log.items()}}
+            for name, m, spec, log in (("target", target, target_spec, target_log),
+                                       ("draft", draft, draft_spec, draft_log))
+        },
+        "cost": cost,
+    }
+    write_json_atomic(root / "training.json", record)
+    return record
+
+
+def _matrix(model) -> int:
+    from pipeline.toy.cost import matrix_params
+
+    return matrix_params(model)

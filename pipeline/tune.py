@@ -1,0 +1,392 @@
+"""Optuna search over verify settings: a multi-objective study maximising speedup and quality.
+
+Search space (a YAML file, by default sweeps/optuna_space.yaml): γ, sampler in {exact, sigmoid}, the sigmoid's
+alpha and beta (sampled for sigmoid only), and optionally dtype. Each trial is one :func:`pipeline.runner.run`
+of the base RunConfig with the trial's settings; its objectives are
+
+    speedup   tokens/s over the AR baseline's tokens/s (the γ = 0 run of the same target and settings)
+    quality   ROUGE-L (cnn_dailymail) or -WER (librispeech): both maximised
+
+Workers: any number of processes, on any number of machines, run the same command against one storage
+(SQLite in the study folder by default; any RDB URL through ``--storage`` or $OPTUNA_STORAGE). Trials are
+claimed through the storage, so none is run twice; a worker writes a heartbeat while it runs a trial, and the
+next worker to start a trial marks trials whose heartbeat went stale (a dead worker's) as failed and enqueues
+a retry of the same parameters (RetryFailedTrialCallback). A trial that raises is recorded as failed and the
+study goes on. ``--n-trials`` is the study's total number of completed trials, shared by all workers.
+
+AR baseline: one per (study, dtype). ``--baseline FILE`` reuses a γ = 0 results file (the DVC pipeline passes
+the shared one); otherwise the first worker that needs one measures it into the study folder
+(``baseline-<dtype>.json``, under a lock file) and every later trial and worker reuses it. Speedups are only
+comparable on one kind of machine: on many machines without a shared folder, each measures its own.
+
+The Pareto front (``study.best_trials``) is written atomically to JSON after every trial and at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import socket
+from pathlib import Path
+
+import yaml
+
+from pipeline.config import DTYPES, RunConfig
+from pipeline.errors import SpecsweepError
+from pipeline.io import write_json_atomic
+
+OBJECTIVES = ("speedup", "quality")
+TUNABLE_SAMPLERS = ("exact", "sigmoid")
+QUALITY = {"cnn_dailymail": ("rougeL", 1.0), "librispeech": ("wer", -1.0)}  # task -> (score key, sign)
+
+
+# ---------------------------------------------------------------------------------------------- objectives
+
+def quality_value(task: str, quality: dict) -> float | None:
+    """The quality objective of a run (higher is better): ROUGE-L, or -WER; None for a task without one."""
+    if task not in QUALITY:
+        return None
+    key, sign = QUALITY[task]
+    value = quality.get(key)
+    return None if value is None else sign * float(value)
+
+
+def quality_ratio(task: str, quality: dict, baseline_quality: dict) -> float | None:
+    """Quality relative to the AR baseline (exact sampling from the target): ROUGE-L / baseline ROUGE-L, or
+    word accuracy (1 - WER, floored at 0) / the baseline's. 1.0 = as good as the target alone."""
+    if task not in QUALITY:
+        return None
+    key, _ = QUALITY[task]
+    ours, base = quality.get(key), baseline_quality.get(key)
+    if ours is None or base is None:
+        return None
+    if task == "librispeech":
+        ours, base = max(0.0, 1.0 - ours), max(0.0, 1.0 - base)
+    return ours / base if base > 0 else None
+
+
+def tradeoff(result: dict) -> float | None:
+    """The single speed/quality metric the W&B Bayesian sweep maximises: speedup x quality ratio vs the AR
+    baseline (see :func:`quality_ratio`). A task without a quality metric scores its speedup. None without a
+    baseline."""
+    speedup = result.get("metrics", {}).get("speedup")
+    if speedup is None:
+        return None
+    task = result.get("config", {}).get("task")
+    if task not in QUALITY:
+        return float(speedup)
+    baseline_path = result.get("resolved", {}).get("baseline")
+    try:
+        baseline = json.loads(Path(baseline_path).read_text(encoding="utf-8"))
+    except (OSError, TypeError, ValueError):
+        return None
+    ratio = quality_ratio(task, result.get("quality", {}), baseline.get("quality", {}))
+    return None if ratio is None else float(speedup) * ratio
+
+
+# ---------------------------------------------------------------------------------------------- search space
+
+@dataclasses.dataclass
+class SearchSpace:
+    """Ranges a trial samples from (see sweeps/optuna_space.yaml)."""
+
+    gamma: tuple[int, int] = (1, 8)
+    samplers: tuple[str, ...] = TUNABLE_SAMPLERS
+    alpha: tuple[float, float] = (0.25, 4.0)
+    alpha_log: bool = True
+    beta: tuple[float, float] = (-30.0, 0.0)
+    dtypes: tuple[str, ...] = ("float32",)
+    known_good: dict = dataclasses.field(default_factory=lambda: {"sampler": "exact", "gamma": 4})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SearchSpace:
+        """Read and check a search-space YAML; a problem is a one-line SpecsweepError."""
+        try:
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise SpecsweepError(f"search space {path}: cannot read it ({' '.join(str(e).split())[:160]})") from None
+        if not isinstance(raw, dict):
+            raise SpecsweepError(f"search space {path}: expected a mapping of settings")
+        known = {"gamma", "sampler", "alpha", "beta", "dtype", "known_good"}
+        if set(raw) - known:
+            raise SpecsweepError(f"search space {path}: unknown keys {sorted(set(raw) - known)}; known: "
+                                 f"{sorted(known)}")
+        try:
+            space = cls(
+                gamma=_range(raw.get("gamma", {"low": 1, "high": 8}), int),
+                samplers=tuple(raw.get("sampler", TUNABLE_SAMPLERS)),
+                alpha=_range(raw.get("alpha", {"low": 0.25, "high": 4.0}), float),
+                alpha_log=bool((raw.get("alpha") or {}).get("log", True)),
+                beta=_range(raw.get("beta", {"low": -30.0, "high": 0.0}), float),
+                dtypes=tuple(raw.get("dtype", ("float32",))),
+                known_good=dict(raw.get("known_good", {"sampler": "exact", "gamma": 4})),
+            )
+        except (TypeError, ValueError, KeyError) as e:
+            raise SpecsweepError(f"search space {path}: {e}") from None
+        return space.check(path)
+
+    def check(self, where: object = "search space") -> SearchSpace:
+        if not self.samplers or set(self.samplers) - set(TUNABLE_SAMPLERS):
+            raise SpecsweepError(f"{where}: sampler must be a non-empty list from {list(TUNABLE_SAMPLERS)}")
+        if not self.dtypes or set(self.dtypes) - set(DTYPES):
+            raise SpecsweepError(f"{where}: dtype must be a non-empty list from {list(DTYPES)}")
+        if self.gamma[0] < 1 or self.gamma[0] > self.gamma[1]:
+            raise SpecsweepError(f"{where}: gamma needs 1 <= low <= high; got {list(self.gamma)}")
+        for name in ("alpha", "beta"):
+            lo, hi = getattr(self, name)
+            if lo > hi or (name == "alpha" and self.alpha_log and lo <= 0):
+                raise SpecsweepError(f"{where}: bad {name} range {[lo, hi]}")
+        return self
+
+    def first_point(self, gamma: int | None = None) -> dict:
+        """The known-good point enqueued before any sampled trial: the exact sampler (lossless)."""
+        point = {"sampler": "exact", "gamma": self.known_good.get("gamma", 4), "dtype": self.dtypes[0],
+                 **{k: v for k, v in self.known_good.items() if k in ("sampler", "gamma", "dtype")}}
+        if gamma is not None:
+            point["gamma"] = gamma
+        point["gamma"] = min(max(int(point["gamma"]), self.gamma[0]), self.gamma[1])
+        if point["sampler"] not in self.samplers:
+            point["sampler"] = self.samplers[0]
+        return point
+
+    def suggest(self, trial) -> dict:
+        """Sample one trial's settings (alpha and beta exist only for the sigmoid sampler)."""
+        params = {"gamma": trial.suggest_int("gamma", *self.gamma),
+                  "sampler": trial.suggest_categorical("sampler", list(self.samplers)),
+                  "dtype": trial.suggest_categorical("dtype", list(self.dtypes))}
+        if params["sampler"] == "sigmoid":
+            params["alpha"] = trial.suggest_float("alpha", *self.alpha, log=self.alpha_log)
+            params["beta"] = trial.suggest_float("beta", *self.beta)
+        return params
+
+
+def _range(spec, kind) -> tuple:
+    if isinstance(spec, dict):
+        return kind(spec["low"]), kind(spec["high"])
+    lo, hi = spec
+    return kind(lo), kind(hi)
+
+
+# ---------------------------------------------------------------------------------------------- storage
+
+def storage_url(storage: str | None, study_dir: str | os.PathLike) -> str:
+    """--storage, else $OPTUNA_STORAGE, else SQLite in the study folder."""
+    url = storage or os.environ.get("OPTUNA_STORAGE")
+    if url:
+        return url
+    path = Path(study_dir).resolve() / "study.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def open_study(name: str, url: str, seed: int, heartbeat_interval: int = 30, grace_period: int | None = None,
+               max_retry: int = 2):
+    """Create or load a two-objective study (both maximised) with heartbeats and retries of stale trials."""
+    import optuna
+    from optuna.storages import RDBStorage
+
+    url = _with_driver(url)
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    try:
+        storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
+                             grace_period=grace_period or 2 * heartbeat_interval + 10,
+                             heartbeat_stale_trial_callback=retry_callback()(max_retry=max_retry))
+    except Exception as e:
+        raise SpecsweepError(f"cannot open the study storage {_redact(url)} "
+                             f"({' '.join(str(e).split())[:160]})") from None
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
+    return optuna.create_study(study_name=name, storage=storage, directions=["maximize", "maximize"],
+                               sampler=sampler, load_if_exists=True)
+
+
+def retry_callback():
+    """Optuna's callback that re-enqueues a dead worker's trial (RetryHeartbeatStaleTrialCallback, formerly
+    RetryFailedTrialCallback)."""
+    import optuna.storages
+
+    storages = optuna.storages
+    return getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
+
+
+def _with_driver(url: str) -> str:
+    """``postgresql://`` with the installed driver: SQLAlchemy 2.1 defaults to psycopg 3, we ship psycopg2."""
+    if url.startswith(("postgresql://", "postgres://")):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
+
+
+def _redact(url: str) -> str:
+    return url.split("@", 1)[-1] if "@" in url else url
+
+
+# ---------------------------------------------------------------------------------------------- baselines
+
+def baseline_for(base: RunConfig, dtype: str, study_dir: Path, given: list[str], progress: bool) -> str:
+    """Path of the AR baseline (γ = 0) results for ``dtype``: a given file with matching settings, else the
+    study folder's ``baseline-<dtype>.json``, measured once (under a lock) when missing or stale."""
+    from pipeline.runner import BASELINE_KEYS, run
+
+    want = dataclasses.replace(base, dtype=dtype, gamma=0, sampler="exact", alpha=None, beta=None, preset=None,
+                               baseline=None).to_dict()
+
+    def matches(path: Path) -> bool:
+        try:
+            cfg = json.loads(path.read_text(encoding="utf-8"))["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return cfg.get("gamma") == 0 and all(cfg.get(k) == want[k] for k in BASELINE_KEYS)
+
+    for path in given:
+        if matches(Path(path)):
+            return str(path)
+    out = study_dir / f"baseline-{dtype}.json"
+    with _file_lock(study_dir / f".baseline-{dtype}.lock"):
+        if not matches(out):
+            cfg = dataclasses.replace(RunConfig.from_dict(want), out=str(out), wandb_mode="disabled")
+            run(cfg, progress=progress)
+    return str(out)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------------------------- the study
+
+def pareto_front(study) -> dict:
+    """The study's Pareto front (study.best_trials) and counts, as a JSON-ready dict."""
+    import optuna
+
+    states = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    try:
+        best = study.best_trials
+    except (ValueError, RuntimeError):
+        best = []
+    return {
+        "study": study.study_name,
+        "objectives": list(OBJECTIVES),
+        "directions": [d.name.lower() for d in study.directions],
+        "n_trials": len(trials),
+        "n_complete": sum(t.state == states.COMPLETE for t in trials),
+        "n_failed": sum(t.state == states.FAIL for t in trials),
+        "best_trials": [{"number": t.number, "values": dict(zip(OBJECTIVES, t.values)), "params": t.params,
+                         "results": t.user_attrs.get("results"), "worker": t.user_attrs.get("worker")}
+                        for t in sorted(best, key=lambda t: t.number)],
+    }
+
+
+def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str | os.PathLike, out: str,
+         n_trials: int, storage: str | None = None, baselines: list[str] | None = None, worker: int = 0,
+         heartbeat_interval: int = 30, grace_period: int | None = None, max_retry: int = 2,
+         progress: bool = True) -> dict:
+    """Run this worker's share of the study until it has ``n_trials`` completed trials; returns the front."""
+    import optuna
+    from optuna.study import MaxTrialsCallback
+
+    from pipeline.runner import run
+    from pipeline.tracking import wandb_run, warn
+
+    if base.task not in QUALITY:
+        raise SpecsweepError(f"specsweep tune needs a task with a quality metric ({sorted(QUALITY)}); "
+                             f"got --task {base.task}")
+    if n_trials < 1:
+        raise SpecsweepError(f"--n-trials must be >= 1; got {n_trials}")
+    study_dir = Path(study_dir)
+    (study_dir / "trials").mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = open_study(study_name, storage_url(storage, study_dir), base.seed + 1000 * worker,
+                       heartbeat_interval, grace_period, max_retry)
+    study.enqueue_trial(space.first_point(), skip_if_exists=True)
+    worker_id = f"{socket.gethostname()}:{os.getpid()}"
+    ran: list[int] = []
+
+    def write_front(study, _trial=None) -> None:
+        write_json_atomic(out, pareto_front(study))
+
+    with wandb_run(mode=base.wandb_mode, project=base.wandb_project, group=base.wandb_group or study_name,
+                   job_type=f"tune-{base.task}", name=f"{study_name}-{worker_id}",
+                   config={**base.to_dict(), "study": study_name, "n_trials": n_trials,
+                           "space": dataclasses.asdict(space)}) as wb:
+
+        def objective(trial) -> tuple[float, float]:
+            ran.append(trial.number)
+            params = space.suggest(trial)
+            trial.set_user_attr("worker", worker_id)
+            baseline = baseline_for(base, params["dtype"], study_dir, baselines or [], progress=False)
+            results_path = study_dir / "trials" / f"{trial.number:05d}.json"
+            cfg = dataclasses.replace(base, **params, preset=None, baseline=baseline, out=str(results_path),
+                                      wandb_mode="disabled").validate()
+            trial.set_user_attr("results", str(results_path))
+            result = run(cfg, progress=False)
+            speedup = result["metrics"].get("speedup")
+            quality = quality_value(base.task, result["quality"])
+            if speedup is None or quality is None or not (math.isfinite(speedup) and math.isfinite(quality)):
+                raise SpecsweepError(f"trial {trial.number}: no speedup/quality in {results_path}")
+            score = tradeoff(result)
+            trial.set_user_attr("tradeoff", score)
+            if wb is not None:
+                try:
+                    _log_trial(wb, study, trial.number, params, speedup, quality, score)
+                except Exception as e:
+                    warn(f"W&B logging of trial {trial.number} failed ({' '.join(str(e).split())[:160]})")
+            return speedup, quality
+
+        failed: list[int] = []
+
+        def counted(trial) -> tuple[float, float]:
+            try:
+                return objective(trial)
+            except Exception:
+                failed.append(trial.number)
+                raise
+
+        complete = (optuna.trial.TrialState.COMPLETE,)
+        # Failed trials do not count towards --n-trials: go on until the study has enough completed ones, but
+        # stop a worker whose own trials keep failing (--n-trials failures) instead of looping for ever.
+        while (done := len(study.get_trials(deepcopy=False, states=complete))) < n_trials:
+            if len(failed) >= n_trials:
+                warn(f"stopping this worker: {len(failed)} of its trials failed (see the errors above)")
+                break
+            study.optimize(counted, n_trials=n_trials - done, catch=(Exception,), gc_after_trial=False,
+                           callbacks=[MaxTrialsCallback(n_trials, states=complete), write_front],
+                           show_progress_bar=progress)
+        front = pareto_front(study)
+        write_json_atomic(out, front)
+        if wb is not None:
+            with contextlib.suppress(Exception):
+                wb.summary.update({"n_complete": front["n_complete"], "n_failed": front["n_failed"],
+                                   "pareto_size": len(front["best_trials"])})
+    front["worker"] = {"id": worker_id, "trials": ran}
+    return front
+
+
+def _log_trial(wb, study, number: int, params: dict, speedup: float, quality: float, score) -> None:
+    """Inside the objective: this trial's values, and the Pareto front so far as a table."""
+    import wandb
+
+    wb.log({"trial": number, "speedup": speedup, "quality": quality,
+            **({"tradeoff": score} if score is not None else {}),
+            **{f"param/{k}": v for k, v in params.items() if not isinstance(v, str)}})
+    front = pareto_front(study)["best_trials"]
+    table = wandb.Table(columns=["trial", "speedup", "quality", "sampler", "gamma", "dtype", "alpha", "beta"])
+    for t in [*front, {"number": number, "values": {"speedup": speedup, "quality": quality}, "params": params}]:
+        p = t["params"]
+        table.add_data(t["number"], t["values"]["speedup"], t["values"]["quality"], p.get("sampler"),
+                       p.get("gamma"), p.get("dtype"), p.get("alpha"), p.get("beta"))
+    wb.log({"pareto_front": table})

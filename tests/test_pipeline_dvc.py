@@ -1,0 +1,128 @@
+"""The DVC pipeline end to end: in a temporary git repository, `dvc repro` of a tiny profile (tiny synthetic
+models instead of toy training) produces every declared output, the metrics, W&B offline runs, and an Optuna
+study with its Pareto front; a second `dvc repro` does nothing; changing one γ re-runs only what depends on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+MAKE_DATA = """import json, pathlib
+words = "the storm hit the city police said the plane was a new report water".split()
+out = pathlib.Path("data/tiny"); out.mkdir(parents=True, exist_ok=True)
+rows = [{"id": f"a{i}", "article": " ".join(words[i:] + words[:i]), "highlights": " ".join(words[i:i + 4])}
+        for i in range(3)]
+(out / "test.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+"""
+MAKE_MODELS = """import pathlib
+from pipeline.synthetic import save_pair
+save_pair(pathlib.Path("models/tiny/text"))
+"""
+TINY = {
+    "prepare": {"data": {"tiny": {"cmd": "python make_data.py", "out": "data/tiny"}},
+                "models": {"text": {"cmd": "python make_models.py", "dep": "data/tiny", "out": "models/tiny/text"}},
+                "downloads": {}},
+    "run": {"device": "cpu", "temperature": 1.0, "seed": 0, "batch_size": 1, "no_progress": True},
+    "tracking": {"wandb_project": "specsweep-test", "wandb_group": "tiny"},
+    "tasks": [{"name": "text", "data_dep": "data/tiny", "model_dep": "models/tiny/text",
+               "config": {"task": "cnn_dailymail", "data": "data/tiny/test.jsonl", "target": "models/tiny/text/target",
+                          "draft": "models/tiny/text/draft", "limit": 3, "max_new_tokens": 6}}],
+    "variants": [{"name": "exact-torch", "config": {"sampler": "exact", "backend": "torch"}},
+                 {"name": "sigmoid-torch", "config": {"sampler": "sigmoid", "backend": "torch"}}],
+    "gammas": [2],
+    "dtypes": ["float32"],
+    "tune": {"space": "sweeps/optuna_space.yaml", "n_trials": 2, "dtype": "float32", "study_prefix": "tiny"},
+}
+
+
+def _dvc(repo: Path, *args: str, env: dict) -> str:
+    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"dvc {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("dvcrepo")
+    for name in ("dvc.yaml", ".dvcignore"):
+        shutil.copy(REPO / name, repo / name)
+    (repo / "sweeps").mkdir()
+    shutil.copy(REPO / "sweeps" / "optuna_space.yaml", repo / "sweeps")
+    (repo / "make_data.py").write_text(MAKE_DATA)
+    (repo / "make_models.py").write_text(MAKE_MODELS)
+    (repo / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env.pop("OPTUNA_STORAGE", None)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    _dvc(repo, "init", "-q", env=env)
+    _dvc(repo, "repro", env=env)
+    return repo, env
+
+
+def test_dvc_repro_produces_every_declared_output(repo):
+    repo, _ = repo
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    expected = {"data@tiny", "models@text", "baseline@task0-float32", "run@task0-variant0-2-float32",
+                "run@task0-variant1-2-float32", "tune@0", "report"}
+    assert set(lock) == expected
+    for stage in lock.values():
+        for out in stage.get("outs", []):
+            assert (repo / out["path"]).exists(), out["path"]
+    for name in ("text-ar-float32", "text-exact-torch-g2-float32", "text-sigmoid-torch-g2-float32"):
+        result = json.loads((repo / "results" / "runs" / f"{name}.json").read_text())
+        assert result["samples"] and result["config"]["wandb_group"] == "tiny"
+    sd = json.loads((repo / "results/runs/text-sigmoid-torch-g2-float32.json").read_text())
+    assert sd["config"]["gamma"] == 2 and sd["config"]["sampler"] == "sigmoid" and sd["metrics"]["speedup"] > 0
+    # params.yaml -> RunConfig: the same settings, by the same names, as the run recorded
+    from pipeline.config import RunConfig
+
+    p = TINY
+    cfg = RunConfig.from_dict({**{k: v for k, v in p["run"].items() if k != "no_progress"}, **p["tracking"],
+                               **p["tasks"][0]["config"], **p["variants"][1]["config"], "gamma": 2,
+                               "dtype": "float32", "baseline": "results/runs/text-ar-float32.json",
+                               "out": "results/runs/text-sigmoid-torch-g2-float32.json"})
+    assert cfg.to_dict() == sd["config"]
+
+
+def test_metrics_wandb_runs_study_and_report(repo):
+    repo, env = repo
+    metrics = json.loads(_dvc(repo, "metrics", "show", "--json", env=env))
+    files = next(iter(metrics.values()))["data"]
+    run_metrics = files["results/runs/text-exact-torch-g2-float32.json"]["data"]["metrics"]
+    assert run_metrics["tokens_per_second"] > 0 and 0 <= run_metrics["acceptance_rate"] <= 1
+    assert files["results/tune/text-pareto.json"]["data"]["n_complete"] == 2
+    runs = sorted((repo / "wandb").glob("offline-run-*"))
+    assert len(runs) == 4  # 3 runs + 1 tune worker, all offline
+    assert all(list(r.glob("run-*.wandb")) for r in runs)
+    front = json.loads((repo / "results/tune/text-pareto.json").read_text())
+    assert front["study"] == "tiny-text" and front["best_trials"]
+    assert (repo / "results/tune/text/study.db").is_file()
+    import pandas as pd
+
+    table = pd.read_csv(repo / "reports/runs.csv")
+    assert sorted(table["run"]) == ["text-ar-float32", "text-exact-torch-g2-float32", "text-sigmoid-torch-g2-float32"]
+    assert "## cnn_dailymail" in (repo / "reports/summary.md").read_text()
+
+
+def test_second_repro_does_nothing_and_a_new_gamma_reruns_only_its_stages(repo):
+    repo, env = repo
+    assert "Data and pipelines are up to date." in _dvc(repo, "repro", env=env)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["gammas"] = [2, 3]
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    dry = _dvc(repo, "repro", "--dry", env=env)
+    would_run = {line.split("'")[1] for line in dry.splitlines() if line.startswith("Running stage")}
+    # the report follows once results/runs changes; nothing else (data, models, baseline, γ = 2, tune) re-runs
+    assert would_run - {"report"} == {"run@task0-variant0-3-float32", "run@task0-variant1-3-float32"}

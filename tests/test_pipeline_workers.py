@@ -1,0 +1,174 @@
+"""`specsweep tune` workers: a failing trial is recorded and the study goes on; two workers on one PostgreSQL
+study neither lose nor duplicate trials; a worker killed with SIGKILL mid-trial loses no completed trial, and a
+restarted worker retries the dead trial and finishes the study (SQLite always, PostgreSQL when reachable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from tiny_models import PROMPTS, save_pair
+
+from pipeline.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+PG_URL = os.environ.get("SPECSWEEP_TEST_POSTGRES", "postgresql://specsweep:specsweep@127.0.0.1:5432/specsweep_test")
+
+
+def postgres_url() -> str:
+    """The test server's URL, or skip the test when none is reachable (a clone without PostgreSQL passes)."""
+    try:
+        import psycopg2
+
+        psycopg2.connect(PG_URL, connect_timeout=3).close()
+    except Exception as e:
+        pytest.skip(f"no PostgreSQL server at {PG_URL.split('@')[-1]} ({type(e).__name__}); .ci/run starts one")
+    return PG_URL
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune")
+    tp, dp = save_pair(root / "models")
+    data = root / "articles.jsonl"
+    data.write_text("".join(json.dumps({"id": f"a{i}", "article": " ".join([p] * 4), "highlights": p}) + "\n"
+                            for i, p in enumerate(PROMPTS[:2])))
+    base = ["--target", str(tp), "--draft", str(dp), "--data", str(data), "--task", "cnn_dailymail",
+            "--device", "cpu", "--max-new-tokens", "6", "--no-progress", "--wandb-mode", "disabled"]
+    baseline = root / "ar.json"
+    assert main(["run", *base, "--gamma", "0", "--out", str(baseline)]) == 0
+    space = root / "space.yaml"
+    space.write_text("gamma: {low: 1, high: 4}\nsampler: [exact, sigmoid]\nalpha: {low: 0.5, high: 2.0, log: true}\n"
+                     "beta: {low: -10.0, high: 0.0}\ndtype: [float32]\nknown_good: {sampler: exact, gamma: 2}\n")
+    return root, [*base, "--space", str(space), "--baseline", str(baseline)]
+
+
+def _storage(kind: str, root: Path) -> str:
+    return postgres_url() if kind == "postgres" else f"sqlite:///{root / f'study-{uuid.uuid4().hex[:8]}.db'}"
+
+
+def _worker(base: list[str], study_dir: Path, storage: str, name: str, n: int, worker: int = 0,
+            heartbeat: int = 1, grace: int = 3) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pipeline", "tune", *base, "--storage", storage, "--study-name", name,
+           "--study-dir", str(study_dir), "--n-trials", str(n), "--worker", str(worker),
+           "--heartbeat-interval", str(heartbeat), "--grace-period", str(grace)]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "WANDB_MODE": "disabled"})
+
+
+def _load(name: str, storage: str):
+    import optuna
+
+    from pipeline.tune import _with_driver
+
+    return optuna.load_study(study_name=name, storage=_with_driver(storage))
+
+
+def test_a_trial_that_raises_is_recorded_as_failed_and_the_study_goes_on(tiny, tmp_path, monkeypatch):
+    import optuna
+
+    import pipeline.runner as runner
+
+    _, base = tiny
+    real_run, calls = runner.run, []
+
+    def flaky(config, progress=True):
+        calls.append(config.gamma)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        return real_run(config, progress=progress)
+
+    monkeypatch.setattr(runner, "run", flaky)
+    out = tmp_path / "front.json"
+    assert main(["tune", *base, "--study-dir", str(tmp_path), "--n-trials", "3", "--out", str(out)]) == 0
+    study = _load("specsweep-cnn_dailymail", f"sqlite:///{tmp_path / 'study.db'}")
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.FAIL) == 1 and states.count(optuna.trial.TrialState.COMPLETE) == 3
+    assert study.trials[0].params == {"gamma": 2, "sampler": "exact", "dtype": "float32"}  # enqueued first
+    front = json.loads(out.read_text())
+    assert front["n_complete"] == 3 and front["n_failed"] == 1 and front["best_trials"]
+    best = {t.number for t in study.best_trials}
+    assert {t["number"] for t in front["best_trials"]} == best
+    for t in front["best_trials"]:
+        assert json.loads(Path(t["results"]).read_text())["metrics"]["speedup"] == pytest.approx(t["values"]["speedup"])
+
+
+def test_two_workers_on_one_postgres_study_neither_lose_nor_duplicate_trials(tiny, tmp_path):
+    import optuna
+
+    storage = postgres_url()
+    _, base = tiny
+    name = f"two-workers-{uuid.uuid4().hex[:8]}"
+    n = 6
+    procs = [_worker(base, tmp_path / f"w{i}", storage, name, n, worker=i, heartbeat=5, grace=30) for i in range(2)]
+    outs = [p.communicate(timeout=400) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    ran = [json.loads(re.search(r"this worker ran \d+ (\[[\d, ]*\])", o).group(1)) for o, _ in outs]
+    study = _load(name, storage)
+    numbers = [t.number for t in study.trials]
+    assert sorted(numbers) == list(range(len(numbers)))  # no gaps, no duplicates in the storage
+    assert not set(ran[0]) & set(ran[1]) and sorted(ran[0] + ran[1]) == numbers  # each trial ran exactly once
+    assert ran[0] and ran[1]  # both workers took part
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert n <= len(complete) <= n + 1  # the budget is the study's, shared (a worker may finish one in flight)
+    assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL) for t in study.trials)
+    paths = [t.user_attrs["results"] for t in complete]
+    assert len(set(paths)) == len(paths)
+    for t in complete:
+        assert json.loads(Path(t.user_attrs["results"]).read_text())["config"]["gamma"] == t.params["gamma"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_worker_killed_mid_trial_loses_nothing_and_a_restart_finishes(tiny, tmp_path, kind):
+    import optuna
+
+    from pipeline.tune import retry_callback
+
+    _, base = tiny
+    storage = _storage(kind, tmp_path)
+    name = f"kill-{uuid.uuid4().hex[:8]}"
+    n = 4
+    proc = _worker(base, tmp_path, storage, name, n)
+    deadline, running = time.time() + 240, None
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            trials = _load(name, storage).trials
+        except Exception:
+            trials = []
+        done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        # mid-trial: the objective has sampled its parameters (so the heartbeat thread is running)
+        run_now = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and t.params]
+        if done and run_now:
+            os.kill(proc.pid, signal.SIGKILL)
+            running = run_now[0].number
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    proc.stderr.close()
+    assert running is not None, "the worker finished before it could be killed mid-trial"
+    before = {t.number: t.values for t in _load(name, storage).trials if t.state == optuna.trial.TrialState.COMPLETE}
+    time.sleep(4)  # > the grace period: the dead worker's heartbeat is stale
+    restart = _worker(base, tmp_path, storage, name, n)
+    _, err = restart.communicate(timeout=300)
+    assert restart.returncode == 0, err[-2000:]
+    study = _load(name, storage)
+    by_number = {t.number: t for t in study.trials}
+    for number, values in before.items():  # completed trials survived the kill unchanged
+        assert by_number[number].state == optuna.trial.TrialState.COMPLETE and by_number[number].values == values
+    assert by_number[running].state == optuna.trial.TrialState.FAIL
+    retries = [t for t in study.trials if retry_callback().retried_trial_number(t) == running]
+    assert len(retries) == 1 and retries[0].params == by_number[running].params
+    assert retries[0].state == optuna.trial.TrialState.COMPLETE
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == n
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert json.loads((tmp_path / "pareto.json").read_text())["n_complete"] == n

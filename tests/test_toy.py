@@ -1,0 +1,183 @@
+"""The offline toy tasks and pairs: deterministic generators, schemas the task loaders read, audio properties,
+training that learns, and quick pairs that reload with from_pretrained and decode (text through `specsweep run`)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from pipeline.cli import main
+from pipeline.data import SAMPLE_RATE, load_task_data
+from pipeline.toy import speech_data, speech_synth, text_data, train_text
+from pipeline.toy.vocab import WHISPER_SPECIAL_TOKENS, text_tokenizer, whisper_tokenizer
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("toy") / "data"
+    assert main(["toy", "data", "--out", str(out), "--quick", "--no-progress"]) == 0
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ generators
+
+def test_generators_are_deterministic_per_seed(toy_data, tmp_path):
+    again, other = tmp_path / "again", tmp_path / "other"
+    assert main(["toy", "data", "--out", str(again), "--quick", "--no-progress"]) == 0
+    assert main(["toy", "data", "--out", str(other), "--quick", "--seed", "1", "--no-progress"]) == 0
+    first, second, third = _tree_bytes(toy_data), _tree_bytes(again), _tree_bytes(other)
+    assert first == second
+    assert "text/train.jsonl" in first and "speech/test/manifest.jsonl" in first
+    assert sum(k.endswith(".wav") for k in first) == speech_data.QUICK_TRAIN_CLIPS + speech_data.QUICK_TEST_CLIPS
+    assert first.keys() == third.keys()
+    for name in ("text/train.jsonl", "text/test.jsonl", "speech/train/manifest.jsonl",
+                 "speech/test/wav/test-00000.wav"):
+        assert first[name] != third[name], name
+
+
+def test_text_records_load_as_cnn_dailymail_and_summaries_copy_the_key_facts(toy_data):
+    records = load_task_data("cnn_dailymail", toy_data / "text" / "test.jsonl")
+    assert len(records) == text_data.QUICK_TEST_EXAMPLES
+    train = load_task_data("cnn_dailymail", toy_data / "text" / "train.jsonl")
+    assert {r["id"] for r in records}.isdisjoint({r["id"] for r in train})
+    for r in records:
+        assert set(r) == {"id", "article", "highlights"}
+        article = set(r["article"].split())
+        facts = [w for w in r["highlights"].split() if w not in text_data.FUNCTION_WORDS + text_data.PUNCTUATION]
+        assert len(facts) >= 8 and all(w in article for w in facts)  # every fact is in the article
+        cities = [w for w in r["article"].split() if w in text_data.CITIES]
+        assert len(set(cities)) >= 2  # distractors: the summary's city is not the only one
+
+
+def test_text_tokenizer_covers_the_generated_text_and_the_prompt_is_a_prefix(toy_data):
+    tok = text_tokenizer(text_data.vocabulary())
+    records = load_task_data("cnn_dailymail", toy_data / "text" / "train.jsonl")
+    for ids, _ in train_text.encode(tok, records):
+        assert tok.unk_token_id not in ids and ids[-1] == tok.eos_token_id
+    r = records[0]
+    prompt = tok(r["article"] + " Summary:").input_ids  # what a cnn_dailymail run feeds the model
+    assert train_text.encode(tok, [r])[0][0][:len(prompt)] == prompt
+    assert tok.decode(tok(r["highlights"]).input_ids) == r["highlights"]
+
+
+def test_speech_manifest_loads_as_librispeech_with_the_documented_audio(toy_data):
+    records = load_task_data("librispeech", toy_data / "speech" / "test" / "manifest.jsonl")
+    assert len(records) == speech_data.QUICK_TEST_CLIPS
+    for r in records:
+        words = r["text"].split()
+        assert speech_data.MIN_WORDS <= len(words) <= speech_data.MAX_WORDS
+        assert all(w in speech_data.WORDS for w in words)
+        assert r["audio"].dtype == np.float32 and r["audio"].ndim == 1
+        assert 0.5 <= r["duration"] <= speech_data.MAX_SECONDS <= speech_data.CHUNK_SECONDS
+    for line in (toy_data / "speech" / "test" / "manifest.jsonl").read_text().splitlines():
+        info = sf.info(str(toy_data / "speech" / "test" / json.loads(line)["file"]))
+        assert (info.samplerate, info.channels, info.subtype) == (SAMPLE_RATE, 1, "PCM_16")
+
+
+def test_audio_has_background_noise_and_speech_much_louder_than_it():
+    rng = np.random.default_rng(0)
+    audio = speech_synth.render(["red", "fox"], speech_synth.Speaker.draw(rng), rng)
+    frames = audio[: len(audio) // 160 * 160].reshape(-1, 160)  # 10 ms frames
+    rms = np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1))
+    assert rms.min() > 0  # noise everywhere, even in the leading silence
+    assert np.percentile(rms, 90) > 5 * rms[:5].mean()  # speech stands well above the noise floor
+    assert np.abs(audio).max() <= 1.0
+
+
+def test_the_same_words_sound_different_per_speaker_and_speed_changes_duration():
+    rng = np.random.default_rng(1)
+    words = ["tiger", "jump"]
+    base = speech_synth.Speaker(f0=120, formant_scale=1.0, speed=1.0, level=0.5, snr_db=30)
+    slow = speech_synth.render(words, speech_synth.Speaker(**{**base.__dict__, "speed": 0.85}), rng)
+    fast = speech_synth.render(words, speech_synth.Speaker(**{**base.__dict__, "speed": 1.2}), rng)
+    assert len(slow) > 1.2 * len(fast)
+    a = speech_synth.render(words, speech_synth.Speaker.draw(rng), rng)
+    b = speech_synth.render(words, speech_synth.Speaker.draw(rng), rng)
+    assert a.shape != b.shape or not np.allclose(a, b)
+
+
+def test_whisper_tokenizer_has_one_token_per_word_and_whisper_specials():
+    tok = whisper_tokenizer(speech_data.WORDS)
+    for w in speech_data.WORDS:
+        assert len(tok(" " + w, add_special_tokens=False).input_ids) == 1, w
+    special = [tok.convert_tokens_to_ids(t) for t in WHISPER_SPECIAL_TOKENS]
+    assert special == list(range(special[0], special[0] + len(special)))  # Whisper's order, <|en|> after sot
+    sot, nots, eot = special[1], special[-1], special[0]
+    ids = tok(" red fox").input_ids
+    assert ids[:2] == [sot, nots] and ids[-1] == eot == tok.eos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == " red fox"
+
+
+# -------------------------------------------------------------------------------------------------- training
+
+def test_text_training_steps_decrease_the_loss():
+    rng = random.Random(0)
+    records = [text_data.make_example(rng, f"x{i}") for i in range(32)]
+    tok = text_tokenizer(text_data.vocabulary())
+    spec = train_text.TextModelSpec(n_layer=1, n_embd=32, n_head=2, steps=25, batch_size=8, lr=3e-3)
+    model = train_text.build_model(spec, tok, seed=0)
+    log = train_text.train(model, train_text.encode(tok, records), spec, tok.pad_token_id, seed=0, desc="t",
+                           progress=False)
+    assert len(log["losses"]) == 25
+    assert log["final_loss"] < 0.8 * log["first_loss"]
+
+
+def test_quick_text_pair_reloads_and_runs_through_specsweep_run(toy_data, tmp_path, capsys):
+    models = tmp_path / "models"
+    assert main(["toy", "train", "--task", "text", "--data", str(toy_data), "--out", str(models), "--quick",
+                 "--no-progress"]) == 0
+    record = json.loads((models / "text" / "training.json").read_text())
+    assert record["models"]["draft"]["parameters"] < record["models"]["target"]["parameters"]
+    assert 0 < record["cost"]["flop_ratio"] < 1 and record["cost"]["time_ratio"] > 0
+    assert len(record["models"]["target"]["training"]["losses"]) == train_text.QUICK_TARGET.steps
+    out = tmp_path / "run.json"
+    assert main(["run", "--task", "cnn_dailymail", "--target", str(models / "text" / "target"), "--draft",
+                 str(models / "text" / "draft"), "--data", str(toy_data / "text" / "test.jsonl"), "--gamma", "2",
+                 "--max-new-tokens", "6", "--device", "cpu", "--no-progress", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert len(res["samples"]) == text_data.QUICK_TEST_EXAMPLES
+    for k in ("rouge1", "rouge2", "rougeL", "rougeLsum"):
+        assert 0.0 <= res["quality"][k] <= 1.0
+    assert res["metrics"]["drafted_tokens"] > 0
+    assert "trained text pair" in capsys.readouterr().out
+
+
+def test_quick_speech_pair_reloads_with_from_pretrained_and_transcribes(toy_data, tmp_path):
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    models = tmp_path / "models"
+    assert main(["toy", "train", "--task", "speech", "--data", str(toy_data), "--out", str(models), "--quick",
+                 "--no-progress"]) == 0
+    record = json.loads((models / "speech" / "training.json").read_text())
+    assert record["models"]["draft"]["spec"]["decoder_layers"] == 1
+    assert record["eval_greedy"]["clips"] == speech_data.QUICK_TEST_CLIPS
+    target = WhisperForConditionalGeneration.from_pretrained(models / "speech" / "target").eval()
+    draft = WhisperForConditionalGeneration.from_pretrained(models / "speech" / "draft").eval()
+    processor = WhisperProcessor.from_pretrained(models / "speech" / "target")
+    fe, tok = processor.feature_extractor, processor.tokenizer
+    assert fe.chunk_length == speech_data.CHUNK_SECONDS
+    assert target.config.max_source_positions * 2 == fe.nb_max_frames
+    # the draft's encoder is the target's
+    for (k, a), b in zip(target.model.encoder.state_dict().items(), draft.model.encoder.state_dict().values()):
+        assert torch.equal(a, b), k
+    clip = load_task_data("librispeech", toy_data / "speech" / "test" / "manifest.jsonl")[0]
+    features = processor(clip["audio"], sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+    assert features.shape == (1, 80, fe.nb_max_frames)
+    sot, nots = tok.convert_tokens_to_ids("<|startoftranscript|>"), tok.convert_tokens_to_ids("<|notimestamps|>")
+    tok.set_prefix_tokens(predict_timestamps=False)
+    assert tok.prefix_tokens == [sot, nots] == record["decoder_prompt"]
+    for model in (target, draft):
+        out = model.generate(features, max_new_tokens=5, return_dict_in_generate=True)
+        assert out.sequences[0, :2].tolist() == [sot, nots]  # the English-only Whisper prompt
+        assert 3 <= out.sequences.shape[1] <= 7
+        assert isinstance(processor.batch_decode(out.sequences, skip_special_tokens=True)[0], str)
