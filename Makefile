@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 
 .PHONY: all setup test lint bench constraints
 
+# The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
-	$(BIN)/specsweep bench samplers
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 setup: $(VENV)/.installed
 

@@ -185,6 +185,7 @@ class GenerationResult:
     row_stats         per row: new_tokens, verify_steps, accepted, drafted, wall_time_s
     phase_time_s      seconds in prefill / draft / target / verify
     phase_calls       forward or verify calls per phase
+    extra             draft_forwards; accepted_histogram [γ+1]: full-γ steps (one per row) that accepted k tokens
     """
 
     tokens: list[list[int]]
@@ -323,6 +324,8 @@ class SpeculativeEngine:
         out = torch.full((B, width), -1, dtype=torch.int64, device=dev)
         act_len = torch.zeros(B, dtype=torch.int64, device=dev)      # tokens emitted so far, per active row
         counts = torch.zeros(3, B, dtype=torch.int64, device=dev)     # accepted, drafted, verify steps per row
+        # how often a full-γ step accepted k = 0..γ tokens: gives the per-position acceptance rates
+        accepted_hist = torch.zeros(self.gamma + 1, dtype=torch.int64, device=dev)
         rows = torch.arange(B, device=dev)                      # original index of each active row
         rows_host = list(range(B))
         len_host = [0] * B
@@ -399,6 +402,8 @@ class SpeculativeEngine:
             act_len = cur_len + n_emit
             counts.index_add_(1, rows, torch.stack([res.accepted, torch.full_like(rows, gamma),
                                                      torch.ones_like(rows)]))
+            if gamma == self.gamma and gamma > 0:
+                accepted_hist.index_add_(0, res.accepted, torch.ones_like(res.accepted))
 
             # -- the one host sync of the step ------------------------------------------------------------------
             acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), act_len]).tolist()
@@ -455,7 +460,8 @@ class SpeculativeEngine:
                       "drafted": dr_f[r], "wall_time_s": finish_time[r]} for r in range(B)]
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=steps,
                                 phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
-                                extra={"draft_forwards": draft_forwards})
+                                extra={"draft_forwards": draft_forwards,
+                                       "accepted_histogram": accepted_hist.tolist()})
 
 
 def _id_tensor(ids, vocab: int, device) -> torch.Tensor | None:

@@ -42,6 +42,17 @@ def theoretical_speedup(acceptance: float | None, gamma: int, cost_ratio: float 
     return tokens_per_step / (gamma * cost_ratio + 1)
 
 
+def position_acceptance(histogram: list[int] | None) -> list[float | None] | None:
+    """[γ+1] counts of steps accepting k tokens -> [γ] rates P(accepted > i | accepted >= i) (None: never reached)."""
+    if not histogram:
+        return None
+    rates = []
+    for i in range(len(histogram) - 1):
+        reached = sum(histogram[i:])
+        rates.append(sum(histogram[i + 1:]) / reached if reached else None)
+    return rates
+
+
 def _load_baseline(path: str, config: RunConfig, device: str) -> dict:
     try:
         baseline = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -151,6 +162,9 @@ def run(config: RunConfig, progress: bool = True) -> dict:
                                  encoder_inputs=inputs.get("encoder_inputs"))
         totals["wall"] += result.wall_time_s
         totals["draft_forwards"] += result.extra.get("draft_forwards", 0)
+        hist = result.extra.get("accepted_histogram")
+        if hist:
+            totals["hist"] = [a + b for a, b in zip(totals.get("hist", [0] * len(hist)), hist)]
         totals["peak"] = max(totals["peak"], result.peak_memory_mb)
         for key, values in (("phase_time", result.phase_time_s), ("phase_calls", result.phase_calls)):
             for k, v in values.items():
@@ -220,4 +234,8 @@ def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
         "acceptance_counted": all(s.get("acceptance_counted", True) for s in samples),
         "cost_ratio": cost_ratio,
         "theoretical_speedup": theoretical_speedup(acceptance, config.gamma, cost_ratio),
+        # full-γ verify steps (per row) that accepted k = 0..γ draft tokens, and from it the rate at which draft
+        # position i is accepted once reached: P(accepted > i | accepted >= i)
+        "accepted_histogram": totals.get("hist"),
+        "position_acceptance": position_acceptance(totals.get("hist")),
     }

@@ -158,3 +158,18 @@ def test_refuses_different_tokenizers_and_overlong_requests(pair):
         engine.generate(enc.input_ids, enc.attention_mask, 400)
     with pytest.raises(SpecsweepError, match="gamma must be >= 0"):
         SpeculativeEngine(target, draft, get_sampler("greedy"), -1, "cpu", [EOS], 0)
+
+
+def test_accepted_histogram_and_position_acceptance(pair):
+    from pipeline.runner import position_acceptance
+
+    target, draft, tok = pair
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    res = SpeculativeEngine(target, draft, get_sampler("exact"), 3, "cpu", [], 0).generate(
+        enc.input_ids, enc.attention_mask, 20, torch.Generator().manual_seed(0))
+    hist = res.extra["accepted_histogram"]
+    assert len(hist) == 4 and sum(hist) <= sum(s["verify_steps"] for s in res.row_stats)
+    # full-γ steps account for all accepted tokens except those of the last, shortened steps
+    assert sum(k * n for k, n in enumerate(hist)) <= sum(s["accepted"] for s in res.row_stats)
+    assert position_acceptance([10, 5, 5, 80]) == [0.9, 85 / 90, 80 / 85]
+    assert position_acceptance([0, 0, 4]) == [1.0, 1.0] and position_acceptance([3, 0, 0]) == [0.0, None]
