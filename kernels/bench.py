@@ -67,6 +67,7 @@ def _bytes_read(name, B, gamma, V, dtype) -> int:
 def measure_launch_floor(repeats: int) -> float:
     """Median seconds of an empty kernel launched the way the samplers launch theirs (CuPy, torch's stream)."""
     import cupy
+
     from pipeline.kernels.loader import THREADS, _cupy_stream
 
     kernel = cupy.RawKernel('extern "C" __global__ void specsweep_empty() {}', "specsweep_empty")

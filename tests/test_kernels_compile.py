@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from pipeline.kernels import loader
 
 from pipeline.errors import BackendUnavailableError
+from pipeline.kernels import loader
 from pipeline.samplers import available_samplers, contract, get_sampler
 
 ARCHS = ("80", "90")

@@ -1,20 +1,36 @@
-"""`specsweep report`: collect every run's results JSON into reports/runs.csv and reports/summary.md."""
+"""`specsweep report`: every results file in one table (reports/runs.csv, reports/results.csv) and the analysis
+report (reports/report.md, reports/report.html, reports/figures/)."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "collect results/runs/*.json into one table: reports/runs.csv and reports/summary.md"
+HELP = ("collect results/runs, the Optuna studies and the benchmarks into one table and write the analysis report "
+        "(reports/report.md and report.html)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", default="results/runs", help="folder of results JSON files (default: results/runs)")
+    p.add_argument("--tune", default="results/tune",
+                   help="folder of Optuna studies: <task>-pareto.json and <task>/study.db (default: results/tune; "
+                        "missing = none)")
+    p.add_argument("--kernels", default="kernels/results",
+                   help="folder of `specsweep bench kernels` JSON (default: kernels/results; missing = none)")
+    p.add_argument("--bench", default="results/bench",
+                   help="folder of `specsweep bench samplers` JSON (default: results/bench; missing = none)")
+    p.add_argument("--max-quality-loss", "--max_quality_loss", type=float, default=0.01,
+                   help="quality loss allowed for the 'fastest' recommendation, relative to the AR/exact reference "
+                        "(default: 0.01 = 1 %%)")
+    p.add_argument("--table-only", "--table_only", action="store_true",
+                   help="write only runs.csv and summary.md (no figures, no report)")
     p.add_argument("--out", default="reports", help="output folder (default: reports)")
 
 
 def main(args: argparse.Namespace) -> int:
     from pipeline.report import write_report
 
-    csv_path, md_path, n = write_report(args.runs, args.out)
-    print(f"{n} run(s): wrote {csv_path} and {md_path}")
+    csv_path, md_path, n = write_report(args.runs, args.out, tune=args.tune, kernels=args.kernels, bench=args.bench,
+                                        max_quality_loss=args.max_quality_loss, analysis=not args.table_only)
+    extra = "" if args.table_only else f"; report in {args.out}/report.md and {args.out}/report.html"
+    print(f"{n} run(s): wrote {csv_path} and {md_path}{extra}")
     return 0

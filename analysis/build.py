@@ -1,0 +1,317 @@
+"""Assemble the analysis report from the table of :mod:`pipeline.analysis.tables` and write it:
+
+  results.csv        the whole table (runs, AR baselines, Optuna trials, benchmark timings)
+  report.md          the report in Markdown, figures referenced as figures/<name>.png
+  report.html        the same report as one HTML page (inline CSS; the same relative figure paths)
+  figures/*.png      per task and model pair: quality vs speedup with the Pareto front, acceptance vs theory, the
+                     sigmoid's alpha/beta landscape; verify-step latency from the benchmarks
+
+PNG files in figures/ that this build did not write (left by an earlier report) are removed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+from pipeline.errors import SpecsweepError
+from pipeline.io import write_text_atomic
+from pipeline.tune import QUALITY
+
+from . import figures
+from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
+from .pareto import pareto_mask
+from .recommend import GROUP, recommend, with_loss
+from .theory import expected_tokens_iid, expected_tokens_positions, parse_rates
+
+TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
+DEFAULT_SIGMOID = (1.0, -20.0)     # SigmoidSampler's defaults (pipeline/samplers/torch_ref.py)
+PAPER_PRESET = (1.0 / 2e4, 0.5)    # --preset paper: sigmoid((z + 1e4) / 2e4)
+METRIC_NAME = {"rougeL": "ROUGE-L", "wer": "WER"}
+
+
+def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.01) -> dict[str, Path]:
+    """Write results.csv, report.md, report.html and figures/ into ``out_dir``; returns the written paths."""
+    if not (isinstance(max_quality_loss, (int, float)) and math.isfinite(max_quality_loss)
+            and 0 <= max_quality_loss < 1):
+        raise SpecsweepError(f"--max-quality-loss must be a fraction in [0, 1), e.g. 0.01 for 1 %; "
+                             f"got {max_quality_loss}")
+    out_dir = Path(out_dir)
+    fig_dir = out_dir / "figures"
+    table = add_effective_sigmoid(table)
+    written: dict[str, Path] = {"results.csv": write_text_atomic(out_dir / "results.csv", table.to_csv(index=False))}
+    blocks = _header(table, max_quality_loss)
+    blocks += _recommendations(table, max_quality_loss)
+    blocks += _per_pair(table, fig_dir, max_quality_loss, written)
+    blocks += _latency(table, fig_dir, written)
+    blocks += _sources(table)
+    written["report.md"] = write_text_atomic(out_dir / "report.md", to_markdown(blocks))
+    written["report.html"] = write_text_atomic(out_dir / "report.html", to_html(blocks, TITLE))
+    keep = {p.resolve() for p in written.values()}
+    for stale in fig_dir.glob("*.png") if fig_dir.is_dir() else ():
+        if stale.resolve() not in keep:
+            stale.unlink()
+    return written
+
+
+def add_effective_sigmoid(table):
+    """``alpha_eff``/``beta_eff``: the sigmoid parameters a run actually used (defaults and preset resolved)."""
+    table = table.copy()
+    for col in ("sampler", "alpha", "beta", "preset", "kind"):
+        if col not in table.columns:
+            table[col] = None
+    alphas, betas = [], []
+    for s, a, b, p in zip(table["sampler"], table["alpha"], table["beta"], table["preset"]):
+        if s != "sigmoid":
+            alphas.append(None)
+            betas.append(None)
+            continue
+        base = PAPER_PRESET if p == "paper" else DEFAULT_SIGMOID
+        alphas.append(float(a) if _num(a) is not None else base[0])
+        betas.append(float(b) if _num(b) is not None else base[1])
+    table["alpha_eff"] = alphas
+    table["beta_eff"] = betas
+    return table
+
+
+# ---------------------------------------------------------------------------------------------- sections
+
+def _header(table, max_quality_loss: float) -> list:
+    counts = table["kind"].value_counts().to_dict() if not table.empty else {}
+    blocks = [Heading(1, TITLE),
+              Para("Which verify kernel, γ and sigmoid setting to use for a model pair, and what it costs in quality. "
+                   f"Rows read: {counts.get('run', 0)} run(s), {counts.get('baseline', 0)} AR baseline(s), "
+                   f"{counts.get('trial', 0)} Optuna trial(s), {counts.get('latency', 0)} benchmark timing(s). "
+                   "The full table is `results.csv`; every number below names its source file, device and date "
+                   "(section **Sources**).")]
+    measured = table[table["kind"] != "latency"] if "kind" in table.columns else table
+    if "cpu_only" in measured.columns and len(measured) and measured["cpu_only"].fillna(True).astype(bool).all():
+        blocks.append(Para("**CPU only:** every run, baseline and trial here was measured on a CPU. Speedups on a CPU "
+                           "say little about a GPU, where the paper's kernels run.", note=True))
+    blocks.append(Para("Speedup = tokens/s over the AR baseline's (γ = 0, the same target and settings). Quality is "
+                       "ROUGE-L (CNN/DailyMail, higher is better) or WER (LibriSpeech, lower is better). Quality "
+                       "loss = 1 − quality ratio against the reference (the AR baseline of the same pair and dtype, "
+                       "else the mean of the exact runs): ROUGE-L / reference, or (1 − WER) / (1 − reference WER); "
+                       f"the allowed loss is {max_quality_loss:.1%} (`--max-quality-loss`). Lossless: exact, and "
+                       "greedy at temperature 0."))
+    return blocks
+
+
+def _recommendations(table, max_quality_loss: float) -> list:
+    blocks = [Heading(2, "Recommendation")]
+    rec = recommend(table, max_quality_loss)
+    if rec.empty:
+        return [*blocks, Para("No run or trial with a measured speedup: nothing to recommend yet.")]
+    cols = ["task", "target", "draft", "choice", "sampler", "backend", "gamma", "alpha", "beta", "dtype", "speedup",
+            "quality", "quality loss", "device", "date", "source"]
+    rows = []
+    for _, r in rec.iterrows():
+        if r.get("run") is None or (isinstance(r.get("run"), float) and math.isnan(r["run"])):
+            rows.append([r["task"], r["target"], r["draft"], r["choice"], f"none ({r['note']})"] + [None] * 11)
+            continue
+        sig = r["sampler"] == "sigmoid"
+        alpha = r["alpha"] if sig and _num(r["alpha"]) is not None else (DEFAULT_SIGMOID[0] if sig else None)
+        beta = r["beta"] if sig and _num(r["beta"]) is not None else (DEFAULT_SIGMOID[1] if sig else None)
+        if sig and r.get("preset") == "paper":
+            alpha, beta = PAPER_PRESET
+        rows.append([r["task"], r["target"], r["draft"], r["choice"], r["sampler"], r["backend"], _int(r["gamma"]),
+                     alpha, beta, r["dtype"], r["speedup"], _raw_quality(r), _pct(r["quality_loss"]),
+                     _device(r), r["date"], r["source"]])
+    blocks.append(Table(cols, rows))
+    blocks.append(Para("Quality is the raw score (ROUGE-L, or WER); loss is relative to the reference named in "
+                       "`results.csv` (`reference_source`). On few samples, quality differences of a few percent "
+                       "are within sampling noise: confirm a sigmoid choice on more data."))
+    return blocks
+
+
+def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> list:
+    cand = table[table["kind"].isin(("run", "trial", "baseline"))] if "kind" in table.columns else table[:0]
+    if cand.empty or "task" not in cand.columns:
+        return [Heading(2, "Runs"), Para("No results files were found (results/runs, results/tune).")]
+    losses = with_loss(table)
+    blocks: list = []
+    for (task, target, draft), group in cand.groupby(list(GROUP), sort=True, dropna=False):
+        name = f"{task}: {target} ← {draft}"
+        slug = _slug(f"{task}-{target}-{draft}")
+        metric = QUALITY.get(task, (None,))[0]
+        metric = metric if metric in group.columns else None
+        blocks.append(Heading(2, f"{name}"))
+        blocks += _quality_section(group, losses, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
+                                   written)
+        blocks += _acceptance_section(group, name, slug, fig_dir, written)
+        blocks += _sigmoid_section(group, metric, name, slug, fig_dir, written)
+    return blocks
+
+
+def _quality_section(group, losses, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
+                     written) -> list:
+    blocks = [Heading(3, "Quality against speedup")]
+    if metric is None:
+        return [*blocks, Para(f"Task {task} has no quality metric: no quality/speedup figure.")]
+    base = group[(group["kind"] == "baseline") & group[metric].notna()]
+    reference = float(base[metric].iloc[0]) if not base.empty else None
+    path = figures.quality_vs_speedup(group, metric, f"{name}: {METRIC_NAME[metric]} vs speedup",
+                                      fig_dir / f"quality-{slug}.png", reference, max_quality_loss)
+    if path is None:
+        return [*blocks, Para("No run or trial with both a speedup and a quality score.")]
+    written[path.name] = path
+    blocks.append(Figure(f"figures/{path.name}",
+                         f"{METRIC_NAME[metric]} against measured speedup (all measured): runs filled, Optuna trials "
+                         "hollow, exact (lossless) points ringed, the Pareto front as a line, the AR reference "
+                         f"dotted and the {max_quality_loss:.1%} loss band shaded. The paper's numbers (note under "
+                         "the plot) are verify-step times and are not drawn on these axes."))
+    sel = losses[(losses["task"] == task) & (losses["target"] == target) & (losses["draft"] == draft)] \
+        if not losses.empty else losses
+    sel = sel[sel[metric].notna()] if not sel.empty else sel
+    if sel.empty:
+        return blocks
+    sign = -1.0 if metric == "wer" else 1.0
+    mask = pareto_mask([float(v) for v in sel["speedup"]], [sign * float(v) for v in sel[metric]])
+    front = sel[mask].sort_values("speedup")
+    blocks.append(Para(f"Pareto front ({len(front)} of {len(sel)} runs and trials; speedup and quality both "
+                       "maximised):"))
+    blocks.append(Table(["run", "kind", "sampler", "gamma", "alpha", "beta", "dtype", "speedup", METRIC_NAME[metric],
+                         "quality loss", "acceptance", "device"],
+                        [[r["run"], r["kind"], r["sampler"], _int(r["gamma"]), r["alpha_eff"], r["beta_eff"],
+                          r["dtype"], r["speedup"], r[metric], _pct(r["quality_loss"]), r["acceptance_rate"],
+                          _device(r)] for _, r in front.iterrows()]))
+    return blocks
+
+
+def _acceptance_section(group, name, slug, fig_dir, written) -> list:
+    blocks = [Heading(3, "Acceptance against theory")]
+    path = figures.acceptance(group, f"{name}: acceptance", fig_dir / f"acceptance-{slug}.png")
+    if path is None:
+        return [*blocks, Para("No speculative run with an acceptance rate.")]
+    written[path.name] = path
+    blocks.append(Figure(f"figures/{path.name}",
+                         "Left: measured acceptance rate per γ. Middle: measured tokens per verify step (accepted + "
+                         "1) per γ, with two predictions from each sampler's largest-γ run: i.i.d. (1 − a^(γ+1)) / "
+                         "(1 − a) from its overall rate a (dashed), and the product of its measured per-position "
+                         "rates (dotted). Right: measured speedup against the run's own theoretical speedup "
+                         "(1 − a^(γ+1)) / ((1 − a)(γc + 1)), c the measured draft/target cost ratio."))
+    runs = group[group["kind"].isin(("run", "trial")) & group["acceptance_rate"].notna()].sort_values(
+        ["sampler", "gamma"])
+    rows = []
+    for _, r in runs.iterrows():
+        g = _int(r["gamma"])
+        rates = parse_rates(r.get("position_acceptance"))
+        rows.append([r["run"], r["sampler"], g, r["acceptance_rate"], r["mean_accepted_tokens"],
+                     expected_tokens_iid(min(max(float(r["acceptance_rate"]), 0.0), 1.0), g) if g is not None else None,
+                     expected_tokens_positions(rates, g) if rates and g is not None else None,
+                     r["speedup"], r["theoretical_speedup"]])
+    blocks.append(Table(["run", "sampler", "γ", "acceptance", "tokens/step", "i.i.d. prediction",
+                         "per-position prediction", "speedup", "theoretical speedup"], rows))
+    return blocks
+
+
+def _sigmoid_section(group, metric, name, slug, fig_dir, written) -> list:
+    blocks = [Heading(3, "Sigmoid: alpha/beta landscape")]
+    path = figures.sigmoid_landscape(group, metric, f"{name}: sigmoid settings", fig_dir / f"sigmoid-{slug}.png")
+    if path is None:
+        return [*blocks, Para("No sigmoid run or trial.")]
+    written[path.name] = path
+    blocks.append(Figure(f"figures/{path.name}",
+                         "Each sigmoid run (circles) and Optuna trial (triangles) at its (alpha, beta), coloured by "
+                         "quality and by acceptance rate, labelled with γ. Runs without alpha/beta used the defaults "
+                         f"α = {DEFAULT_SIGMOID[0]:g}, β = {DEFAULT_SIGMOID[1]:g}."))
+    return blocks
+
+
+def _latency(table, fig_dir: Path, written: dict) -> list:
+    blocks = [Heading(2, "Verify-step latency")]
+    lat = table[table["kind"] == "latency"] if "kind" in table.columns else table[:0]
+    kernels = lat[lat["benchmark"] == "kernels"] if not lat.empty else lat
+    samplers = lat[lat["benchmark"] == "samplers"] if not lat.empty else lat
+    blocks.append(Heading(3, "CUDA kernels (`specsweep bench kernels`)"))
+    if kernels.empty:
+        blocks.append(Para("No kernel benchmark results (kernels/results/*.json): the CUDA kernels have not been "
+                           "benchmarked on a GPU yet (`bash kernels/gpu_validate.sh` writes them). Section skipped."))
+    else:
+        path = figures.latency(kernels, "CUDA verify kernels vs HF, torch, FlashInfer", fig_dir / "latency-kernels.png")
+        written[path.name] = path
+        blocks.append(Figure(f"figures/{path.name}", _latency_caption(kernels, gpu=True)))
+    blocks.append(Heading(3, "Samplers (`specsweep bench samplers`)"))
+    if samplers.empty:
+        blocks.append(Para("No sampler benchmark results (results/bench/samplers-*.json)."))
+    else:
+        path = figures.latency(samplers, "samplers vs HF's _speculative_sampling", fig_dir / "latency-samplers.png")
+        written[path.name] = path
+        blocks.append(Figure(f"figures/{path.name}", _latency_caption(samplers, gpu=False)))
+    blocks.append(Para("Paper, as reported (Wagner et al., EMNLP 2024): profiling-time improvements of the verify "
+                       "step over HF's implementation of 6–13 % with exact sampling and 37–94 % with the sigmoid "
+                       "approximation, with a minor decline in accuracy for the sigmoid. The bands in the right-hand "
+                       "panels read “improvement” as a reduction of verify time (time relative to HF = 1 − "
+                       "improvement); they are the paper's GPU numbers, drawn for reference only."))
+    return blocks
+
+
+def _latency_caption(rows, gpu: bool) -> str:
+    devices = ", ".join(sorted({str(d) for d in rows["device_name"].dropna()}))
+    sources = ", ".join(sorted({str(s) for s in rows["source"].dropna()}))
+    cpu = " CPU only." if rows["cpu_only"].fillna(False).astype(bool).all() else ""
+    floor = " The dashed black line is the exact kernel's floor (launch latency or bytes read / bandwidth)." \
+        if gpu else ""
+    return (f"Median latency per verify call (log-log) against batch size and vocabulary size, each panel at the "
+            f"fixed settings named in its title; right: time relative to HF at B = 1.{floor} Measured on {devices} "
+            f"({sources}).{cpu}")
+
+
+def _sources(table) -> list:
+    blocks = [Heading(2, "Sources")]
+    if table.empty or "source" not in table.columns:
+        return [*blocks, Para("No files were read.")]
+    rows = []
+    for src, g in table.groupby("source", sort=True):
+        first = g.iloc[0]
+        kinds = ", ".join(sorted({str(k) for k in g["kind"].dropna()}))
+        rows.append([src, kinds, len(g), first.get("device_name"), first.get("date"), first.get("host"),
+                     bool(first.get("cpu_only")) if first.get("cpu_only") is not None else None])
+    blocks.append(Table(["file", "kind", "rows", "device", "date", "host", "CPU only"], rows))
+    blocks.append(Bullets(["Runs and baselines: results/runs/*.json (`specsweep run`).",
+                           "Trials: the Optuna study's SQLite file (read-only) and Pareto JSON under results/tune; "
+                           "a trial's metrics come from its results file when it exists.",
+                           "Latency: kernels/results/*.json (GPU) and results/bench/samplers-*.json."]))
+    return blocks
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def _raw_quality(r):
+    key = QUALITY.get(r["task"], (None,))[0]
+    if key is None:
+        return None
+    q = _num(r.get("quality"))
+    return None if q is None else QUALITY[r["task"]][1] * q
+
+
+def _device(r) -> str | None:
+    name = r.get("device_name")
+    if name is None or (isinstance(name, float) and math.isnan(name)):
+        return None
+    cpu = bool(r.get("cpu_only")) and not str(name).startswith("CPU")
+    return f"{name}{' (CPU only)' if cpu else ''}"
+
+
+def _pct(v):
+    f = _num(v)
+    return None if f is None else f"{100 * f:+.2f} %"
+
+
+def _int(v):
+    f = _num(v)
+    return None if f is None else int(f)
+
+
+def _num(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", str(text)).strip("-").lower()[:80] or "run"

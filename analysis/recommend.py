@@ -1,0 +1,109 @@
+"""Which setting to use: per task and model pair, the fastest setting within a quality loss, and the best lossless.
+
+Quality loss is relative to the reference quality of the same task, model pair and dtype: the AR baseline
+(γ = 0 sampling from the target alone) when there is one, else the mean of the exact sampler's runs. It is
+1 - quality ratio, the ratio the project's ``tradeoff`` uses: ROUGE-L / reference ROUGE-L, or for WER
+(1 - WER) / (1 - reference WER). A negative loss means better than the reference (sampling noise, on few samples).
+
+Lossless: the exact sampler (it samples the target's distribution exactly), and greedy at temperature 0 (it
+reproduces the target's greedy decoding; at T > 0 greedy is not lossless with respect to sampling).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.tune import QUALITY, quality_ratio
+
+GROUP = ("task", "target", "draft")
+CANDIDATE_KINDS = ("run", "trial")
+
+
+def is_lossless(sampler, temperature) -> bool:
+    """Exact at any temperature; greedy only at temperature 0."""
+    return sampler == "exact" or (sampler == "greedy" and _num(temperature) == 0.0)
+
+
+def reference_quality(table, task, target, draft, dtype) -> tuple[float | None, str]:
+    """(raw reference score, where it came from) for one task, pair and dtype."""
+    if task not in QUALITY:
+        return None, "no quality metric"
+    key = QUALITY[task][0]
+    if key not in table.columns:
+        return None, "no scores"
+    same = table[(table["task"] == task) & (table["target"] == target) & (table["draft"] == draft)
+                 & (table["dtype"] == dtype)]
+    base = same[(same["kind"] == "baseline") & same[key].notna()]
+    if not base.empty:
+        return float(base[key].iloc[0]), f"AR baseline {base['source'].iloc[0]}"
+    exact = same[same["kind"].isin(CANDIDATE_KINDS) & (same["sampler"] == "exact") & same[key].notna()]
+    if not exact.empty:
+        return float(exact[key].mean()), f"mean of {len(exact)} exact run(s)"
+    return None, "no AR baseline or exact run"
+
+
+def with_loss(table):
+    """Candidate rows (runs and completed trials with a speedup) with ``reference`` and ``quality_loss`` columns."""
+    import pandas as pd
+
+    if table.empty or "speedup" not in table.columns:
+        return pd.DataFrame()
+    cand = table[table["kind"].isin(CANDIDATE_KINDS) & table["speedup"].notna()].copy()
+    if "trial_state" in cand.columns:
+        cand = cand[cand["trial_state"].isna() | (cand["trial_state"] == "COMPLETE")]
+    refs, losses, ref_src = [], [], []
+    for _, row in cand.iterrows():
+        ref, src = reference_quality(table, row["task"], row["target"], row["draft"], row["dtype"])
+        key = QUALITY.get(row["task"], (None,))[0]
+        value = row.get(key) if key else None
+        loss = None
+        if ref is not None and _num(value) is not None:
+            ratio = quality_ratio(row["task"], {key: float(value)}, {key: ref})
+            loss = None if ratio is None else 1.0 - ratio
+        refs.append(ref)
+        losses.append(loss)
+        ref_src.append(src)
+    cand["reference"] = refs
+    cand["reference_source"] = ref_src
+    cand["quality_loss"] = pd.to_numeric(pd.Series(losses, index=cand.index, dtype=object), errors="coerce")
+    return cand
+
+
+def recommend(table, max_quality_loss: float = 0.01):
+    """One or two rows per (task, target, draft): ``choice`` = 'fastest within loss' and 'best lossless'.
+
+    A group with nothing eligible gets a row whose ``run`` is None and whose ``note`` says why."""
+    import pandas as pd
+
+    if not (max_quality_loss >= 0 and math.isfinite(max_quality_loss)):
+        raise ValueError(f"max_quality_loss must be a finite number >= 0; got {max_quality_loss}")
+    cand = with_loss(table)
+    out = []
+    if cand.empty:
+        return pd.DataFrame(out)
+    for (task, target, draft), group in cand.groupby(list(GROUP), sort=True, dropna=False):
+        within = group[group["quality_loss"].notna() & (group["quality_loss"] <= max_quality_loss)]
+        lossless = group[[is_lossless(s, t) for s, t in zip(group["sampler"], group.get("temperature"))]]
+        choices = ((f"fastest within {max_quality_loss:.1%} quality loss", within,
+                    "no run with a known quality loss this small" if task in QUALITY else "task has no quality "
+                    "metric"),
+                   ("best lossless (exact, or greedy at T = 0)", lossless, "no lossless run"))
+        for label, rows, why in choices:
+            base = {"task": task, "target": target, "draft": draft, "choice": label}
+            if rows.empty:
+                out.append({**base, "run": None, "note": why})
+                continue
+            best = rows.sort_values(["speedup", "quality_loss"], ascending=[False, True]).iloc[0]
+            out.append({**base, **{k: best.get(k) for k in (
+                "run", "kind", "sampler", "backend", "gamma", "alpha", "beta", "preset", "dtype", "temperature",
+                "speedup", "quality", "quality_loss", "reference", "reference_source", "acceptance_rate",
+                "source", "device_name", "date", "cpu_only")}, "note": ""})
+    return pd.DataFrame(out)
+
+
+def _num(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
