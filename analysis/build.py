@@ -188,21 +188,25 @@ def _acceptance_section(group, name, slug, fig_dir, written) -> list:
     written[path.name] = path
     blocks.append(Figure(f"figures/{path.name}",
                          "Left: measured acceptance rate per γ. Middle: measured tokens per verify step (accepted + "
-                         "1) per γ, with two predictions from each sampler's largest-γ run: i.i.d. (1 − a^(γ+1)) / "
-                         "(1 − a) from its overall rate a (dashed), and the product of its measured per-position "
-                         "rates (dotted). Right: measured speedup against the run's own theoretical speedup "
-                         "(1 − a^(γ+1)) / ((1 − a)(γc + 1)), c the measured draft/target cost ratio."))
+                         "1) per γ, with two predictions from each sampler's largest-γ run: i.i.d. (1 − α^(γ+1)) / "
+                         "(1 − α) from its per-token rate α (dashed; α is estimated from the accepted counts, "
+                         "accepted / (accepted + rejections), which is not accepted / drafted), and the product of "
+                         "its measured per-position rates (dotted). Right: measured speedup against the run's own "
+                         "theoretical speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)), c the measured draft/target cost "
+                         "ratio."))
     runs = group[group["kind"].isin(("run", "trial")) & group["acceptance_rate"].notna()].sort_values(
         ["sampler", "gamma"])
     rows = []
     for _, r in runs.iterrows():
         g = _int(r["gamma"])
         rates = parse_rates(r.get("position_acceptance"))
-        rows.append([r["run"], r["sampler"], g, r["acceptance_rate"], r["mean_accepted_tokens"],
-                     expected_tokens_iid(min(max(float(r["acceptance_rate"]), 0.0), 1.0), g) if g is not None else None,
+        alpha = r.get("iid_alpha")
+        has_alpha = alpha is not None and alpha == alpha and g is not None
+        rows.append([r["run"], r["sampler"], g, r["acceptance_rate"], alpha, r["mean_accepted_tokens"],
+                     expected_tokens_iid(min(max(float(alpha), 0.0), 1.0), g) if has_alpha else None,
                      expected_tokens_positions(rates, g) if rates and g is not None else None,
                      r["speedup"], r["theoretical_speedup"]])
-    blocks.append(Table(["run", "sampler", "γ", "acceptance", "tokens/step", "i.i.d. prediction",
+    blocks.append(Table(["run", "sampler", "γ", "acceptance", "α", "tokens/step", "i.i.d. prediction",
                          "per-position prediction", "speedup", "theoretical speedup"], rows))
     return blocks
 

@@ -98,8 +98,8 @@ def quality_vs_speedup(rows, metric: str, title: str, path, reference: float | N
 
 def acceptance(rows, title: str, path) -> Path | None:
     """Three panels: acceptance rate against γ; mean accepted tokens per step against γ with the theoretical
-    curves (per-position product, and i.i.d. from the overall rate) of each sampler's largest-γ run; measured
-    against theoretical speedup."""
+    curves (per-position product, and i.i.d. from the run's estimated per-token rate α) of each sampler's
+    largest-γ run; measured against theoretical speedup."""
     pts = rows[rows["kind"].isin(("run", "trial")) & rows["acceptance_rate"].notna() & rows["gamma"].notna()]
     if pts.empty:
         return None
@@ -121,9 +121,11 @@ def acceptance(rows, title: str, path) -> Path | None:
                 a3.scatter(both["theoretical_speedup"], both["speedup"], **kw)
         ref = group.sort_values(["gamma", "kind"], ascending=[False, True]).iloc[0]
         gammas = list(range(0, gmax + 1))
-        a = float(ref["acceptance_rate"])
-        a2.plot(gammas, [expected_tokens_iid(min(max(a, 0.0), 1.0), k) for k in gammas], color=colour,
-                linestyle="--", linewidth=1, label=f"{sampler}: i.i.d. a={a:.2f} (γ={int(ref['gamma'])} run)")
+        alpha = ref.get("iid_alpha")
+        if alpha is not None and alpha == alpha:  # the i.i.d. per-token rate α (not accepted/drafted)
+            a = min(max(float(alpha), 0.0), 1.0)
+            a2.plot(gammas, [expected_tokens_iid(a, k) for k in gammas], color=colour, linestyle="--",
+                    linewidth=1, label=f"{sampler}: i.i.d. α={a:.2f} (γ={int(ref['gamma'])} run)")
         rates = parse_rates(ref.get("position_acceptance"))
         if rates:
             pos = [(k, expected_tokens_positions(rates, k)) for k in range(0, len(rates) + 1)]

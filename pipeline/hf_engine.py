@@ -46,6 +46,8 @@ def hf_verify_step(sampler: Sampler, generator: torch.Generator | None, stats: d
         stats["calls"] = stats.get("calls", 0) + 1
         stats["accepted"] = stats.get("accepted", 0) + n
         stats["drafted"] = stats.get("drafted", 0) + candidate_length
+        hist = stats.setdefault("hist", {})
+        hist[(candidate_length, n)] = hist.get((candidate_length, n), 0) + 1
         return result.tokens[:, : n + 1], result.accepted[0]
 
     hf_utils._speculative_sampling = specsweep_verify
@@ -149,5 +151,12 @@ class HFEngine:
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall,
                                 verify_steps=sum(r["verify_steps"] for r in row_stats),
                                 phase_time_s=timer.totals(), phase_calls=calls, peak_memory_mb=peak,
-                                extra={"draft_forwards": calls.get("draft", 0)})
+                                extra={"draft_forwards": calls.get("draft", 0),
+                                       "accepted_histogram": self._histogram(stats)})
+
+    def _histogram(self, stats: dict) -> list[int] | None:
+        """[γ+1] counts of full-γ verify calls that accepted k tokens (None at T = 0: HF matched tokens itself)."""
+        if not stats.get("hist") or self.gamma == 0:
+            return None
+        return [stats["hist"].get((self.gamma, k), 0) for k in range(self.gamma + 1)]
 

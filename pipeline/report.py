@@ -17,7 +17,7 @@ from pipeline.io import write_text_atomic
 # Config columns first (what was run), then the metrics (what it measured), then quality scores.
 CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "dtype", "temperature", "alpha",
                   "beta", "preset", "engine", "batch_size", "max_new_tokens", "limit", "seed", "device")
-METRIC_COLUMNS = ("tokens_per_second", "speedup", "acceptance_rate", "mean_accepted_tokens",
+METRIC_COLUMNS = ("tokens_per_second", "speedup", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
                   "theoretical_speedup", "cost_ratio", "wall_time_s", "new_tokens", "peak_memory_mb")
 # Per-step detail, kept as JSON text so the table stays flat (and survives CSV).
 LIST_COLUMNS = ("accepted_histogram", "position_acceptance")

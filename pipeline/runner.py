@@ -7,7 +7,9 @@ Speed metrics:
   acceptance_rate        accepted draft tokens / drafted tokens
   mean_accepted_tokens   new tokens per verify step, the corrected/bonus token included (Spec-Bench's MAT)
   cost_ratio             c = seconds per draft forward / seconds per target forward, measured in this run
-  theoretical_speedup    (1 - a^(γ+1)) / ((1 - a)(γc + 1))  (Leviathan et al. 2023), a = acceptance_rate
+  iid_alpha              per-token acceptance probability α of the i.i.d. model, estimated from the accepted
+                         counts (see iid_alpha()); not the same as acceptance_rate
+  theoretical_speedup    (1 - α^(γ+1)) / ((1 - α)(γc + 1))  (Leviathan et al. 2023)
   speedup                tokens_per_second / the AR baseline's tokens_per_second; the baseline is a γ = 0 run
                          of the same target, task, data, dtype, device and length settings (``--baseline``)
 """
@@ -40,6 +42,18 @@ def theoretical_speedup(acceptance: float | None, gamma: int, cost_ratio: float 
     a = min(max(acceptance, 0.0), 1.0)
     tokens_per_step = gamma + 1 if a == 1.0 else (1 - a ** (gamma + 1)) / (1 - a)
     return tokens_per_step / (gamma * cost_ratio + 1)
+
+
+def iid_alpha(histogram: list[int] | None) -> float | None:
+    """Per-token acceptance probability α of Leviathan et al.'s i.i.d. model, estimated by maximum likelihood
+    from the histogram of accepted counts of full-γ steps: each step gives k accepted tokens and, if k < γ, one
+    rejection, so α = accepted / (accepted + rejections). (accepted / drafted is not α: it undercounts, since
+    positions after a rejection are never tried.)"""
+    if not histogram:
+        return None
+    accepted = sum(k * n for k, n in enumerate(histogram))
+    rejections = sum(histogram[:-1])
+    return accepted / (accepted + rejections) if accepted + rejections else None
 
 
 def position_acceptance(histogram: list[int] | None) -> list[float | None] | None:
@@ -149,6 +163,13 @@ def run(config: RunConfig, progress: bool = True) -> dict:
     if task.speech:
         encode_kwargs["prompt"] = task.decoder_prompt(target, tokenizer)
 
+    # Warm-up: one short, untimed generation of the first batch, so one-time costs (allocations, lazy
+    # initialisation, kernel loading on a GPU) stay out of the measured tokens/s. Its own generator leaves the
+    # run's random stream, and so its tokens, unchanged.
+    first, _ = task.encode(records[: config.batch_size], tokenizer, config, **encode_kwargs)
+    engine.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
+                    torch.Generator(device=device).manual_seed(config.seed + 1),
+                    encoder_inputs=first.get("encoder_inputs"))
     torch.manual_seed(config.seed)
     generator = torch.Generator(device=device).manual_seed(config.seed)
     samples, truncated = [], 0
@@ -211,6 +232,7 @@ def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
     steps = sum(s["verify_steps"] for s in samples)
     t, calls = totals["phase_time"], totals["phase_calls"]
     acceptance = accepted / drafted if drafted else None
+    alpha = iid_alpha(totals.get("hist"))
     cost_ratio = None
     if totals["draft_forwards"] and calls.get("target"):
         cost_ratio = (t.get("draft", 0.0) / totals["draft_forwards"]) / (t["target"] / calls["target"])
@@ -233,7 +255,8 @@ def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
         # False where HF's loop matched tokens itself (T = 0): acceptance is then estimated from call counts
         "acceptance_counted": all(s.get("acceptance_counted", True) for s in samples),
         "cost_ratio": cost_ratio,
-        "theoretical_speedup": theoretical_speedup(acceptance, config.gamma, cost_ratio),
+        "iid_alpha": alpha,
+        "theoretical_speedup": theoretical_speedup(alpha, config.gamma, cost_ratio),
         # full-γ verify steps (per row) that accepted k = 0..γ draft tokens, and from it the rate at which draft
         # position i is accepted once reached: P(accepted > i | accepted >= i)
         "accepted_histogram": totals.get("hist"),

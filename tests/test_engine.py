@@ -173,3 +173,19 @@ def test_accepted_histogram_and_position_acceptance(pair):
     assert sum(k * n for k, n in enumerate(hist)) <= sum(s["accepted"] for s in res.row_stats)
     assert position_acceptance([10, 5, 5, 80]) == [0.9, 85 / 90, 80 / 85]
     assert position_acceptance([0, 0, 4]) == [1.0, 1.0] and position_acceptance([3, 0, 0]) == [0.0, None]
+
+
+def test_iid_alpha_recovers_the_per_token_rate_that_accepted_over_drafted_does_not():
+    """For an i.i.d. per-token acceptance α, a full-γ step accepts k < γ tokens with probability α^k (1 - α) and
+    all γ with probability α^γ. The estimator must return α from those (scaled) counts; accepted/drafted is lower."""
+    from pipeline.runner import iid_alpha, theoretical_speedup
+
+    for alpha, gamma in ((0.7, 4), (0.3, 6), (0.95, 8)):
+        hist = [round(1e6 * alpha**k * (1 - alpha)) for k in range(gamma)] + [round(1e6 * alpha**gamma)]
+        assert iid_alpha(hist) == pytest.approx(alpha, abs=1e-5)
+        accepted_over_drafted = sum(k * n for k, n in enumerate(hist)) / (gamma * sum(hist))
+        assert accepted_over_drafted < alpha - 0.01
+    assert iid_alpha([0, 0, 7]) == 1.0 and iid_alpha([5, 0, 0]) == 0.0 and iid_alpha(None) is None
+    # Leviathan et al.: (1 - α^(γ+1)) / ((1 - α)(γc + 1)); α = 1 gives (γ + 1) / (γc + 1)
+    assert theoretical_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
+    assert theoretical_speedup(1.0, 4, 0.25) == pytest.approx(5 / 2)
