@@ -113,6 +113,15 @@ def _has_submodule(module, name: str) -> bool:
         return False
 
 
+def save_models(root: Path, target, draft, preprocessor) -> tuple[Path, Path]:
+    """root/target and root/draft, each with the tokenizer or processor beside the weights (as on the Hub)."""
+    paths = (root / "target", root / "draft")
+    for path, model in zip(paths, (target, draft)):
+        model.save_pretrained(path)
+        preprocessor.save_pretrained(path)
+    return paths
+
+
 def save_pair(root: Path, kind: str = "gpt2", draft_vocab_pad: int = 0, seed: int = 0, noise: float = 0.05,
               layers: int = 2, width: int = 64, draft_layers: int | None = None,
               deep_layer_scale: float = 0.1) -> tuple[Path, Path]:
@@ -133,13 +142,7 @@ def save_pair(root: Path, kind: str = "gpt2", draft_vocab_pad: int = 0, seed: in
         truncate_layers(draft, draft_layers)
     if draft_vocab_pad:
         draft.resize_token_embeddings(V + 3 + draft_vocab_pad, mean_resizing=False)
-    paths = []
-    for name, model in (("target", target), ("draft", draft)):
-        path = root / name
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return save_models(root, target, draft, tok)
 
 
 # ---- Whisper-architecture pairs -------------------------------------------------------------------------------
@@ -217,10 +220,4 @@ def save_whisper_pair(root: Path, draft_kind: str = "seq2seq", seed: int = 0, no
         draft = causal
     elif draft_kind != "seq2seq":
         raise ValueError(draft_kind)
-    paths = []
-    for name, model in (("target", target), ("draft", draft)):
-        path = root / name
-        model.save_pretrained(path)
-        processor.save_pretrained(path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return save_models(root, target, draft, processor)
