@@ -1,0 +1,45 @@
+"""The benchmarks' own logic (goals, paired ratios) and a smoke run; speed itself is never asserted in tests."""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.benchmarks.engine import _goals, _paired_ratio
+from pipeline.benchmarks.samplers import _goal
+from pipeline.cli import main
+
+
+def test_paired_ratio_cancels_load_changes_between_repeats():
+    # repeat 2 ran on a loaded machine: both loops slowed 3x; the ratio stays 2
+    assert _paired_ratio({"seconds": [1.0, 3.0, 1.1]}, {"seconds": [2.0, 6.0, 2.2]}) == 2.0
+
+
+def test_engine_goals_compare_the_right_loops():
+    def row(loop, seconds):
+        return {"loop": loop, "temperature": 1.0, "seconds": seconds, "tokens_per_second": 1.0}
+
+    rows = [row("ours_speculative", [1.0]), row("hf_assisted", [2.0]), row("ours_autoregressive", [1.0]),
+            row("hf_plain", [0.9])]
+    goal = _goals(rows)["T=1.0"]
+    assert goal["speculative_over_hf_assisted"] == 2.0 and goal["speculative_goal_1.5x_met"]
+    assert goal["autoregressive_over_hf_plain"] == 0.9 and not goal["autoregressive_goal_1x_met"]
+
+
+def test_sampler_goal_needs_every_v_faster_than_hf():
+    def row(sampler, V, median):
+        return {"sampler": sampler, "backend": "torch", "B": 1, "gamma": 4, "V": V, "dtype": "float32",
+                "median_s": median}
+
+    faster = [row("hf", 1000, 2.0), row("exact", 1000, 1.0), row("hf", 2000, 2.0), row("exact", 2000, 1.5)]
+    assert _goal(faster)["met"]
+    assert not _goal([*faster[:2], row("hf", 2000, 1.0), row("exact", 2000, 1.5)])["met"]
+
+
+def test_bench_samplers_quick_writes_a_row_per_sampler_and_hf(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["bench", "samplers", "--quick", "--repeats", "2", "--device", "cpu", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    names = {(r["sampler"], r["backend"]) for r in result["results"]}
+    assert {("exact", "torch"), ("sigmoid", "torch"), ("greedy", "torch"), ("hf", "transformers")} <= names
+    assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in result["results"])
+    assert result["provenance"]["device"]["device"] == "cpu" and "HF / this" in capsys.readouterr().out
