@@ -32,7 +32,7 @@ one two six ten nine
 run sit jump swim walk fly dig
 big small fast slow tiny quiet
 river stone cloud apple tiger lemon piano robot""".split())
-"""The words :func:`render` can say (40, in a fixed order)."""
+"""The words :func:`render` can say (44, in a fixed order)."""
 
 VOICED_FORMANTS_HZ = (350, 500, 700, 950, 1300, 1800, 2500, 3400)
 BURST_BANDS_HZ = ((4500, 700), (5800, 900), (7100, 900))  # (centre, width)
