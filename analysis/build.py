@@ -23,7 +23,7 @@ from pipeline.tune import QUALITY
 from . import figures
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
-from .recommend import GROUP, recommend, with_loss
+from .recommend import GROUP, recommend, to_number, with_loss
 from .theory import expected_tokens_iid, expected_tokens_positions, parse_rates
 
 TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
@@ -69,8 +69,8 @@ def add_effective_sigmoid(table):
             betas.append(None)
             continue
         base = PAPER_PRESET if p == "paper" else DEFAULT_SIGMOID
-        alphas.append(float(a) if _num(a) is not None else base[0])
-        betas.append(float(b) if _num(b) is not None else base[1])
+        alphas.append(float(a) if to_number(a) is not None else base[0])
+        betas.append(float(b) if to_number(b) is not None else base[1])
     table["alpha_eff"] = alphas
     table["beta_eff"] = betas
     return table
@@ -112,8 +112,8 @@ def _recommendations(table, max_quality_loss: float) -> list:
             rows.append([r["task"], r["target"], r["draft"], r["choice"], f"none ({r['note']})"] + [None] * 11)
             continue
         sig = r["sampler"] == "sigmoid"
-        alpha = r["alpha"] if sig and _num(r["alpha"]) is not None else (DEFAULT_SIGMOID[0] if sig else None)
-        beta = r["beta"] if sig and _num(r["beta"]) is not None else (DEFAULT_SIGMOID[1] if sig else None)
+        alpha = r["alpha"] if sig and to_number(r["alpha"]) is not None else (DEFAULT_SIGMOID[0] if sig else None)
+        beta = r["beta"] if sig and to_number(r["beta"]) is not None else (DEFAULT_SIGMOID[1] if sig else None)
         if sig and r.get("preset") == "paper":
             alpha, beta = PAPER_PRESET
         rows.append([r["task"], r["target"], r["draft"], r["choice"], r["sampler"], r["backend"], _int(r["gamma"]),
@@ -287,7 +287,7 @@ def _raw_quality(r):
     key = QUALITY.get(r["task"], (None,))[0]
     if key is None:
         return None
-    q = _num(r.get("quality"))
+    q = to_number(r.get("quality"))
     return None if q is None else QUALITY[r["task"]][1] * q
 
 
@@ -300,21 +300,13 @@ def _device(r) -> str | None:
 
 
 def _pct(v):
-    f = _num(v)
+    f = to_number(v)
     return None if f is None else f"{100 * f:+.2f} %"
 
 
 def _int(v):
-    f = _num(v)
+    f = to_number(v)
     return None if f is None else int(f)
-
-
-def _num(v) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
 
 
 def _slug(text: str) -> str:

@@ -21,7 +21,7 @@ CANDIDATE_KINDS = ("run", "trial")
 
 def is_lossless(sampler, temperature) -> bool:
     """Exact at any temperature; greedy only at temperature 0."""
-    return sampler == "exact" or (sampler == "greedy" and _num(temperature) == 0.0)
+    return sampler == "exact" or (sampler == "greedy" and to_number(temperature) == 0.0)
 
 
 def reference_quality(table, task, target, draft, dtype) -> tuple[float | None, str]:
@@ -57,7 +57,7 @@ def with_loss(table):
         key = QUALITY.get(row["task"], (None,))[0]
         value = row.get(key) if key else None
         loss = None
-        if ref is not None and _num(value) is not None:
+        if ref is not None and to_number(value) is not None:
             ratio = quality_ratio(row["task"], {key: float(value)}, {key: ref})
             loss = None if ratio is None else 1.0 - ratio
         refs.append(ref)
@@ -101,7 +101,8 @@ def recommend(table, max_quality_loss: float = 0.01):
     return pd.DataFrame(out)
 
 
-def _num(v) -> float | None:
+def to_number(v) -> float | None:
+    """A finite-or-inf float from a table cell, or None for missing, non-numeric or NaN."""
     try:
         f = float(v)
     except (TypeError, ValueError):

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from pipeline.toy.train_text import lr_at
+from pipeline.toy.train_text import lr_at, optimizer_step, training_summary
 
 N_MELS = 80
 MAX_TARGET_POSITIONS = 48
@@ -226,17 +226,10 @@ def train(model, features: torch.Tensor, labels: list[list[int]], spec: SpeechMo
             kl = F.kl_div(F.log_softmax(logits.flatten(0, 1)[keep], -1),
                           F.log_softmax(t_logits.flatten(0, 1)[keep], -1), log_target=True, reduction="batchmean")
             loss = ce + kl
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        optimizer_step(opt, loss, params, losses, bar)
     bar.close()
     model.eval()
-    tail = losses[-max(1, len(losses) // 10):]
-    return {"steps": spec.steps, "losses": [round(x, 5) for x in losses], "first_loss": losses[0],
-            "final_loss": sum(tail) / len(tail), "seconds": time.perf_counter() - t0}
+    return training_summary(spec.steps, losses, t0)
 
 
 @torch.inference_mode()

@@ -90,6 +90,23 @@ def build_model(spec: TextModelSpec, tokenizer, seed: int):
     return model
 
 
+def optimizer_step(opt, loss: torch.Tensor, params, losses: list[float], bar) -> None:
+    """One update with gradient clipping at 1.0; records the loss and shows it on the progress bar."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    losses.append(loss.item())
+    bar.set_postfix(loss=f"{losses[-1]:.3f}")
+
+
+def training_summary(steps: int, losses: list[float], t0: float) -> dict:
+    """What training.json records of one model: the loss curve, its first value and the mean of the last 10 %."""
+    tail = losses[-max(1, len(losses) // 10):]
+    return {"steps": steps, "losses": [round(x, 5) for x in losses], "first_loss": losses[0],
+            "final_loss": sum(tail) / len(tail), "seconds": time.perf_counter() - t0}
+
+
 def lr_at(step: int, steps: int, peak: float, warmup_frac: float = 0.05) -> float:
     """Linear warm-up to ``peak`` over ``warmup_frac`` of the steps, then cosine decay to 10 % of it."""
     warmup = max(1, int(steps * warmup_frac))
@@ -122,17 +139,10 @@ def train(model, data: list[tuple[list[int], int]], spec: TextModelSpec, pad_id:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec.steps, spec.lr)
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        optimizer_step(opt, loss, model.parameters(), losses, bar)
     bar.close()
     model.eval()
-    tail = losses[-max(1, len(losses) // 10):]
-    return {"steps": spec.steps, "losses": [round(x, 5) for x in losses], "first_loss": losses[0],
-            "final_loss": sum(tail) / len(tail), "seconds": time.perf_counter() - t0}
+    return training_summary(spec.steps, losses, t0)
 
 
 def measure_cost(target, draft, prompt_ids: torch.Tensor) -> dict:
