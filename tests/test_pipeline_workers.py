@@ -167,7 +167,10 @@ def test_a_worker_killed_mid_trial_loses_nothing_and_a_restart_finishes(tiny, tm
         assert by_number[number].state == optuna.trial.TrialState.COMPLETE and by_number[number].values == values
     assert by_number[running].state == optuna.trial.TrialState.FAIL
     retries = [t for t in study.trials if retry_callback().retried_trial_number(t) == running]
-    assert len(retries) == 1 and retries[0].params == by_number[running].params
+    # Optuna re-enqueues the parameters the killed trial had recorded; if it died between two suggestions, the
+    # retry samples the rest afresh. So the retry keeps every recorded parameter (a superset, not equality).
+    killed = by_number[running].params
+    assert len(retries) == 1 and {k: retries[0].params.get(k) for k in killed} == killed
     assert retries[0].state == optuna.trial.TrialState.COMPLETE
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == n
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
