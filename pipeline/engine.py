@@ -241,9 +241,14 @@ class SpeculativeEngine:
         self.target = CachedModel(target, model_kind(target))
         seq2seq = self.target.kind == "seq2seq"
         self.draft = CachedModel(draft, model_kind(draft, seq2seq)) if draft is not None else None
-        vocab = target.get_output_embeddings().weight.shape[0]
-        self.suppress = _id_tensor(suppress_tokens, vocab, device)
-        self.begin_suppress = _id_tensor(begin_suppress_tokens, vocab, device)
+        # Suppressed ids, filtered once per vocabulary size (target and draft rows may differ): boolean-mask
+        # indexing inside the step would be a host sync on a GPU.
+        vocabs = {target.get_output_embeddings().weight.shape[0]}
+        if draft is not None:
+            vocabs.add(draft.get_output_embeddings().weight.shape[0])
+        self.suppress = {v: _id_tensor(suppress_tokens, v, device) for v in vocabs}
+        self.begin_suppress = {v: _id_tensor(begin_suppress_tokens, v, device) for v in vocabs}
+        self.masked = any(t is not None for t in (*self.suppress.values(), *self.begin_suppress.values()))
         self.sampler = sampler
         self.gamma = gamma
         self.device = torch.device(device)
@@ -261,10 +266,12 @@ class SpeculativeEngine:
         return torch.where(ids < self.draft_vocab_in, ids, self.pad)
 
     def _mask_logits(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
-        """logits [..., V]: suppressed ids set to -inf in place (begin_suppress too at the first new token)."""
-        for ids in (self.suppress, self.begin_suppress if first_position else None):
-            if ids is not None:
-                logits.index_fill_(-1, ids[ids < logits.shape[-1]], float("-inf"))
+        """logits [..., V]: suppressed ids set to -inf in place; with ``first_position`` only begin_suppress
+        (applied on top of a tensor already masked with suppress). No host sync."""
+        V = logits.shape[-1]
+        ids = self.begin_suppress[V] if first_position else self.suppress[V]
+        if ids is not None:
+            logits.index_fill_(-1, ids, float("-inf"))
         return logits
 
     def _encode(self, encoder_inputs: dict, timer: PhaseTimer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -331,7 +338,6 @@ class SpeculativeEngine:
         len_host = [0] * B
         finish_time = [0.0] * B
         steps = draft_forwards = 0
-        masked = self.suppress is not None or self.begin_suppress is not None
 
         while rows_host and max_new_tokens > 0:
             steps += 1
@@ -353,8 +359,10 @@ class SpeculativeEngine:
                         if i > 0:
                             logits = self.draft.forward(proposals[-1][:, None], _ones(b, dev), last_only=True)[:, 0]
                             draft_forwards += 1
-                        if masked:
-                            logits = self._mask_logits(logits, first_position=steps == 1 and i == 0)
+                        if self.masked:
+                            logits = self._mask_logits(logits, first_position=False)
+                            if steps == 1 and i == 0:
+                                self._mask_logits(logits, first_position=True)
                         proposals.append(draft_sample(logits, self.draft_temperature, u[:, i]))
                         proposal_logits.append(logits)
                     draft_tokens = torch.stack(proposals, dim=1)                       # [b, γ]
@@ -373,9 +381,9 @@ class SpeculativeEngine:
                 with timer.phase("target"):
                     logits = self.target.forward(target_in, torch.ones_like(target_in, dtype=torch.bool))
                 target_logits = logits if target_logits is None else torch.cat([target_logits, logits], dim=1)
-            if masked:
+            if self.masked:
                 self._mask_logits(target_logits, first_position=False)
-                if steps == 1 and self.begin_suppress is not None:
+                if steps == 1:
                     self._mask_logits(target_logits[:, :1], first_position=True)
             if draft_logits is None:
                 draft_logits = target_logits.new_empty(b, 0, self.v_draft or target_logits.shape[-1])

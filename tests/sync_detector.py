@@ -1,13 +1,15 @@
 """Detect host syncs on any device, CPU included.
 
 A host sync is an op whose result the host must read: ``.item()``/``bool(t)``/``int(t)`` dispatch to
-``aten::_local_scalar_dense``; ``nonzero``, ``masked_select`` and friends need the data to size their output.
+``aten::_local_scalar_dense``; ``nonzero``, ``masked_select``, boolean-mask indexing ``x[mask]`` and friends
+need the data to size their output.
 ``NoHostSync`` records every such op dispatched inside it, so the tests can prove a hot path has none, on a
 CPU-only machine where ``torch.cuda.set_sync_debug_mode`` cannot help.
 """
 
 from __future__ import annotations
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SYNCING_OPS = {
@@ -23,6 +25,14 @@ SYNCING_OPS = {
 }
 
 
+BOOL_INDEXING_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+
+
+def _has_bool_index(args) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in indices or ())
+
+
 class NoHostSync(TorchDispatchMode):
     """Context manager: ``with NoHostSync() as m: ...`` then ``m.syncs`` lists offending op names."""
 
@@ -34,6 +44,10 @@ class NoHostSync(TorchDispatchMode):
         name = func._schema.name
         if name in SYNCING_OPS:
             self.syncs.append(name)
+        elif name in BOOL_INDEXING_OPS and _has_bool_index(args):
+            # x[mask]: the output size depends on the mask's values (a nonzero inside the kernel on CPU,
+            # a host sync on a GPU)
+            self.syncs.append(f"{name} with a boolean mask")
         return func(*args, **(kwargs or {}))
 
 

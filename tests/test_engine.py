@@ -189,3 +189,31 @@ def test_iid_alpha_recovers_the_per_token_rate_that_accepted_over_drafted_does_n
     # Leviathan et al.: (1 - α^(γ+1)) / ((1 - α)(γc + 1)); α = 1 gives (γ + 1) / (γc + 1)
     assert theoretical_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
     assert theoretical_speedup(1.0, 4, 0.25) == pytest.approx(5 / 2)
+
+
+def test_suppressed_tokens_match_hf_and_never_sync(pair):
+    """suppress_tokens / begin_suppress_tokens (Whisper's generation config asks for them) behave as HF's logits
+    processors: greedy decoding through the speculative loop equals HF's greedy generate with the same lists."""
+    from sync_detector import NoHostSync
+
+    target, draft, tok = pair
+    free = [hf_greedy(target, tok, p, 12, None) for p in PROMPTS]
+    suppress = sorted({row[1] for row in free})            # tokens greedy decoding wanted at step 2
+    begin = sorted({row[0] for row in free} - set(suppress))  # and at step 1
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, "cpu", [], 0, suppress_tokens=suppress,
+                               begin_suppress_tokens=begin)
+    for i, p in enumerate(PROMPTS):
+        enc = tok(p, return_tensors="pt")
+        ref = target.generate(**enc, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0,
+                              suppress_tokens=suppress, begin_suppress_tokens=begin)[0, enc.input_ids.shape[1]:]
+        out = engine.generate(enc.input_ids, enc.attention_mask, 12).tokens[0]
+        assert out == ref.tolist(), i
+        assert not set(out) & set(suppress) and out[0] not in begin
+    for V in {target.config.vocab_size, draft.get_output_embeddings().weight.shape[0]}:
+        logits = torch.zeros(2, 3, V)
+        with NoHostSync() as mode:
+            engine._mask_logits(logits, first_position=False)
+            engine._mask_logits(logits[:, :1], first_position=True)
+        assert not mode.syncs
+        assert torch.isinf(logits[..., suppress]).all() and torch.isinf(logits[:, 0, begin]).all()
+        assert not torch.isinf(logits[:, 1:, begin]).any()
