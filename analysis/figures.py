@@ -42,6 +42,16 @@ def save(fig, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+def _marker_groups(sampler: str, group, size: int):
+    """(rows, scatter kwargs) for a sampler's runs (filled markers) and Optuna trials (hollow), skipping empty."""
+    colour, marker = style(sampler)
+    for kind, filled in (("run", True), ("trial", False)):
+        g = group[group["kind"] == kind]
+        if not g.empty:
+            yield g, {"marker": marker, "s": size, "facecolors": colour if filled else "none", "edgecolors": colour,
+                      "label": f"{sampler} ({kind}s)", "zorder": 3}
+
+
 def _cpu_tag(rows) -> str:
     if "cpu_only" in rows.columns and len(rows) and rows["cpu_only"].fillna(False).astype(bool).all():
         return " [CPU only]"
@@ -59,13 +69,8 @@ def quality_vs_speedup(rows, metric: str, title: str, path, reference: float | N
     lower_better = metric == "wer"
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
     for sampler, group in pts.groupby("sampler", sort=True):
-        colour, marker = style(sampler)
-        for kind, filled in (("run", True), ("trial", False)):
-            g = group[group["kind"] == kind]
-            if g.empty:
-                continue
-            ax.scatter(g["speedup"], g[metric], marker=marker, s=46, label=f"{sampler} ({kind}s)",
-                       facecolors=colour if filled else "none", edgecolors=colour, linewidths=1.3, zorder=3)
+        for g, kw in _marker_groups(sampler, group, size=46):
+            ax.scatter(g["speedup"], g[metric], linewidths=1.3, **kw)
     exact = pts[pts["sampler"] == "exact"]
     if not exact.empty:
         ax.scatter(exact["speedup"], exact[metric], s=150, facecolors="none", edgecolors="black", linewidths=0.8,
@@ -106,13 +111,8 @@ def acceptance(rows, title: str, path) -> Path | None:
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 4.4))
     gmax = int(pts["gamma"].max())
     for sampler, group in pts.groupby("sampler", sort=True):
-        colour, marker = style(sampler)
-        for kind, filled in (("run", True), ("trial", False)):
-            g = group[group["kind"] == kind]
-            if g.empty:
-                continue
-            kw = {"marker": marker, "s": 40, "facecolors": colour if filled else "none", "edgecolors": colour,
-                  "label": f"{sampler} ({kind}s)", "zorder": 3}
+        colour, _ = style(sampler)
+        for g, kw in _marker_groups(sampler, group, size=40):
             a1.scatter(g["gamma"], g["acceptance_rate"], **kw)
             if g["mean_accepted_tokens"].notna().any():
                 a2.scatter(g["gamma"], g["mean_accepted_tokens"], **kw)
@@ -137,7 +137,7 @@ def acceptance(rows, title: str, path) -> Path | None:
     a2.set(xlabel="γ", ylabel="tokens per verify step", title="mean accepted tokens (+1): measured vs theory")
     lim = [0, max(1.0, float(pts[["speedup", "theoretical_speedup"]].max().max()) * 1.1)]
     a3.plot(lim, lim, color="gray", linewidth=0.8, label="measured = theoretical")
-    a3.set(xlabel="theoretical speedup (1-a^(γ+1))/((1-a)(γc+1))", ylabel="measured speedup",
+    a3.set(xlabel="theoretical speedup (1-α^(γ+1))/((1-α)(γc+1))", ylabel="measured speedup",
            title="measured against theoretical speedup", xlim=lim, ylim=lim)
     for ax in (a1, a2, a3):
         ax.grid(alpha=0.3)
