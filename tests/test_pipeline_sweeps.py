@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny_models import PROMPTS, save_pair
+from tiny_models import save_pair, write_articles
 
 from pipeline.cli import main
 
@@ -303,8 +303,7 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     tp, dp = save_pair(root / "models")
     data = root / "articles.jsonl"
-    data.write_text("".join(json.dumps({"id": f"a{i}", "article": " ".join([p] * 6), "highlights": p}) + "\n"
-                            for i, p in enumerate(PROMPTS[:3])))
+    write_articles(data, 3, 6)
     args = ["run", "--target", str(tp), "--data", str(data), "--task", "cnn_dailymail", "--device", "cpu",
             "--max-new-tokens", "8", "--limit", "3", "--max-prompt-tokens", "256", "--gamma", "0", "--no-progress",
             "--wandb-mode", "disabled"]

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from tiny_models import PROMPTS, save_pair
+from tiny_models import save_pair, write_articles
 
 from pipeline.cli import main
 
@@ -39,8 +39,7 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tune")
     tp, dp = save_pair(root / "models")
     data = root / "articles.jsonl"
-    data.write_text("".join(json.dumps({"id": f"a{i}", "article": " ".join([p] * 4), "highlights": p}) + "\n"
-                            for i, p in enumerate(PROMPTS[:2])))
+    write_articles(data, 2, 4)
     base = ["--target", str(tp), "--draft", str(dp), "--data", str(data), "--task", "cnn_dailymail",
             "--device", "cpu", "--max-new-tokens", "6", "--no-progress", "--wandb-mode", "disabled"]
     baseline = root / "ar.json"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import PROMPTS, save_pair
+from tiny_models import PROMPTS, save_pair, write_articles
 
 from pipeline.cli import main
 from pipeline.engine import SpeculativeEngine
@@ -22,8 +22,7 @@ def setup(tmp_path_factory):
     data = root / "prompts.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
     articles = root / "articles.jsonl"
-    articles.write_text("".join(json.dumps({"id": f"a{i}", "article": " ".join([p] * 12), "highlights": p}) + "\n"
-                                for i, p in enumerate(PROMPTS)))
+    write_articles(articles, len(PROMPTS), 12)
     return root, tp, dp, data, articles
 
 

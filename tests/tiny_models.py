@@ -1,5 +1,7 @@
 """Tiny synthetic pairs for the tests (see pipeline/synthetic.py) and prompts in their vocabulary."""
 
+import json
+
 from pipeline.synthetic import WORDS, build_model, build_tokenizer, noisy_copy, save_pair  # noqa: F401
 
 PROMPTS = [
@@ -9,3 +11,10 @@ PROMPTS = [
     "the president of the world team said that the game was not",
     "water",
 ]
+
+
+def write_articles(path, n: int, repeat: int):
+    """A CNN/DailyMail-schema JSONL of n rows: article = prompt i repeated ``repeat`` times, highlights = prompt i."""
+    path.write_text("".join(json.dumps({"id": f"a{i}", "article": " ".join([p] * repeat), "highlights": p}) + "\n"
+                            for i, p in enumerate(PROMPTS[:n])))
+    return path
