@@ -296,7 +296,9 @@ class SpeculativeEngine:
         B, L = input_ids.shape
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev).bool()
-        if not bool(attention_mask[:, -1].all()):
+        # one sync before decoding: is the last column all real tokens, and is there any padding?
+        last_real, unpadded = torch.stack([attention_mask[:, -1].all(), attention_mask.all()]).tolist()
+        if not last_real:
             raise SpecsweepError("prompts must be left-padded and non-empty (the last column must be real tokens)")
         limit = max_positions(self.target.model.config)
         if limit is not None and L + max_new_tokens + self.gamma + 1 > limit:
@@ -318,7 +320,7 @@ class SpeculativeEngine:
             self.draft.reset(B, dev, h_draft)
         # Prefill both models on the whole prompt. Their last logits score the first new token, so the first
         # step's target forward only scores the γ drafts and the draft's first proposal needs no forward.
-        padded = not bool(attention_mask.all())  # one sync before decoding starts
+        padded = not unpadded
         with timer.phase("prefill"):
             carry = [m.forward(input_ids, attention_mask, last_only=True, holes=padded)[:, 0] for m in models]
         carry_target, carry_draft = carry[0], (carry[1] if len(carry) > 1 else None)
