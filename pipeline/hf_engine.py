@@ -7,7 +7,10 @@ HF hands the verify step logits already divided by the temperature, so the shim'
 At T = 0 HF verifies by token matching and never calls the verify step.
 
 The draft is given a constant schedule of γ tokens with no confidence threshold, so HF drafts exactly what
-our engine drafts. Time in draft and target forwards is measured with forward hooks.
+our engine drafts. transformers 5 reads that schedule from the *assistant's* generation config and ignores
+``num_assistant_tokens`` & co. passed to ``generate`` (left at its defaults it drafts up to 20 tokens and stops
+early on a confidence threshold), so ``assistant_schedule`` sets it on the draft for the call and puts the old
+values back. Time in draft and target forwards is measured with forward hooks.
 """
 
 from __future__ import annotations
@@ -58,6 +61,26 @@ def hf_verify_step(sampler: Sampler, generator: torch.Generator | None, stats: d
 
 
 @contextmanager
+def assistant_schedule(draft, gamma: int):
+    """Make HF's assisted generation draft exactly ``gamma`` tokens per step (fewer only at max_new_tokens).
+
+    Sets ``num_assistant_tokens``, a constant schedule and no confidence threshold on ``draft.generation_config``
+    (where HF's candidate generator reads them) inside the block; the previous values are restored after it.
+    """
+    config = draft.generation_config
+    wanted = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+              "assistant_confidence_threshold": 0.0}
+    saved = {k: getattr(config, k, None) for k in wanted}
+    for key, value in wanted.items():
+        setattr(config, key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
+@contextmanager
 def _forward_timing(model, timer: PhaseTimer, name: str):
     handles = [model.register_forward_pre_hook(lambda *_: timer.start(name)),
                model.register_forward_hook(lambda *_: timer.stop(name))]
@@ -88,8 +111,7 @@ class HFEngine:
         if self.temperature > 0:
             kwargs["temperature"] = self.temperature
         if self.gamma > 0:
-            kwargs.update(assistant_model=self.draft, num_assistant_tokens=self.gamma,
-                          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+            kwargs["assistant_model"] = self.draft  # its schedule: assistant_schedule in generate
         return kwargs
 
     @torch.inference_mode()
@@ -111,12 +133,14 @@ class HFEngine:
             stack.enter_context(hf_verify_step(self.sampler, generator, stats, timer))
             stack.enter_context(_forward_timing(self.target, timer, "target"))
             if self.gamma > 0:
+                stack.enter_context(assistant_schedule(self.draft, self.gamma))
                 stack.enter_context(_forward_timing(self.draft, timer, "draft"))
             for row in range(input_ids.shape[0]):
                 keep = attention_mask[row].bool()
                 ids = input_ids[row][keep][None].to(dev)
                 before = {k: stats.get(k, 0) for k in ("calls", "accepted", "drafted")}
                 target_calls_before = timer.counts["target"]
+                draft_calls_before = timer.counts["draft"]
                 t_row = time.perf_counter()
                 if generator is not None:  # HF draws from the global RNG: seed it from our generator
                     torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator,
@@ -137,9 +161,10 @@ class HFEngine:
                 if counted:  # sampled: the shim counted exactly
                     accepted = stats["accepted"] - before["accepted"]
                     drafted = stats["drafted"] - before["drafted"]
-                else:  # greedy: HF matched tokens itself; estimated as (tokens - steps) of γ per step
+                else:  # greedy: HF matched tokens itself. One draft forward per drafted token; every step
+                    # emits its accepted tokens plus one (the last step may be cut at max_new_tokens or EOS)
                     accepted = max(0, len(new) - steps)
-                    drafted = self.gamma * steps
+                    drafted = timer.counts["draft"] - draft_calls_before
                 row_stats.append({"new_tokens": len(new), "verify_steps": steps, "accepted": accepted,
                                   "drafted": drafted, "wall_time_s": time.perf_counter() - t_row,
                                   "acceptance_counted": counted or self.gamma == 0})

@@ -195,6 +195,26 @@ def test_hf_engine_greedy_equals_our_engine_and_the_target(models):
     assert sum(r["accepted"] for r in hf.row_stats) > 0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_hf_engine_drafts_exactly_gamma_tokens_per_step(models, temperature):
+    """transformers 5 reads the draft schedule from the assistant's generation config (its default: up to 20
+    tokens, cut short by a confidence threshold), not from generate's kwargs. Every HF step must draft γ, as
+    ours does, or the two loops are not compared at equal γ; the draft's config is put back afterwards."""
+    target, draft, tok = models
+    before = draft.generation_config.to_dict()
+    gamma, max_new = 2, 24
+    sampler = get_sampler("exact" if temperature else "greedy")
+    enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
+    res = HFEngine(target, draft, sampler, gamma, temperature, "cpu", [], 0).generate(
+        enc.input_ids, enc.attention_mask, max_new, torch.Generator().manual_seed(0))
+    for row in res.row_stats:
+        assert row["new_tokens"] == max_new
+        # γ per step, fewer only where the step would pass max_new_tokens (at most the last γ steps)
+        assert gamma * (row["verify_steps"] - gamma) <= row["drafted"] <= gamma * row["verify_steps"], row
+    assert res.extra["draft_forwards"] == sum(r["drafted"] for r in res.row_stats)
+    assert draft.generation_config.to_dict() == before
+
+
 def test_cnn_dailymail_runs_on_the_real_fixture_articles(setup, fixtures_dir):
     """Three of the 80 real CNN/DailyMail articles through the task end to end (the tiny model's ROUGE means
     nothing; every article must be read, prompted, truncated to the budget, decoded and scored)."""
