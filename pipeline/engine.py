@@ -17,7 +17,11 @@ target work.
 
 Synchronisation. Each step makes exactly one host sync: after the verify step, a small tensor (accepted
 counts, finished flags) comes to the host, because cropping the cache and dropping rows need host integers.
-Token bookkeeping (EOS, length limits, output buffers, statistics) stays on the device.
+Token bookkeeping (EOS, length limits, output buffers, statistics) stays on the device. The model forwards
+add none: with holes the engine hands the model a ready 4-D attention mask (transformers would otherwise
+read the 2-D mask back to decide whether it can skip masking: one sync per forward), and GPT-2-style
+models' "is there padding without a mask?" warning check (another per-forward read) is switched off while
+the engine calls them, since the engine tracks padding itself.
 """
 
 from __future__ import annotations
@@ -94,12 +98,40 @@ def model_kind(model, target_is_seq2seq: bool = False) -> str:
     return "decoder_with_encoder" if target_is_seq2seq else "causal"
 
 
+def attention_mask_4d(mask: torch.Tensor, q: int, fmt: str, dtype: torch.dtype) -> torch.Tensor:
+    """The attention mask for the last ``q`` of ``L`` cache positions, in the form transformers passes on as is.
+
+    mask: bool [B, L], True where a position holds a real token. Query i (cache position L - q + i) may attend
+    to real positions j <= L - q + i, and always to itself, so a padding query never has an empty row (an
+    all-masked row makes sdpa return NaN, which masked keys would then carry into real rows as 0 * NaN).
+    Returns bool [B, 1, q, L] (True = attend; fmt "bool", for sdpa) or ``dtype`` [B, 1, q, L] with 0 and the
+    dtype's minimum (fmt "float", for eager attention).
+    """
+    L = mask.shape[1]
+    key = torch.arange(L, device=mask.device)
+    query = torch.arange(L - q, L, device=mask.device)[:, None]                 # [q, 1]
+    allowed = ((key <= query) & mask[:, None, :]) | (key == query)             # [B, q, L]
+    allowed = allowed[:, None]
+    if fmt == "bool":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill_(~allowed,
+                                                                                   torch.finfo(dtype).min)
+
+
+def _no_padding_warning(*args, **kwargs) -> None:
+    """Stands in for transformers' padding-without-mask warning, which reads two ids per forward back to the
+    host; the engine passes a mask whenever a row has padding or holes."""
+
+
 class CachedModel:
     """A causal LM (or the decoder of an encoder-decoder), its KV cache, and which cache positions hold real
     tokens for each row.
 
-    mask      bool  [B, L]  True where cache position l of row b holds a real token
-    n_real    int64 [B]     real tokens in the cache per row (the next token's position id)
+    length    int                host: cache positions (common to all rows)
+    mask      bool  [B, length]  True where cache position l of row b holds a real token; None while every
+                                 position of every row does (always at B = 1), so the common case costs no mask
+                                 bookkeeping and the model takes its fast, mask-free causal path
+    n_real    int64 [B]          real tokens per row (the next token's position id); kept while mask is kept
     encoder   (hidden [B, S, D],) encoder outputs the decoder attends to (kinds seq2seq, decoder_with_encoder)
     """
 
@@ -107,15 +139,25 @@ class CachedModel:
         self.model = model
         self.kind = kind
         self._ids, self._mask, self._pos = _CALL_NAMES[kind]
+        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
+            else model.config
+        attn = getattr(config, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", None)
+        # the mask format the attention reads: bool (sdpa), additive float (eager), or 2-D (flash/flex: HF
+        # builds what they need from the 2-D mask)
+        self._mask_format = {"sdpa": "bool", "eager": "float"}.get(attn, "2d")
+        self._dtype = next(model.parameters()).dtype
+        # modules whose forward reads input ids back to warn about padding without a mask (GPT-2 and kin)
+        self._padding_warners = [m for m in model.modules()
+                                 if hasattr(m, "warn_if_padding_and_no_attention_mask")
+                                 and getattr(m.config, "pad_token_id", None) is not None]
         params = inspect.signature(model.forward).parameters
         self._keeps_logits = "logits_to_keep" in params
         self.encoder: tuple[torch.Tensor] | None = None
         self.cache = None
+        self.length = 0
+        self.batch = 0
         self.mask: torch.Tensor | None = None
         self.n_real: torch.Tensor | None = None
-        # False while every row's cache is contiguous real tokens (always at B = 1): the model then gets no
-        # attention mask or position ids and takes its fast causal path.
-        self.has_holes = False
 
     def reset(self, batch: int, device: torch.device, encoder_hidden: torch.Tensor | None = None) -> None:
         from transformers import DynamicCache, EncoderDecoderCache
@@ -125,54 +167,76 @@ class CachedModel:
         else:
             self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
             self.encoder = (encoder_hidden,)
-        self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=device)
-        self.n_real = torch.zeros(batch, dtype=torch.int64, device=device)
-        self.has_holes = False
+        self.length, self.batch = 0, batch
+        self.mask = self.n_real = None
 
     @property
-    def length(self) -> int:
-        return self.mask.shape[1]
+    def has_holes(self) -> bool:
+        return self.mask is not None
 
-    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor, last_only: bool = False,
+    def _track_holes(self, device: torch.device) -> None:
+        """Start the per-row mask: every position so far is real."""
+        if self.mask is None:
+            self.mask = torch.ones(self.batch, self.length, dtype=torch.bool, device=device)
+            self.n_real = torch.full((self.batch,), self.length, dtype=torch.int64, device=device)
+
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, last_only: bool = False,
                 holes: bool = False) -> torch.Tensor:
         """Append input_ids [B, k] and return logits [B, k, V] (or [B, 1, V] with ``last_only``).
 
-        valid  bool [B, k]: False marks a hole (padding, or a slot a row does not use). The caller says
-               whether it holds any False (``holes``): the host knows without a sync.
+        valid  bool [B, k] or None (all real): False marks a hole (padding, or a slot a row does not use). The
+               caller says whether it holds any False (``holes``): the host knows without a sync.
         """
-        self.has_holes = self.has_holes or holes
-        mask = torch.cat([self.mask, valid], dim=1)
+        if holes:
+            self._track_holes(input_ids.device)
         kwargs = {"logits_to_keep": 1} if last_only and self._keeps_logits else {}
         if self.has_holes:
-            kwargs[self._mask] = mask.long()
+            if valid is None:
+                valid = torch.ones_like(input_ids, dtype=torch.bool)
+            mask = torch.cat([self.mask, valid], dim=1)
+            kwargs[self._mask] = (mask.long() if self._mask_format == "2d"
+                                  else attention_mask_4d(mask, input_ids.shape[1], self._mask_format, self._dtype))
             kwargs[self._pos] = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
         if self.encoder is not None:
             kwargs["encoder_outputs"] = self.encoder
         kwargs[self._ids] = input_ids
-        out = self.model(past_key_values=self.cache, use_cache=True, **kwargs)
-        self.mask = mask
-        self.n_real = self.n_real + valid.sum(dim=1)
+        for m in self._padding_warners:  # an instance attribute shadows the method for this call only
+            m.warn_if_padding_and_no_attention_mask = _no_padding_warning
+        try:
+            out = self.model(past_key_values=self.cache, use_cache=True, **kwargs)
+        finally:
+            for m in self._padding_warners:
+                del m.warn_if_padding_and_no_attention_mask
+        self.length += input_ids.shape[1]
+        if self.has_holes:
+            self.mask = mask
+            self.n_real = self.n_real + valid.sum(dim=1)
         return out.logits[:, -1:] if last_only else out.logits
 
     def retain(self, k: int, keep: torch.Tensor, max_keep: int, min_keep: int) -> None:
         """Of the last k cache positions, row b keeps the first keep[b] (int64 [B]); the cache is cropped to
         the longest kept prefix. ``max_keep``/``min_keep`` = keep.max()/min(), passed in because the caller
         has them on the host already; rows that keep fewer than the longest leave holes."""
-        if k == 0:
+        if k == 0 or min_keep == k:  # every row keeps all k: nothing to roll back
             return
-        self.has_holes = self.has_holes or min_keep < max_keep
         start = self.length - k
-        recent = self.mask[:, start:] & (torch.arange(k, device=keep.device) < keep[:, None])
-        self.mask = torch.cat([self.mask[:, :start], recent], dim=1)[:, : start + max_keep]
+        if min_keep < max_keep:
+            self._track_holes(keep.device)
+        if self.has_holes:
+            recent = self.mask[:, start:] & (torch.arange(k, device=keep.device) < keep[:, None])
+            self.mask = torch.cat([self.mask[:, :start], recent], dim=1)[:, : start + max_keep]
+            self.n_real = self.mask.sum(dim=1)
         if k > max_keep:
             self.cache.crop(-(k - max_keep))
-        self.n_real = self.mask.sum(dim=1)
+        self.length = start + max_keep
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (int64 indices)."""
         self.cache.batch_select_indices(rows)
-        self.mask = self.mask[rows]
-        self.n_real = self.n_real[rows]
+        self.batch = rows.shape[0]
+        if self.has_holes:
+            self.mask = self.mask[rows]
+            self.n_real = self.n_real[rows]
         if self.encoder is not None:
             self.encoder = (self.encoder[0][rows],)
 
@@ -332,9 +396,10 @@ class SpeculativeEngine:
         width = max_new_tokens + self.gamma + 2                 # + a dummy column for masked writes
         out = torch.full((B, width), -1, dtype=torch.int64, device=dev)
         act_len = torch.zeros(B, dtype=torch.int64, device=dev)      # tokens emitted so far, per active row
-        counts = torch.zeros(3, B, dtype=torch.int64, device=dev)     # accepted, drafted, verify steps per row
+        # per row: accepted, drafted, verify steps (host integers: the step's sync brings the accepted counts)
+        acc_rows, drafted_rows, steps_rows = [0] * B, [0] * B, [0] * B
         # how often a full-γ step accepted k = 0..γ tokens: gives the per-position acceptance rates
-        accepted_hist = torch.zeros(self.gamma + 1, dtype=torch.int64, device=dev)
+        accepted_hist = [0] * (self.gamma + 1)
         rows = torch.arange(B, device=dev)                      # original index of each active row
         rows_host = list(range(B))
         len_host = [0] * B
@@ -359,7 +424,7 @@ class SpeculativeEngine:
                     proposals, proposal_logits = [], []
                     for i in range(gamma):
                         if i > 0:
-                            logits = self.draft.forward(proposals[-1][:, None], _ones(b, dev), last_only=True)[:, 0]
+                            logits = self.draft.forward(proposals[-1][:, None], last_only=True)[:, 0]
                             draft_forwards += 1
                         if self.masked:
                             logits = self._mask_logits(logits, first_position=False)
@@ -381,7 +446,7 @@ class SpeculativeEngine:
             scored = target_in.shape[1]                          # positions this step appends to the target
             if scored:
                 with timer.phase("target"):
-                    logits = self.target.forward(target_in, torch.ones_like(target_in, dtype=torch.bool))
+                    logits = self.target.forward(target_in)
                 target_logits = logits if target_logits is None else torch.cat([target_logits, logits], dim=1)
             if self.masked:
                 self._mask_logits(target_logits, first_position=False)
@@ -410,18 +475,19 @@ class SpeculativeEngine:
             cols = torch.where(write, cur_len[:, None] + j, width - 1)
             out.index_put_((rows[:, None].expand_as(cols), cols), torch.where(write, res.tokens, -1))
             act_len = cur_len + n_emit
-            counts.index_add_(1, rows, torch.stack([res.accepted, torch.full_like(rows, gamma),
-                                                     torch.ones_like(rows)]))
-            if gamma == self.gamma and gamma > 0:
-                accepted_hist.index_add_(0, res.accepted, torch.ones_like(res.accepted))
 
             # -- the one host sync of the step ------------------------------------------------------------------
             acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), act_len]).tolist()
             now = time.perf_counter() - t_start
             for i, r in enumerate(rows_host):
                 len_host[r] = len_h[i]
+                acc_rows[r] += acc_h[i]
+                drafted_rows[r] += gamma
+                steps_rows[r] += 1
                 if fin_h[i]:
                     finish_time[r] = now
+                if gamma == self.gamma > 0:
+                    accepted_hist[acc_h[i]] += 1
             max_acc, min_acc = max(acc_h), min(acc_h)
 
             # -- roll the caches back to the accepted prefix ---------------------------------------------------
@@ -460,18 +526,17 @@ class SpeculativeEngine:
 
         guard.check()
         out_h, len_final = out.tolist(), len_host
-        acc_f, dr_f, st_f = counts.tolist()
         phase_time = timer.totals()
         wall = time.perf_counter() - t_start
         peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda"
                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         tokens = [out_h[r][: len_final[r]] for r in range(B)]
-        row_stats = [{"new_tokens": len_final[r], "verify_steps": st_f[r], "accepted": acc_f[r],
-                      "drafted": dr_f[r], "wall_time_s": finish_time[r]} for r in range(B)]
+        row_stats = [{"new_tokens": len_final[r], "verify_steps": steps_rows[r], "accepted": acc_rows[r],
+                      "drafted": drafted_rows[r], "wall_time_s": finish_time[r]} for r in range(B)]
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=steps,
                                 phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
                                 extra={"draft_forwards": draft_forwards,
-                                       "accepted_histogram": accepted_hist.tolist()})
+                                       "accepted_histogram": accepted_hist})
 
 
 def _id_tensor(ids, vocab: int, device) -> torch.Tensor | None:

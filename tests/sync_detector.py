@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 SYNCING_OPS = {
     "aten::_local_scalar_dense",  # .item(), bool(), int(), float() on a tensor
+    "aten::item",  # .item() as seen under inference_mode (not decomposed into _local_scalar_dense there)
     "aten::is_nonzero",
     "aten::nonzero",
     "aten::nonzero_static",

@@ -54,6 +54,41 @@ def test_greedy_verification_is_lossless(pair, gamma, sampler):
         assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats), "no partial acceptance"
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_batched_decoding_is_lossless_with_either_attention_mask_format(pair, attn):
+    """With holes the engine builds the 4-D mask itself: a boolean one for sdpa, an additive float one for eager
+    attention. Both must reproduce the target's own greedy decoding (rows of different lengths, partial
+    acceptance, so padding and rejected-position holes are both masked)."""
+    import copy
+
+    target, draft, tok = pair
+    target, draft = copy.deepcopy(target), copy.deepcopy(draft)
+    for m in (target, draft):
+        m.set_attn_implementation(attn)
+    reference = [hf_greedy(target, tok, p, 20, EOS) for p in PROMPTS]
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, "cpu", [EOS], 0)
+    assert engine.target._mask_format == {"eager": "float", "sdpa": "bool"}[attn]
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    assert engine.generate(enc.input_ids, enc.attention_mask, 20).tokens == reference
+
+
+@pytest.mark.parametrize("batch", [1, len(PROMPTS)])
+def test_model_forwards_add_no_host_syncs(pair, batch):
+    """The only syncs the op-level detector may see in a whole generate call are the two of the final
+    finite-logits check, however many steps ran: no per-forward reads of the attention mask (transformers'
+    mask preparation with holes) or of the input ids (GPT-2's padding warning). The one-per-step .tolist()
+    of the bookkeeping is deliberate and does not pass through the dispatcher."""
+    from sync_detector import NoHostSync
+
+    target, draft, tok = pair
+    enc = tok(PROMPTS[:batch], return_tensors="pt", padding=True)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 4, "cpu", [], 0)
+    with NoHostSync() as mode:
+        res = engine.generate(enc.input_ids, enc.attention_mask, 24, torch.Generator().manual_seed(0))
+    assert res.verify_steps >= 5
+    assert len(mode.syncs) <= 2, sorted(set(mode.syncs))
+
+
 def test_stops_at_eos_and_never_emits_past_it(pair):
     target, draft, tok = pair
     free = [hf_greedy(target, tok, p, 20, None) for p in PROMPTS]
