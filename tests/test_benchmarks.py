@@ -15,14 +15,35 @@ def test_paired_ratio_cancels_load_changes_between_repeats():
 
 
 def test_engine_goals_compare_the_right_loops():
-    def row(loop, seconds):
-        return {"loop": loop, "temperature": 1.0, "seconds": seconds, "tokens_per_second": 1.0}
+    def row(loop, seconds, forward_seconds=None):
+        return {"loop": loop, "temperature": 1.0, "seconds": seconds, "tokens_per_second": 1.0,
+                "model_forward_seconds": forward_seconds}
 
-    rows = [row("ours_speculative", [1.0]), row("hf_assisted", [2.0]), row("ours_autoregressive", [1.0]),
-            row("hf_plain", [0.9])]
+    rows = [row("ours_speculative", [1.0], [0.8]), row("hf_assisted", [2.0], [0.9]),
+            row("ours_autoregressive", [1.0]), row("hf_plain", [0.9])]
     goal = _goals(rows)["T=1.0"]
     assert goal["speculative_over_hf_assisted"] == 2.0 and goal["speculative_goal_1.5x_met"]
     assert goal["autoregressive_over_hf_plain"] == 0.9 and not goal["autoregressive_goal_1x_met"]
+    assert goal["speculative_ceiling_over_hf_assisted"] == 2.5  # HF's 2 s over our 0.8 s of forwards
+
+
+def test_bench_engine_smoke_both_loops_draft_gamma_per_step(tmp_path, capsys):
+    """A tiny run of `specsweep bench engine`: at T = 0 both speculative loops emit the same tokens, and both
+    draft γ tokens per step (HF's schedule really is set: transformers 5 ignores it as a generate kwarg)."""
+    out = tmp_path / "e.json"
+    assert main(["bench", "engine", "--device", "cpu", "--repeats", "1", "--max-new-tokens", "24", "--gamma", "3",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    by = {(r["loop"], r["temperature"]): r for r in result["results"]}
+    assert by[("ours_speculative", 0.0)]["identical_to_hf_assisted"]
+    assert by[("ours_autoregressive", 0.0)]["identical_to_hf_plain"]
+    for temperature in (0.0, 1.0):
+        for loop in ("ours_speculative", "hf_assisted"):
+            r = by[(loop, temperature)]
+            # 3 per step but the last few (cut at max_new_tokens)
+            assert 2.5 <= r["drafted_per_step"] <= 3.0, (loop, temperature, r["drafted_per_step"])
+            assert 0 < r["model_forward_seconds"][0] < r["seconds"][0]
+    assert "ours/HF speculative" in capsys.readouterr().out
 
 
 def test_sampler_goal_needs_every_v_faster_than_hf():

@@ -1,11 +1,13 @@
 """`specsweep bench engine`: our decoding loop against Hugging Face's, side by side in one process.
 
 Four loops over the same models, prompts, γ and temperature, each prompt decoded alone (HF's assisted
-generation is batch 1) for exactly ``max_new_tokens`` tokens (EOS ignored, so lengths are equal):
+generation is batch 1) for exactly ``max_new_tokens`` tokens: EOS is masked out of the logits in every loop
+(HF's min_new_tokens, our suppress_tokens), so lengths are equal and all loops sample one distribution:
 
   ours_speculative   SpeculativeEngine, `exact` sampler
   hf_assisted        target.generate(assistant_model=draft), constant schedule of γ draft tokens, no confidence
-                     threshold, HF's own verify step
+                     threshold (set on the draft's generation config, where transformers reads it), HF's own
+                     verify step
   ours_autoregressive  SpeculativeEngine with γ = 0
   hf_plain           target.generate()
 
@@ -13,7 +15,10 @@ Tokens/s is total new tokens over total seconds; the loops are interleaved and r
 the repeats is reported. The goals use paired ratios: within each repeat, ours over HF's, then the median over
 repeats (a load change between repeats cancels out of each ratio). At T = 0 both speculative loops must emit
 identical tokens (checked), so their acceptance is equal by construction; at T > 0 both acceptance rates are
-reported. Without --target/--draft a
+reported, and for both speculative loops the draft tokens per verify step (counted: HF's from draft forwards)
+show that both drafted γ. On CPU the model forwards are timed too (hooks on both loops alike): the share of each
+loop's time spent in them, and the ceiling a loop with no cost beyond our forwards would reach over HF's.
+Without --target/--draft a
 synthetic random-init pair is built (pipeline.synthetic): it measures the loops, not language quality.
 """
 
@@ -23,6 +28,7 @@ import json
 import statistics
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -31,6 +37,7 @@ from tqdm import tqdm
 from pipeline.benchmarks.timing import format_table
 from pipeline.engine import SpeculativeEngine
 from pipeline.env_info import provenance
+from pipeline.hf_engine import assistant_schedule
 from pipeline.io import write_json_atomic
 from pipeline.samplers import get_sampler
 
@@ -65,6 +72,39 @@ class _CountingHFVerify:
         self.module._speculative_sampling = self.original
 
 
+class _ForwardMeter:
+    """Counts the forwards of each model inside ``with meter:`` and, on CPU, times them (forward pre/post
+    hooks, perf_counter). The same hooks sit on both loops, so their small cost is paid alike; on a GPU a
+    forward's host time is only its launches, so it is not timed there."""
+
+    def __init__(self, models: dict, timed: bool) -> None:
+        self.models, self.timed = models, timed
+        self.calls: dict[str, int] = {}
+        self._seconds = 0.0
+
+    def __enter__(self):
+        self.calls = {k: 0 for k in self.models}
+        self._seconds, self._begun, self._hooks = 0.0, None, []
+        for name, model in self.models.items():
+            self._hooks += [model.register_forward_pre_hook(lambda *_: self._start()),
+                            model.register_forward_hook(lambda *_, k=name: self._stop(k))]
+        return self
+
+    def _start(self) -> None:
+        self._begun = time.perf_counter()
+
+    def _stop(self, name: str) -> None:
+        self.calls[name] += 1
+        self._seconds += time.perf_counter() - self._begun
+
+    def __exit__(self, *exc) -> None:
+        for h in self._hooks:
+            h.remove()
+
+    def seconds(self) -> float | None:
+        return self._seconds if self.timed else None
+
+
 def _hf_kwargs(max_new: int, temperature: float, pad: int) -> dict:
     kw = {"max_new_tokens": max_new, "min_new_tokens": max_new, "do_sample": temperature > 0, "top_k": None,
           "top_p": None, "num_beams": 1, "pad_token_id": pad}
@@ -93,60 +133,84 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
     t_model = load_causal_lm(target, torch.float32, device)
     d_model = load_causal_lm(draft, torch.float32, device)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    # HF's min_new_tokens = max_new_tokens masks EOS in target and draft logits until the end; ours is given the
+    # same ids to suppress, so both loops decode the same distribution (and the same tokens at T = 0)
+    eos = t_model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in _load_prompts(data)]
 
-    def ours(gam: int, temperature: float, seed: int):
-        engine = SpeculativeEngine(t_model, d_model if gam else None, get_sampler("exact", temperature=temperature),
-                                   gam, device, eos_token_ids=[], pad_token_id=pad)
-        g = torch.Generator(device=device).manual_seed(seed)
-        tokens, acc, dr = [], 0, 0
-        for ids in prompts:
-            r = engine.generate(ids, torch.ones_like(ids), max_new_tokens, g)
-            tokens.append(r.tokens[0])
-            acc += r.row_stats[0]["accepted"]
-            dr += r.row_stats[0]["drafted"]
-        return tokens, acc, dr
+    meter = _ForwardMeter({"draft": d_model, "target": t_model}, timed=torch.device(device).type == "cpu")
 
-    def hf(gam: int, temperature: float, seed: int):
+    def ours(gam: int, temperature: float, seed: int) -> dict:
+        engine = SpeculativeEngine(t_model, d_model if gam else None, get_sampler("exact", temperature=temperature),
+                                   gam, device, eos_token_ids=[], pad_token_id=pad, suppress_tokens=eos)
+        g = torch.Generator(device=device).manual_seed(seed)
+        run = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0}
+        with meter:
+            for ids in prompts:
+                r = engine.generate(ids, torch.ones_like(ids), max_new_tokens, g)
+                run["tokens"].append(r.tokens[0])
+                run["accepted"] += r.row_stats[0]["accepted"]
+                run["drafted"] += r.row_stats[0]["drafted"]
+                run["steps"] += r.verify_steps
+        return run
+
+    def hf(gam: int, temperature: float, seed: int) -> dict:
         kw = _hf_kwargs(max_new_tokens, temperature, pad)
         if gam:
-            kw.update(assistant_model=d_model, num_assistant_tokens=gam, num_assistant_tokens_schedule="constant",
-                      assistant_confidence_threshold=0.0)
+            kw["assistant_model"] = d_model
         torch.manual_seed(seed)
         tokens = []
-        with _CountingHFVerify() as counter, torch.inference_mode():
+        with ExitStack() as stack, torch.inference_mode():
+            counter = stack.enter_context(_CountingHFVerify())
+            if gam:
+                stack.enter_context(assistant_schedule(d_model, gam))
+            stack.enter_context(meter)
             for ids in prompts:
                 outp = t_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
                 tokens.append(outp[0, ids.shape[1]:].tolist())
-        return tokens, counter.accepted, counter.drafted
+        steps = meter.calls["target"]  # HF: one target forward per step, the prompt's included in the first
+        if temperature > 0 or not gam:
+            return {"tokens": tokens, "accepted": counter.accepted, "drafted": counter.drafted, "steps": steps}
+        # T = 0: HF matched tokens itself and never called the verify step. One draft forward per draft token;
+        # each step emits its accepted tokens plus one.
+        emitted = sum(len(t) for t in tokens)
+        return {"tokens": tokens, "accepted": emitted - steps, "drafted": meter.calls["draft"], "steps": steps}
 
     loops = {"ours_speculative": (ours, gamma), "hf_assisted": (hf, gamma),
              "ours_autoregressive": (ours, 0), "hf_plain": (hf, 0)}
     rows = []
     for temperature in temperatures:
-        runs: dict[str, list] = {k: [] for k in loops}
+        runs: dict[str, list[dict]] = {k: [] for k in loops}
         for rep in tqdm(range(repeats), desc=f"bench engine T={temperature}", unit="repeat"):
             for name, (fn, gam) in loops.items():
                 t0 = time.perf_counter()
-                tokens, acc, dr = fn(gam, temperature, seed=rep)
-                runs[name].append((time.perf_counter() - t0, tokens, acc, dr))
+                run = fn(gam, temperature, seed=rep)
+                run["seconds"] = time.perf_counter() - t0
+                run["forward_seconds"] = meter.seconds()
+                runs[name].append(run)
         for name, (_, gam) in loops.items():
-            secs = [r[0] for r in runs[name]]
-            n_tokens = sum(len(t) for t in runs[name][0][1])
-            acc = sum(r[2] for r in runs[name])
-            dr = sum(r[3] for r in runs[name])
+            reps = runs[name]
+            secs = [r["seconds"] for r in reps]
+            n_tokens = sum(len(t) for t in reps[0]["tokens"])
+            acc, dr, steps = (sum(r[k] for r in reps) for k in ("accepted", "drafted", "steps"))
+            fwd = [r["forward_seconds"] for r in reps]
             rows.append({"loop": name, "gamma": gam, "temperature": temperature, "prompts": len(prompts),
                          "new_tokens": n_tokens, "seconds": secs,
                          "tokens_per_second": n_tokens / statistics.median(secs),
-                         "acceptance_rate": acc / dr if dr else None})
+                         "acceptance_rate": acc / dr if dr else None,
+                         "verify_steps": steps // repeats,
+                         "drafted_per_step": dr / steps if gam and steps else None,
+                         "model_forward_seconds": fwd if meter.timed else None})
         if temperature == 0.0:
-            same = runs["ours_speculative"][0][1] == runs["hf_assisted"][0][1]
-            rows[-4]["identical_to_hf_assisted"] = same
-            rows[-2]["identical_to_hf_plain"] = runs["ours_autoregressive"][0][1] == runs["hf_plain"][0][1]
+            rows[-4]["identical_to_hf_assisted"] = runs["ours_speculative"][0]["tokens"] == \
+                runs["hf_assisted"][0]["tokens"]
+            rows[-2]["identical_to_hf_plain"] = runs["ours_autoregressive"][0]["tokens"] == \
+                runs["hf_plain"][0]["tokens"]
     result = {"benchmark": "engine", "provenance": provenance(device),
               "settings": {"target": target if tmp is None else f"synthetic {SYNTHETIC}", "gamma": gamma,
                            "max_new_tokens": max_new_tokens, "repeats": repeats, "dtype": "float32",
-                           "batch": 1, "eos": "ignored (every loop emits max_new_tokens)"},
+                           "batch": 1, "eos": f"masked out in every loop ({eos}): each emits max_new_tokens"},
               "results": rows, "goals": _goals(rows)}
     if tmp is not None:
         tmp.cleanup()
@@ -170,13 +234,26 @@ def _goals(rows: list[dict]) -> dict:
         out[f"T={temperature}"] = {"speculative_over_hf_assisted": round(spec, 3),
                                    "autoregressive_over_hf_plain": round(ar, 3),
                                    "speculative_goal_1.5x_met": spec >= 1.5, "autoregressive_goal_1x_met": ar >= 1.0}
+        ours = by[("ours_speculative", temperature)]
+        if ours["model_forward_seconds"] is not None:
+            # what a loop with no cost besides our forwards would reach: HF's seconds over our forward seconds
+            out[f"T={temperature}"]["speculative_ceiling_over_hf_assisted"] = round(statistics.median(
+                h / f for h, f in zip(by[("hf_assisted", temperature)]["seconds"], ours["model_forward_seconds"])), 3)
     return out
+
+
+def _forward_share(row: dict) -> str:
+    if row["model_forward_seconds"] is None:
+        return "-"
+    return f"{statistics.median(f / s for f, s in zip(row['model_forward_seconds'], row['seconds'])):.0%}"
 
 
 def print_table(result: dict) -> None:
     table = [{"loop": r["loop"], "T": r["temperature"], "γ": r["gamma"], "tokens": r["new_tokens"],
               "tok/s": f"{r['tokens_per_second']:.1f}",
-              "acceptance": "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"}
+              "acceptance": "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}",
+              "draft/step": "-" if r["drafted_per_step"] is None else f"{r['drafted_per_step']:.2f}",
+              "in forwards": _forward_share(r)}
              for r in result["results"]]
     print(format_table(table, list(table[0])))
     for key, g in result["goals"].items():
@@ -184,3 +261,6 @@ def print_table(result: dict) -> None:
               f"{'met' if g['speculative_goal_1.5x_met'] else 'NOT met'}), ours/HF autoregressive "
               f"{g['autoregressive_over_hf_plain']:.2f}x (goal >= 1x: "
               f"{'met' if g['autoregressive_goal_1x_met'] else 'NOT met'})")
+        if "speculative_ceiling_over_hf_assisted" in g:
+            print(f"{key}: a loop costing only our model forwards would be "
+                  f"{g['speculative_ceiling_over_hf_assisted']:.2f}x HF assisted")
