@@ -3,7 +3,7 @@
 One step, for B rows at once:
   1. the draft proposes γ tokens autoregressively with its KV cache          [B, γ], logits [B, γ, V_d]
   2. the target scores the pending token and the γ proposals in one forward  logits [B, γ+1, V_t]
-     (in the first step the prefill's last logits score position 0, so the target forward takes the γ drafts)
+     (in the first step it takes the whole prompt before the γ proposals: no separate target prefill)
   3. the sampler verifies (any sampler from pipeline.samplers)              accepted [B], tokens [B, γ+1]
   4. both caches roll back to the accepted prefix; the emitted token is fed on.
 γ = 0 is plain autoregressive decoding through the same code (the draft is never called).
@@ -180,16 +180,16 @@ class CachedModel:
             self.mask = torch.ones(self.batch, self.length, dtype=torch.bool, device=device)
             self.n_real = torch.full((self.batch,), self.length, dtype=torch.int64, device=device)
 
-    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, last_only: bool = False,
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, last: int = 0,
                 holes: bool = False) -> torch.Tensor:
-        """Append input_ids [B, k] and return logits [B, k, V] (or [B, 1, V] with ``last_only``).
+        """Append input_ids [B, k] and return logits [B, k, V] (or only the last ``last`` positions, [B, last, V]).
 
         valid  bool [B, k] or None (all real): False marks a hole (padding, or a slot a row does not use). The
                caller says whether it holds any False (``holes``): the host knows without a sync.
         """
         if holes:
             self._track_holes(input_ids.device)
-        kwargs = {"logits_to_keep": 1} if last_only and self._keeps_logits else {}
+        kwargs = {"logits_to_keep": last} if last and self._keeps_logits else {}
         if self.has_holes:
             if valid is None:
                 valid = torch.ones_like(input_ids, dtype=torch.bool)
@@ -211,7 +211,7 @@ class CachedModel:
         if self.has_holes:
             self.mask = mask
             self.n_real = self.n_real + valid.sum(dim=1)
-        return out.logits[:, -1:] if last_only else out.logits
+        return out.logits[:, -last:] if last else out.logits
 
     def retain(self, k: int, keep: torch.Tensor, max_keep: int, min_keep: int) -> None:
         """Of the last k cache positions, row b keeps the first keep[b] (int64 [B]); the cache is cropped to
@@ -382,12 +382,15 @@ class SpeculativeEngine:
         self.target.reset(B, dev, h_target)
         if self.gamma > 0:
             self.draft.reset(B, dev, h_draft)
-        # Prefill both models on the whole prompt. Their last logits score the first new token, so the first
-        # step's target forward only scores the γ drafts and the draft's first proposal needs no forward.
+        # Prefill the draft on the whole prompt: its last logits give the first proposal. The target takes the
+        # prompt in the first step's forward, together with the γ drafts (one forward, as HF's assisted loop
+        # does); that forward is timed as "prefill", so "target" times only verify forwards of γ+1 tokens.
         padded = not unpadded
-        with timer.phase("prefill"):
-            carry = [m.forward(input_ids, attention_mask, last_only=True, holes=padded)[:, 0] for m in models]
-        carry_target, carry_draft = carry[0], (carry[1] if len(carry) > 1 else None)
+        carry_draft = None
+        if self.gamma > 0:
+            with timer.phase("prefill"):
+                carry_draft = self.draft.forward(input_ids, attention_mask, last=1, holes=padded)[:, 0]
+        prompt, prompt_valid = input_ids, attention_mask       # not yet in the target
         pending = None                                          # the last emitted token, not yet in the target
         backlog = torch.empty(B, 0, dtype=torch.int64, device=dev)  # tokens the draft has not seen yet
         backlog_valid = torch.ones_like(backlog, dtype=torch.bool)
@@ -419,12 +422,12 @@ class SpeculativeEngine:
                     if carry_draft is not None:
                         logits, carry_draft = carry_draft, None
                     else:
-                        logits = self.draft.forward(backlog, backlog_valid, True, backlog_holes)[:, 0]
+                        logits = self.draft.forward(backlog, backlog_valid, 1, backlog_holes)[:, 0]
                         draft_forwards += 1
                     proposals, proposal_logits = [], []
                     for i in range(gamma):
                         if i > 0:
-                            logits = self.draft.forward(proposals[-1][:, None], last_only=True)[:, 0]
+                            logits = self.draft.forward(proposals[-1][:, None], last=1)[:, 0]
                             draft_forwards += 1
                         if self.masked:
                             logits = self._mask_logits(logits, first_position=False)
@@ -438,16 +441,17 @@ class SpeculativeEngine:
                 draft_tokens = torch.empty(b, 0, dtype=torch.int64, device=dev)
                 draft_logits = None
 
-            if carry_target is not None:  # first step: the prefill scored position 0
-                target_in, target_logits = draft_tokens, carry_target[:, None]
-                carry_target = None
+            if prompt is not None:  # first step: the prompt and the drafts in one forward
+                target_in = torch.cat([prompt, draft_tokens], dim=1)
+                valid = torch.cat([prompt_valid, torch.ones_like(draft_tokens, dtype=torch.bool)], dim=1)
+                with timer.phase("prefill"):
+                    target_logits = self.target.forward(target_in, valid, last=gamma + 1, holes=padded)
+                prompt = prompt_valid = None
             else:
-                target_in, target_logits = torch.cat([pending[:, None], draft_tokens], dim=1), None
-            scored = target_in.shape[1]                          # positions this step appends to the target
-            if scored:
+                target_in = torch.cat([pending[:, None], draft_tokens], dim=1) if gamma else pending[:, None]
                 with timer.phase("target"):
-                    logits = self.target.forward(target_in)
-                target_logits = logits if target_logits is None else torch.cat([target_logits, logits], dim=1)
+                    target_logits = self.target.forward(target_in)
+            scored = target_in.shape[1]                          # positions this step appends to the target
             if self.masked:
                 self._mask_logits(target_logits, first_position=False)
                 if steps == 1:
@@ -462,15 +466,16 @@ class SpeculativeEngine:
             # -- bookkeeping on the device: emitted tokens, EOS, length limit ------------------------------------
             j = torch.arange(gamma + 1, device=dev)
             n_emit = res.accepted + 1
-            emitted = j < n_emit[:, None]
-            hit_eos = torch.zeros(b, dtype=torch.bool, device=dev)
+            hit_eos = None
             if self.eos.numel():
-                is_eos = torch.isin(res.tokens, self.eos) & emitted
+                is_eos = torch.isin(res.tokens, self.eos) & (j < n_emit[:, None])
                 hit_eos = is_eos.any(dim=1)
                 n_emit = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, n_emit)
             cur_len = act_len
             n_emit = torch.minimum(n_emit, max_new_tokens - cur_len)
-            finished = hit_eos | (cur_len + n_emit >= max_new_tokens)
+            finished = cur_len + n_emit >= max_new_tokens
+            if hit_eos is not None:
+                finished |= hit_eos
             write = j < n_emit[:, None]
             cols = torch.where(write, cur_len[:, None] + j, width - 1)
             out.index_put_((rows[:, None].expand_as(cols), cols), torch.where(write, res.tokens, -1))

@@ -83,6 +83,10 @@ def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
     """
     gamma = draft_tokens.shape[1]
     target_max, target_argmax = target_logits.max(dim=-1)                  # [B, γ+1]
+    if gamma == 0:  # autoregressive decoding: the target's argmax, nothing to accept
+        ok = _finite_max_ok(target_max)
+        return SamplerResult(accepted=torch.zeros_like(target_argmax[:, 0]), tokens=target_argmax,
+                             draft_ok=torch.ones_like(ok), target_ok=ok)
     accepted = count_accepted(draft_tokens == target_argmax[:, :gamma])
     next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)
     drafted = draft_logits.gather(2, draft_tokens[..., None]).squeeze(2)     # [B, γ]
