@@ -142,9 +142,13 @@ class CachedModel:
         config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
             else model.config
         attn = getattr(config, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", None)
-        # the mask format the attention reads: bool (sdpa), additive float (eager), or 2-D (flash/flex: HF
-        # builds what they need from the 2-D mask)
-        self._mask_format = {"sdpa": "bool", "eager": "float"}.get(attn, "2d")
+        # the mask format the attention reads: bool (sdpa), additive float (eager), or 2-D (flash/flex, and
+        # any model whose layers are not all plain causal, e.g. sliding-window or chunked attention: HF builds
+        # each layer's mask from the 2-D mask, at the price of its per-forward read of the mask)
+        plain_causal = (getattr(config, "sliding_window", None) is None
+                        and getattr(config, "attention_chunk_size", None) is None
+                        and set(getattr(config, "layer_types", None) or ()) <= {"full_attention"})
+        self._mask_format = {"sdpa": "bool", "eager": "float"}.get(attn, "2d") if plain_causal else "2d"
         self._dtype = next(model.parameters()).dtype
         # modules whose forward reads input ids back to warn about padding without a mask (GPT-2 and kin)
         self._padding_warners = [m for m in model.modules()
@@ -167,6 +171,10 @@ class CachedModel:
         else:
             self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
             self.encoder = (encoder_hidden,)
+        if hasattr(self.cache, "activate_past_recording"):
+            # sliding-window layers otherwise drop the states a rollback past the window needs (as HF's
+            # assisted loop does); crop() then trims them back to the window
+            self.cache.activate_past_recording()
         self.length, self.batch = 0, batch
         self.mask = self.n_real = None
 

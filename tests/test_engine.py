@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from stat_utils import assert_fits, counts
-from tiny_models import PROMPTS, build_tokenizer, save_pair
+from tiny_models import PROMPTS, build_tokenizer, noisy_copy, save_pair
 
 from pipeline.engine import CachedModel, SpeculativeEngine
 from pipeline.errors import SpecsweepError
@@ -70,6 +70,30 @@ def test_batched_decoding_is_lossless_with_either_attention_mask_format(pair, at
     assert engine.target._mask_format == {"eager": "float", "sdpa": "bool"}[attn]
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     assert engine.generate(enc.input_ids, enc.attention_mask, 20).tokens == reference
+
+
+def test_sliding_window_models_keep_hfs_own_masks():
+    """A 4-D mask built by the engine is plain causal; models with sliding-window (or mixed) layers get the
+    2-D mask and HF's per-layer masks instead, and a cache that can roll back past the window (it could not:
+    transformers refused the crop). Greedy decoding of a tiny Mistral whose window (4) is shorter than the
+    sequences equals HF's, one prompt at a time. (In a batch a row's padding and rejected slots count
+    against its window, as padding does in HF's own batched generate, so rows are not compared there.)"""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    tok = build_tokenizer()
+    config = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=4, pad_token_id=0,
+                           bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    target = MistralForCausalLM(config).eval()
+    draft = noisy_copy(target, 0.3, seed=1).eval()
+    assert CachedModel(target)._mask_format == "2d"
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, "cpu", [], 0)
+    for p in PROMPTS:
+        one = tok(p, return_tensors="pt")
+        res = engine.generate(one.input_ids, one.attention_mask, 12)
+        assert res.tokens == [hf_greedy(target, tok, p, 12, None)], p
+    assert 0 < res.row_stats[0]["accepted"] < res.row_stats[0]["drafted"]  # rollbacks happened
 
 
 @pytest.mark.parametrize("batch", [1, len(PROMPTS)])
