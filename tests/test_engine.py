@@ -96,6 +96,36 @@ def test_sliding_window_models_keep_hfs_own_masks():
     assert 0 < res.row_stats[0]["accepted"] < res.row_stats[0]["drafted"]  # rollbacks happened
 
 
+def test_sampler_sees_fresh_forward_distributions_at_every_step(pair):
+    """Both caches, after every rollback: at each step of sampled decoding (T = 1, so rejections at varied
+    positions), the draft logits [1, γ, V_d] and target logits [1, γ+1, V_t] handed to the sampler equal
+    those of fresh, cache-free forwards of each model over the context emitted so far plus the drafts."""
+    target, draft, tok = pair
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 4, "cpu", [], 0)
+    inner, seen = engine.sampler, []
+
+    def checking(draft_tokens, draft_logits, target_logits, generator=None):
+        seq = torch.tensor([context + draft_tokens[0].tolist()])
+        g, n = draft_tokens.shape[1], len(context)
+        with torch.no_grad():
+            fresh_d = draft(seq).logits[0, n - 1: n - 1 + g, : draft_logits.shape[-1]]
+            fresh_t = target(seq).logits[0, n - 1: n + g]
+        torch.testing.assert_close(draft_logits[0], fresh_d, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(target_logits[0], fresh_t, atol=1e-4, rtol=1e-4)
+        res = inner(draft_tokens, draft_logits, target_logits, generator=generator)
+        k = int(res.accepted[0])
+        seen.append(k < g)
+        context.extend(res.tokens[0, : k + 1].tolist())
+        return res
+
+    engine.sampler = checking
+    for p in PROMPTS[:3]:
+        enc = tok(p, return_tensors="pt")
+        context = enc.input_ids[0].tolist()
+        engine.generate(enc.input_ids, enc.attention_mask, 24, torch.Generator().manual_seed(0))
+    assert any(seen) and not all(seen)  # both rollbacks and fully accepted steps were checked
+
+
 @pytest.mark.parametrize("batch", [1, len(PROMPTS)])
 def test_model_forwards_add_no_host_syncs(pair, batch):
     """The only syncs the op-level detector may see in a whole generate call are the two of the final

@@ -199,6 +199,9 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                          "new_tokens": n_tokens, "seconds": secs,
                          "tokens_per_second": n_tokens / statistics.median(secs),
                          "acceptance_rate": acc / dr if dr else None,
+                         # per repeat (each its own seed): shows how much sampled acceptance varies
+                         "acceptance_per_repeat": [r["accepted"] / r["drafted"] if r["drafted"] else None
+                                                   for r in reps],
                          "verify_steps": steps // repeats,
                          "drafted_per_step": dr / steps if gam and steps else None,
                          "model_forward_seconds": fwd if meter.timed else None})
@@ -242,6 +245,15 @@ def _goals(rows: list[dict]) -> dict:
     return out
 
 
+def _acceptance(row: dict) -> str:
+    """Pooled acceptance, with the standard deviation over repeats (seeds) where it varies (T > 0)."""
+    if row["acceptance_rate"] is None:
+        return "-"
+    per = [a for a in row.get("acceptance_per_repeat") or () if a is not None]
+    spread = f" ± {statistics.stdev(per):.3f}" if row["temperature"] > 0 and len(per) > 1 else ""
+    return f"{row['acceptance_rate']:.3f}{spread}"
+
+
 def _forward_share(row: dict) -> str:
     if row["model_forward_seconds"] is None:
         return "-"
@@ -251,7 +263,7 @@ def _forward_share(row: dict) -> str:
 def print_table(result: dict) -> None:
     table = [{"loop": r["loop"], "T": r["temperature"], "γ": r["gamma"], "tokens": r["new_tokens"],
               "tok/s": f"{r['tokens_per_second']:.1f}",
-              "acceptance": "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}",
+              "acceptance": _acceptance(r),
               "draft/step": "-" if r["drafted_per_step"] is None else f"{r['drafted_per_step']:.2f}",
               "in forwards": _forward_share(r)}
              for r in result["results"]]
