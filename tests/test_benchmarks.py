@@ -43,6 +43,8 @@ def test_bench_engine_smoke_both_loops_draft_gamma_per_step(tmp_path, capsys):
             # 3 per step but the last few (cut at max_new_tokens)
             assert 2.5 <= r["drafted_per_step"] <= 3.0, (loop, temperature, r["drafted_per_step"])
             assert 0 < r["model_forward_seconds"][0] < r["seconds"][0]
+            if temperature > 0:  # full-γ steps are counted alike in both loops
+                assert sum(r["full_step_histogram"]) > 0 and 0 <= r["full_step_acceptance"] <= 1
     assert "ours/HF speculative" in capsys.readouterr().out
 
 

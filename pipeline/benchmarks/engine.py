@@ -1,8 +1,9 @@
 """`specsweep bench engine`: our decoding loop against Hugging Face's, side by side in one process.
 
 Four loops over the same models, prompts, γ and temperature, each prompt decoded alone (HF's assisted
-generation is batch 1) for exactly ``max_new_tokens`` tokens: EOS is masked out of the logits in every loop
-(HF's min_new_tokens, our suppress_tokens), so lengths are equal and all loops sample one distribution:
+generation is batch 1) for exactly ``max_new_tokens`` tokens: EOS and the pad token are masked out of the
+logits in every loop (HF's min_new_tokens and suppress_tokens, our suppress_tokens), so lengths are equal and
+all loops sample one distribution:
 
   ours_speculative   SpeculativeEngine, `exact` sampler
   hf_assisted        target.generate(assistant_model=draft), constant schedule of γ draft tokens, no confidence
@@ -57,12 +58,15 @@ class _CountingHFVerify:
 
         self.module, self.original = hf_utils, hf_utils._speculative_sampling
         self.accepted = self.drafted = 0
+        self.full_steps: dict[tuple[int, int], int] = {}  # (candidate length, accepted) -> verify calls
 
         def counted(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs):
             valid, n = self.original(candidate_input_ids, candidate_logits, candidate_length, new_logits,
                                      *args, **kwargs)
             self.accepted += int(n)
             self.drafted += candidate_length
+            key = (candidate_length, int(n))
+            self.full_steps[key] = self.full_steps.get(key, 0) + 1
             return valid, n
 
         hf_utils._speculative_sampling = counted
@@ -133,19 +137,23 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
     t_model = load_causal_lm(target, torch.float32, device)
     d_model = load_causal_lm(draft, torch.float32, device)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    # HF's min_new_tokens = max_new_tokens masks EOS in target and draft logits until the end; ours is given the
-    # same ids to suppress, so both loops decode the same distribution (and the same tokens at T = 0)
+    # HF's min_new_tokens = max_new_tokens masks EOS in target and draft logits until the end. The pad token is
+    # masked in both loops too: a pad id inside the generated text makes HF's assistant propose tokens that
+    # are not the draft's (checked against fresh draft forwards), which lowered HF's acceptance on the
+    # synthetic pair, whose random models emit the pad token. Ours is given the same ids to suppress, so
+    # both loops decode one distribution (and the same tokens at T = 0).
     eos = t_model.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    masked = sorted(set(eos) | ({tok.pad_token_id} if tok.pad_token_id is not None else set()))
     prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in _load_prompts(data)]
 
     meter = _ForwardMeter({"draft": d_model, "target": t_model}, timed=torch.device(device).type == "cpu")
 
     def ours(gam: int, temperature: float, seed: int) -> dict:
         engine = SpeculativeEngine(t_model, d_model if gam else None, get_sampler("exact", temperature=temperature),
-                                   gam, device, eos_token_ids=[], pad_token_id=pad, suppress_tokens=eos)
+                                   gam, device, eos_token_ids=[], pad_token_id=pad, suppress_tokens=masked)
         g = torch.Generator(device=device).manual_seed(seed)
-        run = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0}
+        run = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0, "hist": [0] * (gam + 1) if gam else None}
         with meter:
             for ids in prompts:
                 r = engine.generate(ids, torch.ones_like(ids), max_new_tokens, g)
@@ -153,10 +161,14 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                 run["accepted"] += r.row_stats[0]["accepted"]
                 run["drafted"] += r.row_stats[0]["drafted"]
                 run["steps"] += r.verify_steps
+                if gam:
+                    run["hist"] = [a + b for a, b in zip(run["hist"], r.extra["accepted_histogram"])]
         return run
 
     def hf(gam: int, temperature: float, seed: int) -> dict:
         kw = _hf_kwargs(max_new_tokens, temperature, pad)
+        if tok.pad_token_id is not None and tok.pad_token_id not in eos:
+            kw["suppress_tokens"] = [tok.pad_token_id]
         if gam:
             kw["assistant_model"] = d_model
         torch.manual_seed(seed)
@@ -171,11 +183,14 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                 tokens.append(outp[0, ids.shape[1]:].tolist())
         steps = meter.calls["target"]  # HF: one target forward per step, the prompt's included in the first
         if temperature > 0 or not gam:
-            return {"tokens": tokens, "accepted": counter.accepted, "drafted": counter.drafted, "steps": steps}
+            hist = [counter.full_steps.get((gam, k), 0) for k in range(gam + 1)] if gam else None
+            return {"tokens": tokens, "accepted": counter.accepted, "drafted": counter.drafted, "steps": steps,
+                    "hist": hist}
         # T = 0: HF matched tokens itself and never called the verify step. One draft forward per draft token;
         # each step emits its accepted tokens plus one.
         emitted = sum(len(t) for t in tokens)
-        return {"tokens": tokens, "accepted": emitted - steps, "drafted": meter.calls["draft"], "steps": steps}
+        return {"tokens": tokens, "accepted": emitted - steps, "drafted": meter.calls["draft"], "steps": steps,
+                "hist": None}
 
     loops = {"ours_speculative": (ours, gamma), "hf_assisted": (hf, gamma),
              "ours_autoregressive": (ours, 0), "hf_plain": (hf, 0)}
@@ -204,6 +219,9 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                                                    for r in reps],
                          "verify_steps": steps // repeats,
                          "drafted_per_step": dr / steps if gam and steps else None,
+                         # steps that drafted the full γ (the last steps of a prompt draft fewer): how often
+                         # k = 0..γ drafts were accepted, and accepted/drafted over those steps alone
+                         **_full_steps([r["hist"] for r in reps], gam),
                          "model_forward_seconds": fwd if meter.timed else None})
         if temperature == 0.0:
             rows[-4]["identical_to_hf_assisted"] = runs["ours_speculative"][0]["tokens"] == \
@@ -213,13 +231,23 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
     result = {"benchmark": "engine", "provenance": provenance(device),
               "settings": {"target": target if tmp is None else f"synthetic {SYNTHETIC}", "gamma": gamma,
                            "max_new_tokens": max_new_tokens, "repeats": repeats, "dtype": "float32",
-                           "batch": 1, "eos": f"masked out in every loop ({eos}): each emits max_new_tokens"},
+                           "batch": 1,
+                           "masked_tokens": f"EOS {eos}, pad {tok.pad_token_id}: every loop emits max_new_tokens"},
               "results": rows, "goals": _goals(rows)}
     if tmp is not None:
         tmp.cleanup()
     if out is not None:
         write_json_atomic(out, result)
     return result
+
+
+def _full_steps(hists: list, gamma: int) -> dict:
+    if not gamma or any(h is None for h in hists):
+        return {"full_step_histogram": None, "full_step_acceptance": None}
+    total = [sum(col) for col in zip(*hists)]
+    steps = sum(total)
+    return {"full_step_histogram": total,
+            "full_step_acceptance": sum(k * n for k, n in enumerate(total)) / (gamma * steps) if steps else None}
 
 
 def _paired_ratio(ours: dict, theirs: dict) -> float:
@@ -265,6 +293,7 @@ def print_table(result: dict) -> None:
               "tok/s": f"{r['tokens_per_second']:.1f}",
               "acceptance": _acceptance(r),
               "draft/step": "-" if r["drafted_per_step"] is None else f"{r['drafted_per_step']:.2f}",
+              "acc (full-γ steps)": "-" if r["full_step_acceptance"] is None else f"{r['full_step_acceptance']:.3f}",
               "in forwards": _forward_share(r)}
              for r in result["results"]]
     print(format_table(table, list(table[0])))
