@@ -26,32 +26,41 @@ from pipeline.samplers import FiniteCheck, Sampler
 
 
 @contextmanager
-def hf_verify_step(sampler: Sampler, generator: torch.Generator | None, stats: dict, timer: PhaseTimer | None = None):
-    """Put ``sampler`` in place of transformers' ``_speculative_sampling`` inside the block.
+def hf_verify_step(sampler: Sampler | None, generator: torch.Generator | None, stats: dict,
+                   timer: PhaseTimer | None = None):
+    """Put ``sampler`` in place of transformers' ``_speculative_sampling`` inside the block; with ``sampler``
+    None, HF's own function runs unchanged and is only counted.
 
-    ``stats`` gains calls / accepted / drafted counts; a FiniteCheck under stats["finite"] is checked by the
-    caller.
+    ``stats`` gains calls / accepted / drafted counts and hist {(candidate length, accepted): calls}; with a
+    sampler, a FiniteCheck under stats["finite"] is checked by the caller.
     """
     from transformers.generation import utils as hf_utils
 
     original = hf_utils._speculative_sampling
-    guard = stats.setdefault("finite", FiniteCheck())
+    guard = stats.setdefault("finite", FiniteCheck()) if sampler is not None else None
 
     def specsweep_verify(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs):
-        draft_tokens = candidate_input_ids[:, -candidate_length:]
         if timer is not None:
             timer.start("verify")
-        result = sampler(draft_tokens, candidate_logits, new_logits, generator=generator)
+        if sampler is None:
+            valid, accepted = original(candidate_input_ids, candidate_logits, candidate_length, new_logits,
+                                       *args, **kwargs)
+        else:
+            result = sampler(candidate_input_ids[:, -candidate_length:], candidate_logits, new_logits,
+                             generator=generator)
+            accepted = result.accepted[0]
         if timer is not None:
             timer.stop("verify")
-        guard.update(result)
-        n = int(result.accepted[0])  # HF's loop needs host integers here anyway
+        n = int(accepted)  # HF's loop needs host integers here anyway
+        if sampler is not None:
+            guard.update(result)
+            valid = result.tokens[:, : n + 1]
         stats["calls"] = stats.get("calls", 0) + 1
         stats["accepted"] = stats.get("accepted", 0) + n
         stats["drafted"] = stats.get("drafted", 0) + candidate_length
         hist = stats.setdefault("hist", {})
         hist[(candidate_length, n)] = hist.get((candidate_length, n), 0) + 1
-        return result.tokens[:, : n + 1], result.accepted[0]
+        return valid, accepted
 
     hf_utils._speculative_sampling = specsweep_verify
     try:
@@ -81,7 +90,8 @@ def assistant_schedule(draft, gamma: int):
 
 
 @contextmanager
-def _forward_timing(model, timer: PhaseTimer, name: str):
+def forward_timing(model, timer: PhaseTimer, name: str):
+    """Time (and count) every forward of ``model`` as phase ``name`` of ``timer`` inside the block (hooks)."""
     handles = [model.register_forward_pre_hook(lambda *_: timer.start(name)),
                model.register_forward_hook(lambda *_: timer.stop(name))]
     try:
@@ -131,10 +141,10 @@ class HFEngine:
         kwargs = self._generate_kwargs(max_new_tokens)
         with ExitStack() as stack:
             stack.enter_context(hf_verify_step(self.sampler, generator, stats, timer))
-            stack.enter_context(_forward_timing(self.target, timer, "target"))
+            stack.enter_context(forward_timing(self.target, timer, "target"))
             if self.gamma > 0:
                 stack.enter_context(assistant_schedule(self.draft, self.gamma))
-                stack.enter_context(_forward_timing(self.draft, timer, "draft"))
+                stack.enter_context(forward_timing(self.draft, timer, "draft"))
             for row in range(input_ids.shape[0]):
                 keep = attention_mask[row].bool()
                 ids = input_ids[row][keep][None].to(dev)

@@ -29,16 +29,16 @@ import json
 import statistics
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from pipeline.benchmarks.timing import format_table
-from pipeline.engine import SpeculativeEngine
+from pipeline.engine import PhaseTimer, SpeculativeEngine
 from pipeline.env_info import provenance
-from pipeline.hf_engine import assistant_schedule
+from pipeline.hf_engine import assistant_schedule, forward_timing, hf_verify_step
 from pipeline.io import write_json_atomic
 from pipeline.samplers import get_sampler
 
@@ -48,65 +48,6 @@ SYNTHETIC_PROMPTS = [
     "the president said that the game was not", "water and power", "the court said that it would not",
     "people in the city said there was a fire", "the team had a new home",
 ]
-
-
-class _CountingHFVerify:
-    """Wraps HF's own ``_speculative_sampling`` to count accepted/drafted tokens; calls it unchanged."""
-
-    def __enter__(self):
-        from transformers.generation import utils as hf_utils
-
-        self.module, self.original = hf_utils, hf_utils._speculative_sampling
-        self.accepted = self.drafted = 0
-        self.full_steps: dict[tuple[int, int], int] = {}  # (candidate length, accepted) -> verify calls
-
-        def counted(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs):
-            valid, n = self.original(candidate_input_ids, candidate_logits, candidate_length, new_logits,
-                                     *args, **kwargs)
-            self.accepted += int(n)
-            self.drafted += candidate_length
-            key = (candidate_length, int(n))
-            self.full_steps[key] = self.full_steps.get(key, 0) + 1
-            return valid, n
-
-        hf_utils._speculative_sampling = counted
-        return self
-
-    def __exit__(self, *exc):
-        self.module._speculative_sampling = self.original
-
-
-class _ForwardMeter:
-    """Counts the forwards of each model inside ``with meter:`` and, on CPU, times them (forward pre/post
-    hooks, perf_counter). The same hooks sit on both loops, so their small cost is paid alike; on a GPU a
-    forward's host time is only its launches, so it is not timed there."""
-
-    def __init__(self, models: dict, timed: bool) -> None:
-        self.models, self.timed = models, timed
-        self.calls: dict[str, int] = {}
-        self._seconds = 0.0
-
-    def __enter__(self):
-        self.calls = {k: 0 for k in self.models}
-        self._seconds, self._begun, self._hooks = 0.0, None, []
-        for name, model in self.models.items():
-            self._hooks += [model.register_forward_pre_hook(lambda *_: self._start()),
-                            model.register_forward_hook(lambda *_, k=name: self._stop(k))]
-        return self
-
-    def _start(self) -> None:
-        self._begun = time.perf_counter()
-
-    def _stop(self, name: str) -> None:
-        self.calls[name] += 1
-        self._seconds += time.perf_counter() - self._begun
-
-    def __exit__(self, *exc) -> None:
-        for h in self._hooks:
-            h.remove()
-
-    def seconds(self) -> float | None:
-        return self._seconds if self.timed else None
 
 
 def _hf_kwargs(max_new: int, temperature: float, pad: int) -> dict:
@@ -147,14 +88,22 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
     masked = sorted(set(eos) | ({tok.pad_token_id} if tok.pad_token_id is not None else set()))
     prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in _load_prompts(data)]
 
-    meter = _ForwardMeter({"draft": d_model, "target": t_model}, timed=torch.device(device).type == "cpu")
+    cpu = torch.device(device).type == "cpu"
+
+    @contextmanager
+    def forwards():
+        """Count every draft and target forward inside the block and, on CPU, time them (hooks on both loops
+        alike; on a GPU a forward's host time is only its launches, so the time is not used there)."""
+        timer = PhaseTimer("cpu")
+        with forward_timing(d_model, timer, "draft"), forward_timing(t_model, timer, "target"):
+            yield timer
 
     def ours(gam: int, temperature: float, seed: int) -> dict:
         engine = SpeculativeEngine(t_model, d_model if gam else None, get_sampler("exact", temperature=temperature),
                                    gam, device, eos_token_ids=[], pad_token_id=pad, suppress_tokens=masked)
         g = torch.Generator(device=device).manual_seed(seed)
         run = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0, "hist": [0] * (gam + 1) if gam else None}
-        with meter:
+        with forwards() as timer:
             for ids in prompts:
                 r = engine.generate(ids, torch.ones_like(ids), max_new_tokens, g)
                 run["tokens"].append(r.tokens[0])
@@ -163,6 +112,7 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                 run["steps"] += r.verify_steps
                 if gam:
                     run["hist"] = [a + b for a, b in zip(run["hist"], r.extra["accepted_histogram"])]
+        run["forward_seconds"] = sum(timer.totals().values()) if cpu else None
         return run
 
     def hf(gam: int, temperature: float, seed: int) -> dict:
@@ -172,25 +122,25 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
         if gam:
             kw["assistant_model"] = d_model
         torch.manual_seed(seed)
-        tokens = []
+        tokens, stats = [], {}
         with ExitStack() as stack, torch.inference_mode():
-            counter = stack.enter_context(_CountingHFVerify())
+            stack.enter_context(hf_verify_step(None, None, stats))  # HF's own verify step, counted
             if gam:
                 stack.enter_context(assistant_schedule(d_model, gam))
-            stack.enter_context(meter)
+            timer = stack.enter_context(forwards())
             for ids in prompts:
                 outp = t_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
                 tokens.append(outp[0, ids.shape[1]:].tolist())
-        steps = meter.calls["target"]  # HF: one target forward per step, the prompt's included in the first
+        steps = timer.counts["target"]  # HF: one target forward per step, the prompt's included in the first
+        run = {"tokens": tokens, "steps": steps, "forward_seconds": sum(timer.totals().values()) if cpu else None}
         if temperature > 0 or not gam:
-            hist = [counter.full_steps.get((gam, k), 0) for k in range(gam + 1)] if gam else None
-            return {"tokens": tokens, "accepted": counter.accepted, "drafted": counter.drafted, "steps": steps,
-                    "hist": hist}
+            hist = stats.get("hist", {})
+            return {**run, "accepted": stats.get("accepted", 0), "drafted": stats.get("drafted", 0),
+                    "hist": [hist.get((gam, k), 0) for k in range(gam + 1)] if gam else None}
         # T = 0: HF matched tokens itself and never called the verify step. One draft forward per draft token;
         # each step emits its accepted tokens plus one.
         emitted = sum(len(t) for t in tokens)
-        return {"tokens": tokens, "accepted": emitted - steps, "drafted": meter.calls["draft"], "steps": steps,
-                "hist": None}
+        return {**run, "accepted": emitted - steps, "drafted": timer.counts["draft"], "hist": None}
 
     loops = {"ours_speculative": (ours, gamma), "hf_assisted": (hf, gamma),
              "ours_autoregressive": (ours, 0), "hf_plain": (hf, 0)}
@@ -202,7 +152,6 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                 t0 = time.perf_counter()
                 run = fn(gam, temperature, seed=rep)
                 run["seconds"] = time.perf_counter() - t0
-                run["forward_seconds"] = meter.seconds()
                 runs[name].append(run)
         for name, (_, gam) in loops.items():
             reps = runs[name]
@@ -222,7 +171,7 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                          # steps that drafted the full γ (the last steps of a prompt draft fewer): how often
                          # k = 0..γ drafts were accepted, and accepted/drafted over those steps alone
                          **_full_steps([r["hist"] for r in reps], gam),
-                         "model_forward_seconds": fwd if meter.timed else None})
+                         "model_forward_seconds": fwd if cpu else None})
         if temperature == 0.0:
             rows[-4]["identical_to_hf_assisted"] = runs["ours_speculative"][0]["tokens"] == \
                 runs["hf_assisted"][0]["tokens"]
