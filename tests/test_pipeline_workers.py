@@ -133,6 +133,13 @@ def test_a_worker_killed_mid_trial_loses_nothing_and_a_restart_finishes(tiny, tm
     from pipeline.tune import retry_callback
 
     _, base = tiny
+    # Longer trials than the shared fixture's (40 new tokens, not 6, with a matching baseline), so the poll
+    # below reliably sees a trial in flight: with 6 tokens a trial can start and finish between two polls.
+    base = [*base[: base.index("--max-new-tokens") + 1], "40", *base[base.index("--max-new-tokens") + 2:]]
+    slow_baseline = tmp_path / "ar-40.json"
+    run_args = base[: base.index("--space")]
+    assert main(["run", *run_args, "--gamma", "0", "--out", str(slow_baseline)]) == 0
+    base[base.index("--baseline") + 1] = str(slow_baseline)
     storage = _storage(kind, tmp_path)
     name = f"kill-{uuid.uuid4().hex[:8]}"
     n = 4
