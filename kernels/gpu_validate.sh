@@ -1,22 +1,44 @@
 #!/usr/bin/env bash
-# One run on a GPU machine (about 10 minutes on an H100/H200): the GPU tests, compute-sanitizer, and the kernel
-# benchmark. Installs nothing: it uses the project's .venv as set up by `make setup` with a CUDA build of torch
-# (see README). Results: kernels/results/kernels-<gpu>.json (benchmark) and kernels/results/gpu_validate.log.
-# Exit code: 0 if every step passed, 1 otherwise (each step still runs).
+# Everything that needs a CUDA GPU, in one script: the GPU tests, compute-sanitizer, the kernel benchmark and the
+# engine benchmark. Installs nothing.
+#
+#   bash kernels/gpu_validate.sh [STEP ...]      (default: every step, about 12 minutes on an H100/H200)
+#
+# Steps, in order:
+#   compile    compile the CUDA kernels once (fills CuPy's cache; later steps and processes load the cubin)
+#   tests      GPU tests: kernels vs the torch reference, chi-square exactness on the cupy backend, the engine on
+#              CUDA (lossless decoding, rollback, sampling, CUDA-event phase times, one host sync per step; the
+#              multi-GPU test skips on one GPU)
+#   sanitizer  compute-sanitizer memcheck / racecheck / synccheck on a small verify step
+#   kernels    `specsweep bench kernels` -> kernels/results/kernels-<gpu>.json
+#   engine     `specsweep bench engine --device cuda` -> results/bench/engine-cuda.json
+# A machine that limits one command's time can run it in two parts, e.g. `compile tests sanitizer`, then
+# `kernels engine`.
+#
+# Python: $PYTHON, else .venv/bin/python, else python3; it needs torch with CUDA, cupy, transformers, pytest and
+# specsweep itself installed (`make setup` after installing a CUDA torch, see README; or
+# `pip install --no-deps .` into an environment that already has the first four).
+# Log: kernels/results/gpu_validate-<steps>.log. Exit code: 0 if every step passed, 1 otherwise (each step still
+# runs), 2 if the GPU backend is unavailable.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-mkdir -p kernels/results
-LOG=kernels/results/gpu_validate.log
-: > "$LOG"
-exec > >(tee -a "$LOG") 2>&1
-
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+ALL="compile tests sanitizer kernels engine"
+STEPS=${*:-$ALL}
+for s in $STEPS; do
+    case " $ALL " in *" $s "*) ;; *) echo "gpu_validate.sh: unknown step '$s': choose from: $ALL"; exit 2 ;; esac
+done
 if ! "$PY" -c "import sys, torch; from pipeline.samplers import cupy_backend as c; \
     sys.exit(0 if c.available() else print('gpu_validate.sh:', c.unavailable_reason()) or 2)"; then
     exit 2
 fi
-"$PY" -c "import torch, cupy; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| cupy', cupy.__version__, \
-    '|', torch.cuda.get_device_name())"
+mkdir -p kernels/results results/bench
+LOG=kernels/results/gpu_validate-$(echo "$STEPS" | tr ' ' '-').log
+: > "$LOG"
+exec > >(tee -a "$LOG") 2>&1
+"$PY" -c "import torch, cupy, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| cupy', \
+    cupy.__version__, '| transformers', transformers.__version__, '|', torch.cuda.get_device_name(), \
+    '| GPUs:', torch.cuda.device_count())"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 status=0
@@ -28,17 +50,27 @@ step() {  # step NAME TIMEOUT_S COMMAND...
     echo "== $name: rc=$rc in $((SECONDS - t0))s"
     [ "$rc" -eq 0 ] || status=1
 }
+want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
-# 1. compile once (fills CuPy's cache; later steps and processes load the cubin)
-step "compile" 120 "$PY" -c "import time; t = time.time(); from pipeline.kernels import loader; loader.module(0); \
+if want compile; then
+    step "compile" 120 "$PY" -c "import time; t = time.time(); from pipeline.kernels import loader; loader.module(0); \
 print(f'compiled/loaded in {time.time() - t:.1f}s')"
-# 2. GPU tests: kernel vs reference, and the chi-square exactness tests on the cupy backend
-step "gpu tests" 240 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu.py
-step "exactness (cupy)" 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_sampler_exactness.py -k cupy
-# 3. compute-sanitizer memcheck / racecheck / synccheck on a small case
-step "sanitizer" 150 bash kernels/sanitize.sh
-# 4. the benchmark; its JSON is rewritten after every configuration, so a cut-short run keeps what it measured
-step "bench kernels" 300 "$PY" -m pipeline bench kernels --repeats 30
+fi
+if want tests; then
+    step "gpu tests" 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py tests/test_engine.py
+    step "exactness (cupy)" 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_sampler_exactness.py -k cupy
+fi
+if want sanitizer; then
+    step "sanitizer" 150 bash kernels/sanitize.sh
+fi
+# the benchmarks rewrite their JSON as they go (kernels: after every configuration), so a cut-short run keeps
+# what it measured
+if want kernels; then
+    step "bench kernels" 300 "$PY" -m pipeline bench kernels --repeats 30
+fi
+if want engine; then
+    step "bench engine" 240 "$PY" -m pipeline bench engine --device cuda --repeats 5
+fi
 
-echo "gpu_validate.sh: $([ $status -eq 0 ] && echo 'all steps passed' || echo 'SOME STEPS FAILED') (log: $LOG)"
+echo "gpu_validate.sh [$STEPS]: $([ $status -eq 0 ] && echo 'all steps passed' || echo 'SOME STEPS FAILED') (log: $LOG)"
 exit $status

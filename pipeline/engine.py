@@ -239,14 +239,25 @@ class CachedModel:
         self.length = start + max_keep
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (int64 indices)."""
-        self.cache.batch_select_indices(rows)
+        """Keep only these batch rows (int64 indices, on the engine's device)."""
+        # A model spread over several GPUs (device_map) keeps each layer's cache on that layer's GPU, and an
+        # index tensor must live on the indexed tensor's device: copy the rows to each (device to device, no
+        # host sync), as HF's own cache reordering for beam search does.
+        on_device = {rows.device: rows}
+        caches = (self.cache.self_attention_cache, self.cache.cross_attention_cache) \
+            if hasattr(self.cache, "self_attention_cache") else (self.cache,)
+        for cache in caches:
+            for layer in cache.layers:
+                keys = getattr(layer, "keys", None)  # None until the layer has seen a token
+                layer.batch_select_indices(rows if keys is None else
+                                           on_device.setdefault(keys.device, rows.to(keys.device)))
         self.batch = rows.shape[0]
         if self.has_holes:
             self.mask = self.mask[rows]
             self.n_real = self.n_real[rows]
         if self.encoder is not None:
-            self.encoder = (self.encoder[0][rows],)
+            self.encoder = (self.encoder[0][on_device.setdefault(self.encoder[0].device,
+                                                                 rows.to(self.encoder[0].device))],)
 
 
 @dataclass
@@ -354,7 +365,8 @@ class SpeculativeEngine:
         inputs = {k: v.to(self.device, dtype=dtype if v.is_floating_point() else v.dtype)
                   for k, v in encoder_inputs.items()}
         with timer.phase("encode"):
-            h_target = self.target.model.get_encoder()(**inputs).last_hidden_state
+            # .to: a target spread over several GPUs may leave them on another GPU than the draft's
+            h_target = self.target.model.get_encoder()(**inputs).last_hidden_state.to(self.device)
             h_draft = h_target
             if self.draft is not None and self.draft.kind == "seq2seq" and self.gamma > 0:
                 h_draft = self.draft.model.get_encoder()(**inputs).last_hidden_state

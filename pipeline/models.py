@@ -22,8 +22,8 @@ def parse_dtype(name: str) -> torch.dtype:
 def resolve_device(device: str, dtype: torch.dtype = torch.float32) -> str:
     """'cpu', 'cuda[:N]' or 'auto' -> the device the engine runs on ('auto' picks CUDA when present).
 
-    With 'auto' and several GPUs the target is spread over all of them (``device_map="auto"``); inputs then
-    live on the first GPU. Refuses a dtype the CPU cannot run.
+    Refuses a dtype the CPU cannot run. Whether the target is spread over several GPUs is
+    :func:`spreads_target`'s answer.
     """
     if device not in DEVICES and not device.startswith("cuda:"):
         raise SpecsweepError(f"unknown device {device!r}: choose cpu, cuda, cuda:N or auto")
@@ -34,6 +34,13 @@ def resolve_device(device: str, dtype: torch.dtype = torch.float32) -> str:
     if device == "cpu" and dtype != torch.float32:
         _check_cpu_dtype(dtype)
     return device
+
+
+def spreads_target(requested: str) -> bool:
+    """--device auto with several visible GPUs spreads the target's layers over all of them
+    (``device_map="auto"``); the draft, and the inputs, stay on the first GPU. --device cuda keeps both
+    models on one GPU."""
+    return requested == "auto" and torch.cuda.device_count() > 1
 
 
 def _check_cpu_dtype(dtype: torch.dtype) -> None:
@@ -71,27 +78,28 @@ def load_processor(name_or_path: str):
         raise _load_error("processor", name_or_path, e) from None
 
 
-def load_speech_seq2seq(name_or_path: str, dtype: torch.dtype, device: str):
+def load_speech_seq2seq(name_or_path: str, dtype: torch.dtype, device: str, spread: bool = False):
     """AutoModelForSpeechSeq2Seq (e.g. WhisperForConditionalGeneration) in eval mode."""
     from transformers import AutoModelForSpeechSeq2Seq
 
-    return load_causal_lm(name_or_path, dtype, device, auto_class=AutoModelForSpeechSeq2Seq)
+    return load_causal_lm(name_or_path, dtype, device, auto_class=AutoModelForSpeechSeq2Seq, spread=spread)
 
 
-def load_causal_lm(name_or_path: str, dtype: torch.dtype, device: str, auto_class=None):
-    """AutoModelForCausalLM (or ``auto_class``) in eval mode. device 'auto' (resolved to cuda) spreads over all
-    visible GPUs."""
+def load_causal_lm(name_or_path: str, dtype: torch.dtype, device: str, auto_class=None, spread: bool = False):
+    """AutoModelForCausalLM (or ``auto_class``) in eval mode, on ``device``; with ``spread``, over every visible
+    GPU instead (``device_map="auto"``: each layer and its KV cache on one GPU; the outputs come back to the
+    first)."""
     from transformers import AutoModelForCausalLM
 
     auto_class = auto_class or AutoModelForCausalLM
     kwargs = {"dtype": dtype}
-    if device == "cuda" and torch.cuda.device_count() > 1:
+    if spread:
         kwargs["device_map"] = "auto"
     try:
         model = auto_class.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as e:
         raise _load_error("model", name_or_path, e) from None
-    if "device_map" not in kwargs:
+    if not spread:
         model = model.to(device)
     return model.eval()
 

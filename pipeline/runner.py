@@ -110,14 +110,18 @@ def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: 
 
 
 def _load_models(config: RunConfig, task, dtype, device: str):
-    """-> (target, draft or None, tokenizer, processor or None). Refuses a pair with different vocabularies."""
+    """-> (target, draft or None, tokenizer, processor or None). Refuses a pair with different vocabularies.
+    With --device auto and several GPUs the target is spread over all of them; the draft stays on ``device``."""
     from pipeline.models import (
         check_same_tokenizer,
         load_causal_lm,
         load_processor,
         load_speech_seq2seq,
         load_tokenizer,
+        spreads_target,
     )
+
+    spread = spreads_target(config.device)
 
     use_draft = bool(config.draft) and config.gamma > 0
     if task.speech:
@@ -125,7 +129,7 @@ def _load_models(config: RunConfig, task, dtype, device: str):
         tokenizer = processor.tokenizer
         if use_draft:
             check_same_tokenizer(tokenizer, load_processor(config.draft).tokenizer, config.target, config.draft)
-        target = load_speech_seq2seq(config.target, dtype, device)
+        target = load_speech_seq2seq(config.target, dtype, device, spread=spread)
         draft = None
         if use_draft:
             draft = (load_causal_lm(config.draft, dtype, device) if config.draft_decoder_only
@@ -134,7 +138,7 @@ def _load_models(config: RunConfig, task, dtype, device: str):
     tokenizer = load_tokenizer(config.target)
     if use_draft:
         check_same_tokenizer(tokenizer, load_tokenizer(config.draft), config.target, config.draft)
-    target = load_causal_lm(config.target, dtype, device)
+    target = load_causal_lm(config.target, dtype, device, spread=spread)
     draft = load_causal_lm(config.draft, dtype, device) if use_draft else None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token

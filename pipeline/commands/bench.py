@@ -11,13 +11,11 @@ HELP = "benchmarks: print a table and write JSON (speed goals are judged here)"
 
 
 def _device(name: str) -> str:
-    import torch
+    """cpu, cuda, cuda:N or auto (CUDA when there is one): the run's own rules, minus the dtype check (the
+    benchmarks choose their dtypes)."""
+    from pipeline.models import resolve_device
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise SpecsweepError(f"--device {name} asked for, but torch sees no CUDA GPU: use --device cpu")
-    return name
+    return resolve_device(name)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
