@@ -11,8 +11,10 @@ Workers: any number of processes, on any number of machines, run the same comman
 (SQLite in the study folder by default; any RDB URL through ``--storage`` or $OPTUNA_STORAGE). Trials are
 claimed through the storage, so none is run twice; a worker writes a heartbeat while it runs a trial, and the
 next worker to start a trial marks trials whose heartbeat went stale (a dead worker's) as failed and enqueues
-a retry of the same parameters (RetryFailedTrialCallback). A trial that raises is recorded as failed and the
-study goes on. ``--n-trials`` is the study's total number of completed trials, shared by all workers.
+a retry of the same parameters (RetryFailedTrialCallback); a trial whose worker died before its first heartbeat
+gets one from the next worker to start (:func:`adopt_orphaned_trials`), and so goes stale the same way. A trial
+that raises is recorded as failed and the study goes on. ``--n-trials`` is the study's total number of completed
+trials, shared by all workers.
 
 AR baseline: one per (study, dtype). ``--baseline FILE`` reuses a γ = 0 results file (the DVC pipeline passes
 the shared one); otherwise the first worker that needs one measures it into the study folder
@@ -192,7 +194,7 @@ def open_study(name: str, url: str, seed: int, heartbeat_interval: int = 30, gra
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     try:
         storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
-                             grace_period=grace_period or 2 * heartbeat_interval + 10,
+                             grace_period=effective_grace(heartbeat_interval, grace_period),
                              heartbeat_stale_trial_callback=retry_callback()(max_retry=max_retry))
     except Exception as e:
         raise SpecsweepError(f"cannot open the study storage {_redact(url)} "
@@ -200,6 +202,38 @@ def open_study(name: str, url: str, seed: int, heartbeat_interval: int = 30, gra
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
     return optuna.create_study(study_name=name, storage=storage, directions=["maximize", "maximize"],
                                sampler=sampler, load_if_exists=True)
+
+
+def effective_grace(heartbeat_interval: int, grace_period: int | None) -> int:
+    """Seconds without a heartbeat after which a trial counts as dead (default: two intervals and 10 s)."""
+    return grace_period or 2 * heartbeat_interval + 10
+
+
+def adopt_orphaned_trials(study, grace: float) -> list[int]:
+    """Give a heartbeat to every RUNNING trial that started more than ``grace`` seconds ago; returns their numbers.
+
+    Optuna fails a dead worker's trial once its heartbeat is older than the grace period, but only if it ever
+    had one: a worker killed between claiming a trial and its first heartbeat (a few milliseconds) leaves a
+    trial that would stay RUNNING for ever, and its parameters would never be retried. Called when a worker
+    starts, after Optuna has failed the stale trials it knows: a trial still RUNNING and older than the grace
+    period is either alive (its heartbeat is fresh, and one more changes nothing) or such an orphan, which
+    now goes stale after one grace period and is failed and retried like any dead worker's trial.
+    """
+    import datetime
+
+    import optuna
+
+    storage = study._storage  # what optuna.storages.fail_stale_trials uses too
+    if not hasattr(storage, "record_heartbeat"):
+        return []
+    optuna.storages.fail_stale_trials(study)
+    cutoff = datetime.datetime.now() - datetime.timedelta(seconds=grace)  # Optuna stores local naive times
+    adopted = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if trial.datetime_start is not None and trial.datetime_start < cutoff:
+            storage.record_heartbeat(trial._trial_id)
+            adopted.append(trial.number)
+    return adopted
 
 
 def retry_callback():
@@ -312,6 +346,8 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(study_name, storage_url(storage, study_dir), base.seed + 1000 * worker,
                        heartbeat_interval, grace_period, max_retry)
+    # trials a worker claimed and died before its first heartbeat
+    adopt_orphaned_trials(study, effective_grace(heartbeat_interval, grace_period))
     study.enqueue_trial(space.first_point(), skip_if_exists=True)
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     ran: list[int] = []

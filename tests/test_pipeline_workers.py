@@ -181,3 +181,30 @@ def test_a_worker_killed_mid_trial_loses_nothing_and_a_restart_finishes(tiny, tm
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == n
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert json.loads((tmp_path / "pareto.json").read_text())["n_complete"] == n
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_trial_orphaned_before_its_first_heartbeat_is_failed_and_retried(tmp_path, kind):
+    """A worker killed between claiming a trial and its first heartbeat leaves a RUNNING trial that Optuna never
+    sees as stale (it has no heartbeat). The next worker to start adopts it: one grace period later it is failed
+    and its parameters are enqueued again, like any dead worker's trial."""
+    import optuna
+
+    from pipeline.tune import adopt_orphaned_trials, open_study
+
+    study = open_study(f"orphan-{uuid.uuid4().hex[:8]}", _storage(kind, tmp_path), seed=0, heartbeat_interval=1,
+                       grace_period=2)
+    orphan = study.ask()  # claimed, RUNNING, and no heartbeat ever written
+    orphan.suggest_int("gamma", 1, 4)
+    time.sleep(2.5)
+    optuna.storages.fail_stale_trials(study)
+    running = optuna.trial.TrialState.RUNNING
+    assert [t.number for t in study.get_trials(states=(running,))] == [orphan.number]  # Optuna alone keeps it
+    assert adopt_orphaned_trials(study, grace=2) == [orphan.number]
+    assert study.get_trials()[orphan.number].state == running  # just adopted: not stale yet
+    time.sleep(3.5)  # SQLite's clock, which heartbeats use, counts whole seconds
+    optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials()
+    assert trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    retries = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert len(retries) == 1 and retries[0].params == trials[orphan.number].params
