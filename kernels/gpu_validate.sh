@@ -6,9 +6,9 @@
 #
 # Steps, in order:
 #   compile    compile the CUDA kernels once (fills CuPy's cache; later steps and processes load the cubin)
-#   tests      GPU tests: kernels vs the torch reference, chi-square exactness on the cupy backend, the engine on
-#              CUDA (lossless decoding, rollback, sampling, CUDA-event phase times, one host sync per step; the
-#              multi-GPU test skips on one GPU)
+#   tests      GPU tests: kernels vs the torch reference, chi-square exactness on the cupy backend; the engine,
+#              the hf engine, `specsweep run` and Whisper on CUDA (lossless decoding, rollback, sampling,
+#              CUDA-event phase times, one host sync per step; the multi-GPU test skips on one GPU)
 #   sanitizer  compute-sanitizer memcheck / racecheck / synccheck on a small verify step
 #   kernels    `specsweep bench kernels` -> kernels/results/kernels-<gpu>.json
 #   engine     `specsweep bench engine --device cuda` -> results/bench/engine-cuda.json
@@ -57,7 +57,8 @@ if want compile; then
 print(f'compiled/loaded in {time.time() - t:.1f}s')"
 fi
 if want tests; then
-    step "gpu tests" 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py tests/test_engine.py
+    step "gpu tests" 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py tests/test_engine.py \
+        tests/test_run_cli.py tests/test_whisper.py
     step "exactness (cupy)" 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_sampler_exactness.py -k cupy
 fi
 if want sanitizer; then

@@ -26,21 +26,30 @@ def setup(tmp_path_factory):
     return root, tp, dp, data, articles
 
 
-def base_args(tp, dp, data, out, *extra):
-    return ["run", "--target", str(tp), "--draft", str(dp), "--data", str(data), "--device", "cpu",
+def base_args(tp, dp, data, out, *extra, device="cpu"):
+    return ["run", "--target", str(tp), "--draft", str(dp), "--data", str(data), "--device", device,
             "--max-new-tokens", "12", "--no-progress", "--out", str(out), *extra]
 
 
-def test_run_writes_results_with_speedup_against_the_ar_baseline(setup, capsys):
+_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+DEVICES = ["cpu", pytest.param("cuda", marks=_GPU)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_run_writes_results_with_speedup_against_the_ar_baseline(setup, capsys, device):
     root, tp, dp, data, _ = setup
-    assert main(base_args(tp, dp, data, root / "ar.json", "--gamma", "0")) == 0
-    assert main(base_args(tp, dp, data, root / "sd.json", "--gamma", "3", "--baseline", str(root / "ar.json"))) == 0
-    res = json.loads((root / "sd.json").read_text())
+    ar_path, sd_path = root / f"ar-{device}.json", root / f"sd-{device}.json"
+    assert main(base_args(tp, dp, data, ar_path, "--gamma", "0", device=device)) == 0
+    assert main(base_args(tp, dp, data, sd_path, "--gamma", "3", "--baseline", str(ar_path), device=device)) == 0
+    res = json.loads(sd_path.read_text())
     m = res["metrics"]
     for key in ("tokens_per_second", "acceptance_rate", "mean_accepted_tokens", "speedup", "theoretical_speedup",
                 "draft_time_s", "target_time_s", "verify_time_s", "peak_memory_mb", "cost_ratio"):
-        assert m[key] is not None, key
-    ar = json.loads((root / "ar.json").read_text())
+        assert m[key] is not None and m[key] > 0, key
+    assert res["provenance"]["device"]["device"] == device
+    if device == "cuda":  # the GPU is recorded, and peak memory is the CUDA allocator's
+        assert res["provenance"]["device"]["gpu"] and m["peak_memory_mb"] < 2048
+    ar = json.loads(ar_path.read_text())
     assert m["speedup"] == pytest.approx(m["tokens_per_second"] / ar["metrics"]["tokens_per_second"])
     assert res["config"]["gamma"] == 3 and res["config"]["sampler"] == "exact"
     assert res["provenance"]["versions"]["torch"].startswith("2.")
@@ -149,21 +158,24 @@ def test_a_failed_run_leaves_earlier_results_untouched(setup):
 
 # ---- the hf engine -------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def models(setup):
+@pytest.fixture(scope="module", params=DEVICES)
+def models(setup, request):
+    """(target, draft, tokenizer, device): the hf engine tests run on the CPU and, where there is one, a GPU."""
     _, tp, dp, _, _ = setup
     tok = load_tokenizer(str(tp))
-    return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), tok
+    device = request.param
+    return (load_causal_lm(str(tp), torch.float32, device), load_causal_lm(str(dp), torch.float32, device), tok,
+            device)
 
 
 def test_hf_engine_restores_hfs_function_after_the_call_and_after_an_error(models):
     from transformers.generation import utils as hf_utils
 
-    target, draft, tok = models
+    target, draft, tok, dev = models
     original = hf_utils._speculative_sampling
     enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
-    engine = HFEngine(target, draft, get_sampler("exact"), 3, 1.0, "cpu", [1], 0)
-    engine.generate(enc.input_ids, enc.attention_mask, 8, torch.Generator().manual_seed(0))
+    engine = HFEngine(target, draft, get_sampler("exact"), 3, 1.0, dev, [1], 0)
+    engine.generate(enc.input_ids, enc.attention_mask, 8, torch.Generator(dev).manual_seed(0))
     assert hf_utils._speculative_sampling is original
 
     class Boom(RuntimeError):
@@ -175,7 +187,7 @@ def test_hf_engine_restores_hfs_function_after_the_call_and_after_an_error(model
     broken = get_sampler("exact")
     broken._verify = failing
     with pytest.raises(Boom):
-        HFEngine(target, draft, broken, 3, 1.0, "cpu", [1], 0).generate(enc.input_ids, enc.attention_mask, 8)
+        HFEngine(target, draft, broken, 3, 1.0, dev, [1], 0).generate(enc.input_ids, enc.attention_mask, 8)
     assert hf_utils._speculative_sampling is original
     with pytest.raises(Boom), hf_verify_step(broken, None, {}):
         assert hf_utils._speculative_sampling is not original
@@ -185,11 +197,11 @@ def test_hf_engine_restores_hfs_function_after_the_call_and_after_an_error(model
 
 
 def test_hf_engine_greedy_equals_our_engine_and_the_target(models):
-    target, draft, tok = models
+    target, draft, tok, dev = models
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    hf = HFEngine(target, draft, get_sampler("greedy"), 4, 0.0, "cpu", [1], 0).generate(
+    hf = HFEngine(target, draft, get_sampler("greedy"), 4, 0.0, dev, [1], 0).generate(
         enc.input_ids, enc.attention_mask, 16)
-    ours = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, "cpu", [1], 0).generate(
+    ours = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, dev, [1], 0).generate(
         enc.input_ids, enc.attention_mask, 16)
     assert hf.tokens == ours.tokens
     assert sum(r["accepted"] for r in hf.row_stats) > 0
@@ -200,13 +212,13 @@ def test_hf_engine_drafts_exactly_gamma_tokens_per_step(models, temperature):
     """transformers 5 reads the draft schedule from the assistant's generation config (its default: up to 20
     tokens, cut short by a confidence threshold), not from generate's kwargs. Every HF step must draft γ, as
     ours does, or the two loops are not compared at equal γ; the draft's config is put back afterwards."""
-    target, draft, tok = models
+    target, draft, tok, dev = models
     before = draft.generation_config.to_dict()
     gamma, max_new = 2, 24
     sampler = get_sampler("exact" if temperature else "greedy")
     enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
-    res = HFEngine(target, draft, sampler, gamma, temperature, "cpu", [], 0).generate(
-        enc.input_ids, enc.attention_mask, max_new, torch.Generator().manual_seed(0))
+    res = HFEngine(target, draft, sampler, gamma, temperature, dev, [], 0).generate(
+        enc.input_ids, enc.attention_mask, max_new, torch.Generator(dev).manual_seed(0))
     for row in res.row_stats:
         assert row["new_tokens"] == max_new
         # γ per step, fewer only where the step would pass max_new_tokens (at most the last γ steps)

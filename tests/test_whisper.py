@@ -1,4 +1,5 @@
-"""Speculative decoding of Whisper (encoder-decoder) on tiny random-init models, CPU, offline.
+"""Speculative decoding of Whisper (encoder-decoder) on tiny random-init models, offline (CPU, and CUDA where
+there is a GPU).
 
 Greedy verification reproduces HF's own Whisper greedy decoding token for token, with a full Whisper draft
 (own encoder, like distil-small.en) and with a decoder-only draft reading the target's encoder outputs (like
@@ -25,15 +26,23 @@ from pipeline.synthetic import save_whisper_pair
 EOS = 0
 
 
-@pytest.fixture(scope="module", params=["seq2seq", "decoder_only"])
+_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(scope="module", params=[("seq2seq", "cpu"), ("decoder_only", "cpu"),
+                                        pytest.param(("seq2seq", "cuda"), marks=_GPU),
+                                        pytest.param(("decoder_only", "cuda"), marks=_GPU)], ids="-".join)
 def whisper(request, tmp_path_factory):
+    """(target, draft, processor, draft kind, target path, draft path, device): on the CPU and, where there is
+    one, a GPU."""
     from transformers import AutoModelForCausalLM, AutoProcessor, WhisperForConditionalGeneration
 
-    root = tmp_path_factory.mktemp(request.param)
-    tp, dp = save_whisper_pair(root, draft_kind=request.param)
-    draft_cls = WhisperForConditionalGeneration if request.param == "seq2seq" else AutoModelForCausalLM
-    return (WhisperForConditionalGeneration.from_pretrained(tp).eval(), draft_cls.from_pretrained(dp).eval(),
-            AutoProcessor.from_pretrained(tp), request.param, tp, dp)
+    kind, dev = request.param
+    root = tmp_path_factory.mktemp(kind)
+    tp, dp = save_whisper_pair(root, draft_kind=kind)
+    draft_cls = WhisperForConditionalGeneration if kind == "seq2seq" else AutoModelForCausalLM
+    return (WhisperForConditionalGeneration.from_pretrained(tp).eval().to(dev),
+            draft_cls.from_pretrained(dp).eval().to(dev), AutoProcessor.from_pretrained(tp), kind, tp, dp, dev)
 
 
 def features(processor, n=4, seed=0):
@@ -45,7 +54,7 @@ def features(processor, n=4, seed=0):
 def hf_greedy(model, feats, prompt, max_new):
     out = []
     for i in range(feats.shape[0]):
-        seq = model.generate(feats[i: i + 1], max_new_tokens=max_new)[0].tolist()
+        seq = model.generate(feats[i: i + 1].to(model.device), max_new_tokens=max_new)[0].tolist()
         while seq and seq[0] in prompt:  # HF may return (part of) its decoder prompt
             seq = seq[1:]
         out.append(seq)
@@ -57,14 +66,14 @@ _REFERENCE: dict[str, list] = {}  # HF's greedy output per model pair, computed 
 
 @pytest.mark.parametrize("gamma", [0, 1, 3])
 def test_greedy_speculative_whisper_equals_hf_greedy(whisper, gamma):
-    target, draft, processor, kind, _, _ = whisper
+    target, draft, processor, kind, _, _, dev = whisper
     feats = features(processor)
     prompt = processor.tokenizer.prefix_tokens
-    if kind not in _REFERENCE:
-        _REFERENCE[kind] = hf_greedy(target, feats, prompt, 16)
-    reference = _REFERENCE[kind]
+    if (kind, dev) not in _REFERENCE:
+        _REFERENCE[kind, dev] = hf_greedy(target, feats, prompt, 16)
+    reference = _REFERENCE[kind, dev]
     ids = torch.tensor([prompt] * feats.shape[0])
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma, "cpu", [EOS], EOS)
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma, dev, [EOS], EOS)
     batched = engine.generate(ids, torch.ones_like(ids), 16, encoder_inputs={"input_features": feats})
     assert batched.tokens == reference
     one = engine.generate(ids[:1], torch.ones_like(ids[:1]), 16, encoder_inputs={"input_features": feats[:1]})
@@ -75,17 +84,17 @@ def test_greedy_speculative_whisper_equals_hf_greedy(whisper, gamma):
 
 
 def test_exact_sampling_of_whisper_follows_the_target(whisper):
-    target, draft, processor, _, _, _ = whisper
+    target, draft, processor, _, _, _, dev = whisper
     n = 2000
     feats = features(processor, n=1).expand(n, -1, -1)
     prompt = processor.tokenizer.prefix_tokens
     ids = torch.tensor([prompt] * n)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, "cpu", [], EOS)
-    res = engine.generate(ids, torch.ones_like(ids), 1, torch.Generator().manual_seed(0),
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, dev, [], EOS)
+    res = engine.generate(ids, torch.ones_like(ids), 1, torch.Generator(dev).manual_seed(0),
                           encoder_inputs={"input_features": feats})
     with torch.no_grad():
-        logits = target(input_features=feats[:1], decoder_input_ids=ids[:1]).logits[0, -1].double()
-    p = torch.softmax(logits, -1).numpy()
+        logits = target(input_features=feats[:1].to(dev), decoder_input_ids=ids[:1].to(dev)).logits[0, -1].double()
+    p = torch.softmax(logits, -1).cpu().numpy()
     assert_fits(counts(np.array([t[0] for t in res.tokens]), p.shape[0]), p, "whisper first token")
 
 
@@ -102,12 +111,12 @@ def write_manifest(root, durations=(1.0, 1.5, 3.0)):
 
 
 def test_librispeech_task_end_to_end_with_both_engines(whisper, tmp_path, capsys):
-    _, _, _, kind, tp, dp = whisper
+    _, _, _, kind, tp, dp, dev = whisper
     manifest = write_manifest(tmp_path)
     tokens = {}
     for engine, batch in (("specsweep", 2), ("hf", 1)):
         cfg = RunConfig(target=str(tp), draft=str(dp), data=str(manifest), task="librispeech", gamma=3,
-                        temperature=0.0, sampler="greedy", max_new_tokens=10, device="cpu", batch_size=batch,
+                        temperature=0.0, sampler="greedy", max_new_tokens=10, device=dev, batch_size=batch,
                         engine=engine, draft_decoder_only=kind == "decoder_only", out=str(tmp_path / f"{engine}.json"))
         res = run(cfg, progress=False)
         tokens[engine] = [s["token_ids"] for s in res["samples"]]
@@ -123,10 +132,10 @@ def test_librispeech_task_end_to_end_with_both_engines(whisper, tmp_path, capsys
 def test_real_librispeech_fixtures_run(whisper, fixtures_dir, tmp_path):
     """The four real utterances (3 WAV, 1 FLAC) go through the task; the tiny model's WER is meaningless, but
     every clip must be read, decoded and scored."""
-    _, _, _, kind, tp, dp = whisper
+    _, _, _, kind, tp, dp, dev = whisper
     manifest = fixtures_dir / "librispeech" / "transcripts.jsonl"
     cfg = RunConfig(target=str(tp), draft=str(dp), data=str(manifest), task="librispeech", gamma=2,
-                    temperature=0.0, sampler="greedy", max_new_tokens=4, device="cpu", batch_size=4,
+                    temperature=0.0, sampler="greedy", max_new_tokens=4, device=dev, batch_size=4,
                     draft_decoder_only=kind == "decoder_only", out=str(tmp_path / "fixtures.json"))
     res = run(cfg, progress=False)
     assert len(res["samples"]) == 4 and res["quality"]["reference_words"] > 20
@@ -136,10 +145,10 @@ def test_real_librispeech_fixtures_run(whisper, fixtures_dir, tmp_path):
 def test_librispeech_through_the_cli_and_bad_manifests(whisper, tmp_path, capsys):
     from pipeline.cli import main
 
-    _, _, _, kind, tp, dp = whisper
+    _, _, _, kind, tp, dp, dev = whisper
     manifest = write_manifest(tmp_path, durations=(1.0, 1.2))
     args = ["run", "--task", "librispeech", "--target", str(tp), "--draft", str(dp), "--gamma", "2",
-            "--max-new-tokens", "6", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "cli.json")]
+            "--max-new-tokens", "6", "--device", dev, "--no-progress", "--out", str(tmp_path / "cli.json")]
     if kind == "decoder_only":
         args.append("--draft-decoder-only")
     assert main([*args, "--data", str(manifest)]) == 0
