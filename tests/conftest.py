@@ -6,8 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# On a GPU, float32 means float32 in the tests: cuDNN's TF32 convolutions are on by default (Whisper's encoder
+# has two), and batched and one-row forwards would then differ by more than the token-for-token comparisons
+# with HF's own decoding allow.
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def fixtures_path() -> Path:
