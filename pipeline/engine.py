@@ -149,6 +149,7 @@ class CachedModel:
                         and getattr(config, "attention_chunk_size", None) is None
                         and set(getattr(config, "layer_types", None) or ()) <= {"full_attention"})
         self._mask_format = {"sdpa": "bool", "eager": "float"}.get(attn, "2d") if plain_causal else "2d"
+        self._plain_causal = plain_causal
         self._dtype = next(model.parameters()).dtype
         # modules whose forward reads input ids back to warn about padding without a mask (GPT-2 and kin)
         self._padding_warners = [m for m in model.modules()
@@ -166,15 +167,17 @@ class CachedModel:
     def reset(self, batch: int, device: torch.device, encoder_hidden: torch.Tensor | None = None) -> None:
         from transformers import DynamicCache, EncoderDecoderCache
 
-        if self.kind == "causal":
-            self.cache = DynamicCache(config=self.model.config)
-        else:
+        if self.kind != "causal":
             self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
             self.encoder = (encoder_hidden,)
-        if hasattr(self.cache, "activate_past_recording"):
-            # sliding-window layers otherwise drop the states a rollback past the window needs (as HF's
-            # assisted loop does); crop() then trims them back to the window
-            self.cache.activate_past_recording()
+        elif self._plain_causal:
+            self.cache = DynamicCache(config=self.model.config)
+        else:
+            # Sliding-window (or chunked) layers get a full-length cache: a window-sized cache layer drops the
+            # states a rollback needs (transformers refuses such a crop, and its past-recording mode returns
+            # mis-sized states over several forwards without a crop in some 5.x releases). The masks HF builds
+            # from the 2-D mask still apply each layer's window; the cost is memory for the whole sequence.
+            self.cache = DynamicCache()
         self.length, self.batch = 0, batch
         self.mask = self.n_real = None
 

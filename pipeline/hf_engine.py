@@ -55,6 +55,13 @@ def hf_verify_step(sampler: Sampler | None, generator: torch.Generator | None, s
         if sampler is not None:
             guard.update(result)
             valid = result.tokens[:, : n + 1]
+            # transformers up to about 5.17 passes is_done_candidate (the last draft ends the sequence) fifth,
+            # and expects no token after it: every draft accepted is then reported as n = γ - 1 with the γ
+            # drafts as the tokens, as HF's own function does
+            is_done = bool(args[0]) if args else bool(kwargs.get("is_done_candidate", False))
+            if is_done and n == candidate_length:
+                valid = candidate_input_ids[:, -candidate_length:]
+                accepted = accepted - 1
         stats["calls"] = stats.get("calls", 0) + 1
         stats["accepted"] = stats.get("accepted", 0) + n
         stats["drafted"] = stats.get("drafted", 0) + candidate_length

@@ -84,10 +84,11 @@ def test_batched_decoding_is_lossless_with_either_attention_mask_format(pair, at
 
 def test_sliding_window_models_keep_hfs_own_masks():
     """A 4-D mask built by the engine is plain causal; models with sliding-window (or mixed) layers get the
-    2-D mask and HF's per-layer masks instead, and a cache that can roll back past the window (it could not:
-    transformers refused the crop). Greedy decoding of a tiny Mistral whose window (4) is shorter than the
-    sequences equals HF's, one prompt at a time. (In a batch a row's padding and rejected slots count
-    against its window, as padding does in HF's own batched generate, so rows are not compared there.)"""
+    2-D mask and HF's per-layer masks instead, and a full-length cache that can roll back past the window (a
+    window-sized one could not: transformers refused the crop). Greedy decoding of a tiny Mistral whose window
+    (4) is shorter than the sequences equals HF's, one prompt at a time. (In a batch a row's padding and
+    rejected slots count against its window, as padding does in HF's own batched generate, so rows are not
+    compared there.)"""
     from transformers import MistralConfig, MistralForCausalLM
 
     tok = build_tokenizer()

@@ -196,6 +196,29 @@ def test_hf_engine_restores_hfs_function_after_the_call_and_after_an_error(model
     assert hf_utils._speculative_sampling is original
 
 
+def test_hf_engine_shim_follows_older_releases_is_done_candidate():
+    """transformers up to about 5.17 calls the verify step with a fifth argument, is_done_candidate (the last
+    draft ends the sequence), and then expects no token after the drafts: with every draft accepted, HF's own
+    function reports γ - 1 matches and returns the γ drafts. The shim does the same with our sampler."""
+    from transformers.generation import utils as hf_utils
+
+    gamma, V = 3, 7
+    target_logits = torch.randn(1, gamma + 1, V, generator=torch.Generator().manual_seed(0))
+    drafts = target_logits[:, :gamma].argmax(-1)                  # greedy accepts them all
+    ids = torch.cat([torch.tensor([[5, 6]]), drafts], dim=1)     # prompt + candidates, as HF passes them
+    draft_logits = torch.randn(1, gamma, V)
+    for is_done, want_n, want_tokens in ((False, gamma, None), (True, gamma - 1, drafts)):
+        stats = {}
+        with hf_verify_step(get_sampler("greedy"), None, stats):
+            valid, n = hf_utils._speculative_sampling(ids, draft_logits, gamma, target_logits, is_done)
+        assert int(n) == want_n and stats["accepted"] == gamma
+        if want_tokens is None:  # the drafts and the bonus token
+            assert valid.shape == (1, gamma + 1) and valid[0, :gamma].tolist() == drafts[0].tolist()
+            assert int(valid[0, gamma]) == int(target_logits[0, gamma].argmax())
+        else:
+            assert valid.tolist() == want_tokens.tolist()
+
+
 def test_hf_engine_greedy_equals_our_engine_and_the_target(models):
     target, draft, tok, dev = models
     enc = tok(PROMPTS, return_tensors="pt", padding=True)

@@ -302,3 +302,20 @@ def test_hf_sampler_refuses_a_changed_signature(monkeypatch):
     monkeypatch.setattr(hf_utils, "_speculative_sampling", changed)
     with pytest.raises(SpecsweepError, match="changed _speculative_sampling"):
         get_sampler("hf")
+
+
+def test_hf_sampler_passes_not_done_to_releases_that_take_is_done_candidate(monkeypatch):
+    """transformers up to about 5.17 (and 4.x) take a fifth argument, is_done_candidate; a verify step on its
+    own is never at the end of a sequence, so the hf sampler passes False there (and nothing to newer ones)."""
+    from transformers.generation import utils as hf_utils
+
+    seen = []
+
+    def older(candidate_input_ids, candidate_logits, candidate_length, new_logits, is_done_candidate):
+        seen.append(is_done_candidate)  # a stand-in: rejects the first draft, emits the target's argmax
+        return new_logits[:, :1].argmax(-1), torch.tensor(0)
+
+    monkeypatch.setattr(hf_utils, "_speculative_sampling", older)
+    dt, dl, tl = random_inputs(B=1, gamma=3)
+    res = get_sampler("hf")(dt, dl, tl, generator=torch.Generator().manual_seed(0))
+    assert seen == [False] and int(res.accepted[0]) == 0 and int(res.tokens[0, 0]) == int(tl[0, 0].argmax())

@@ -20,7 +20,10 @@ _EXPECTED_PARAMS = ("candidate_input_ids", "candidate_logits", "candidate_length
 
 
 def hf_speculative_sampling():
-    """Return transformers' ``_speculative_sampling``, after checking it still has the signature we call."""
+    """transformers' ``_speculative_sampling`` as fn(candidate_input_ids, candidate_logits, candidate_length,
+    new_logits), after checking it still has the signature we call. Releases up to about 5.17 (and the 4.x
+    the paper used) take a fifth argument, ``is_done_candidate`` (the last draft ends the sequence); a
+    verify step on its own is never done, so it is passed False."""
     import transformers
     from transformers.generation import utils as hf_utils
 
@@ -29,11 +32,16 @@ def hf_speculative_sampling():
         raise SpecsweepError(
             f"transformers {transformers.__version__} has no generation.utils._speculative_sampling: "
             "install the tested version from constraints.txt")
-    params = tuple(inspect.signature(fn).parameters)[: len(_EXPECTED_PARAMS)]
-    if params != _EXPECTED_PARAMS:
+    names = tuple(inspect.signature(fn).parameters)
+    if names[: len(_EXPECTED_PARAMS)] != _EXPECTED_PARAMS:
         raise SpecsweepError(
-            f"transformers {transformers.__version__} changed _speculative_sampling{params}; specsweep calls it "
+            f"transformers {transformers.__version__} changed _speculative_sampling{names}; specsweep calls it "
             f"as {_EXPECTED_PARAMS}: install the tested version from constraints.txt")
+    if names[len(_EXPECTED_PARAMS): len(_EXPECTED_PARAMS) + 1] == ("is_done_candidate",):
+        def not_done(candidate_input_ids, candidate_logits, candidate_length, new_logits):
+            return fn(candidate_input_ids, candidate_logits, candidate_length, new_logits, False)
+
+        return not_done
     return fn
 
 
