@@ -23,6 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+export PYTHON=$PY  # kernels/sanitize.sh uses the same interpreter
 ALL="compile tests sanitizer kernels engine"
 STEPS=${*:-$ALL}
 for s in $STEPS; do
