@@ -6,6 +6,8 @@
   trial      an Optuna trial: its results JSON when the file is there, else the values the study stored
   latency    one timing row of a verify-step benchmark: ``specsweep bench kernels`` (kernels/results/*.json,
              GPU) or ``specsweep bench samplers`` (results/bench/samplers-*.json)
+  loop       one temperature of a decoding-loop benchmark, ``specsweep bench engine``
+             (results/bench/engine-*.json): our loops over HF's, paired ratios
 
 Optuna studies are read from their files only: ``<task>-pareto.json`` beside the study folder, and the SQLite
 ``<task>/study.db`` opened read-only when present. Every row records its ``source`` file, ``date``, ``host``,
@@ -38,6 +40,7 @@ def load_all(runs_table, tune: str | os.PathLike | None = None, kernels: str | o
         parts.append(load_latency(kernels, "kernels"))
     if bench is not None:
         parts.append(load_latency(bench, "samplers"))
+        parts.append(load_loops(bench))
     parts = [p for p in parts if p is not None and not p.empty]
     if not parts:
         return pd.DataFrame(columns=["run", "kind"])
@@ -164,6 +167,38 @@ def load_latency(folder: str | os.PathLike, benchmark: str):
                          "V": r["V"], "dtype": r["dtype"], "median_s": r["median_s"], "floor_s": r.get("floor_s"),
                          "launch_floor_s": floor.get("empty_launch_s"), "source": str(path),
                          "date": prov.get("date"), "host": prov.get("host"),
+                         "device": device.get("device"), "device_name": device_label(device),
+                         "cpu_only": not str(device.get("device", "")).startswith("cuda")})
+    return pd.DataFrame(rows)
+
+
+def load_loops(folder: str | os.PathLike):
+    """One row per (``specsweep bench engine`` JSON in ``folder``, temperature): the pair, γ, the paired ratios
+    of our loops over HF's (speculative over assisted, autoregressive over plain), the ceiling where measured,
+    and both speculative loops' acceptance."""
+    import pandas as pd
+
+    folder = Path(folder)
+    rows: list[dict] = []
+    for path in sorted(folder.glob("engine-*.json")) if folder.is_dir() else ():
+        data = _read_json(path)
+        if not isinstance(data, dict) or data.get("benchmark") != "engine":
+            continue
+        prov, settings = data.get("provenance", {}), data.get("settings", {})
+        device = prov.get("device", {})
+        by = {(r["loop"], r["temperature"]): r for r in data.get("results", [])}
+        for key, goal in data.get("goals", {}).items():
+            temperature = float(key.split("=", 1)[1])
+            ours, hf = by.get(("ours_speculative", temperature), {}), by.get(("hf_assisted", temperature), {})
+            rows.append({"run": f"{path.stem}:T{temperature:g}", "kind": "loop", "benchmark": "engine",
+                         "pair": settings.get("target"), "gamma": settings.get("gamma"),
+                         "temperature": temperature, "new_tokens": ours.get("new_tokens"),
+                         "repeats": settings.get("repeats"),
+                         "speculative_over_hf": goal.get("speculative_over_hf_assisted"),
+                         "autoregressive_over_hf": goal.get("autoregressive_over_hf_plain"),
+                         "ceiling_over_hf": goal.get("speculative_ceiling_over_hf_assisted"),
+                         "acceptance_ours": ours.get("acceptance_rate"), "acceptance_hf": hf.get("acceptance_rate"),
+                         "source": str(path), "date": prov.get("date"), "host": prov.get("host"),
                          "device": device.get("device"), "device_name": device_label(device),
                          "cpu_only": not str(device.get("device", "")).startswith("cuda")})
     return pd.DataFrame(rows)

@@ -258,6 +258,38 @@ def test_report_writes_every_figure_and_the_html_references_only_files_that_exis
     assert sorted(pd.read_csv(out / "runs.csv")["run"]) == sorted(load_runs(tree / "runs")["run"])
 
 
+def engine_results(path: Path, device: dict) -> Path:
+    """A `specsweep bench engine` JSON (its structure, with made-up numbers) at T = 0 and T = 1."""
+    rows, goals = [], {}
+    for t, spec, ar, acc in ((0.0, 1.3, 1.04, (0.39, 0.39)), (1.0, 2.04, 0.98, (0.438, 0.446))):
+        for loop, gamma, a in (("ours_speculative", 4, acc[0]), ("hf_assisted", 4, acc[1]),
+                               ("ours_autoregressive", 0, None), ("hf_plain", 0, None)):
+            rows.append({"loop": loop, "gamma": gamma, "temperature": t, "new_tokens": 512, "acceptance_rate": a})
+        goals[f"T={t}"] = {"speculative_over_hf_assisted": spec, "autoregressive_over_hf_plain": ar,
+                           **({"speculative_ceiling_over_hf_assisted": 1.46} if device["device"] == "cpu" else {})}
+    return write(path, {"benchmark": "engine", "results": rows, "goals": goals,
+                        "settings": {"target": "synthetic pair", "gamma": 4, "repeats": 12},
+                        "provenance": {"date": "2026-11-21T12:00:00+00:00", "host": "box", "device": device}})
+
+
+def test_report_shows_the_engine_benchmark_per_file_and_temperature(tree):
+    engine_results(tree / "bench" / "engine-cpu.json", {"device": "cpu", "cpu_threads": 2})
+    engine_results(tree / "bench" / "engine-cuda.json", {"device": "cuda", "gpu": "NVIDIA H200"})
+    table = load_all(load_runs(tree / "runs"), bench=tree / "bench")
+    loops = table[table["kind"] == "loop"].sort_values(["source", "temperature"])
+    assert len(loops) == 4 and list(loops["speculative_over_hf"]) == [1.3, 2.04, 1.3, 2.04]
+    assert list(loops["cpu_only"]) == [True, True, False, False]
+    assert loops["ceiling_over_hf"].isna().tolist() == [False, False, True, True]  # measured on CPU only
+    out = tree / "reports"
+    assert main(["report", "--runs", str(tree / "runs"), "--bench", str(tree / "bench"), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    section = md[md.index("Decoding loop against Hugging Face"):]
+    for text in ("engine-cpu.json", "engine-cuda.json", "NVIDIA H200", "2.04x", "0.98x", "1.46x",
+                 "0.438 / 0.446"):
+        assert text in section, text
+    assert "Decoding loop against Hugging Face" in (out / "report.html").read_text()
+
+
 def test_table_only_and_empty_runs(tmp_path, capsys):
     (tmp_path / "runs").mkdir()
     out = tmp_path / "reports"
@@ -267,6 +299,7 @@ def test_table_only_and_empty_runs(tmp_path, capsys):
                  str(tmp_path / "none"), "--bench", str(tmp_path / "none"), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert "nothing to recommend yet" in md and "No kernel benchmark results" in md
+    assert "No engine benchmark results" in md
 
 
 @pytest.mark.parametrize("args, message", [
