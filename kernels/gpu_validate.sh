@@ -15,9 +15,10 @@
 # A machine that limits one command's time can run it in two parts, e.g. `compile tests sanitizer`, then
 # `kernels engine`.
 #
-# Python: $PYTHON, else .venv/bin/python, else python3; it needs torch with CUDA, cupy, transformers, pytest and
-# specsweep itself installed (`make setup` after installing a CUDA torch, see README; or
-# `pip install --no-deps .` into an environment that already has the first four).
+# Python: $PYTHON, else .venv/bin/python, else python3; it needs torch with CUDA, cupy, transformers, accelerate,
+# pytest and specsweep itself installed (`make setup` after installing a CUDA torch, see README; or
+# `pip install --no-deps --no-build-isolation -e .` into an environment that already has the others: an editable
+# install, because kernels/ is imported as pipeline.kernels and the checkout's pipeline/ comes first on the path).
 # Log: kernels/results/gpu_validate-<steps>.log. Exit code: 0 if every step passed, 1 otherwise (each step still
 # runs), 2 if the GPU backend is unavailable.
 set -uo pipefail
@@ -29,6 +30,11 @@ STEPS=${*:-$ALL}
 for s in $STEPS; do
     case " $ALL " in *" $s "*) ;; *) echo "gpu_validate.sh: unknown step '$s': choose from: $ALL"; exit 2 ;; esac
 done
+if ! "$PY" -c "import pipeline.kernels" 2>/dev/null; then
+    echo "gpu_validate.sh: specsweep is not installed for $PY (pipeline.kernels is not importable): run" \
+         "'make setup', or '$PY -m pip install --no-deps --no-build-isolation -e .' where its requirements are"
+    exit 2
+fi
 if ! "$PY" -c "import sys, torch; from pipeline.samplers import cupy_backend as c; \
     sys.exit(0 if c.available() else print('gpu_validate.sh:', c.unavailable_reason()) or 2)"; then
     exit 2
