@@ -40,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per step; 0 = autoregressive (default: 4)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="model dtype (default: float32)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda (one GPU), cuda:N or auto (default: CUDA when present; with several GPUs the "
+                        "target is spread over all of them)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (default: 1)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per sample at most (default: 64)")
     p.add_argument("--max-prompt-tokens", type=int, help="truncate longer prompts/articles from the end")
