@@ -262,7 +262,7 @@ def _loops(table) -> list:
 
     def ratio(v):
         v = to_number(v)
-        return None if v is None else f"{v:.2f}x"
+        return "-" if v is None else f"{v:.2f}x"
 
     def rate(v):
         v = to_number(v)
@@ -270,7 +270,7 @@ def _loops(table) -> list:
 
     rows = [[Path(str(r["source"])).name, _device(r), r["pair"], r["gamma"], f"{float(r['temperature']):g}",
              ratio(r["speculative_over_hf"]), ratio(r["autoregressive_over_hf"]),
-             ratio(r["ceiling_over_hf"]) or "-", f"{rate(r['acceptance_ours'])} / {rate(r['acceptance_hf'])}"]
+             ratio(r["ceiling_over_hf"]), f"{rate(r['acceptance_ours'])} / {rate(r['acceptance_hf'])}"]
             for _, r in loops.sort_values(["source", "temperature"]).iterrows()]
     blocks.append(Table(["file", "device", "pair", "γ", "T", "ours / HF assisted", "ours (γ = 0) / HF plain",
                          "ceiling", "acceptance ours / HF"], rows))
