@@ -47,7 +47,7 @@
 // full warps plus a loop over all warps, so no element is dropped whatever the slice length; every
 // __syncthreads() is reached by all threads of the block (a block that is not last leaves as a whole); no
 // [γ, V] probability, ratio or residual tensor is written: the workspace holds per-slice partials, per-chunk
-// sums and per-row decisions only. Counters are reset by the block that used them, so no memset per step.
+// sums and per-row decisions only. Arrival counters wrap back to 0 by themselves (atomicInc), so no memset per step.
 //
 // Matching the torch reference: tempering is z * (1/T) rounded once (__fmul_rn), as torch multiplies; softmax
 // entries are expf(x - m) / S, as torch's epilogue; sigmoid is 1 / (1 + expf(-(z * a + b))) with separate
@@ -196,11 +196,13 @@ __device__ __forceinline__ float block_inclusive_scan(float v, float* sh /* [kWa
 }
 
 // Last-block-done: returns true in every thread of the one block of batch row b that arrives last. Writes the
-// block made before the call are visible to that block. Called by all threads.
+// block made before the call are visible to that block. Called by all threads. The counter counts arrivals with
+// atomicInc, which wraps to 0 at the last one: it is back at 0 for the next launch with no store, memset or
+// reset launch (so a step captured in a CUDA graph replays with nothing to prepare).
 __device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned blocks, int* sh_flag) {
   __threadfence();                     // release this block's global writes
   __syncthreads();
-  if (threadIdx.x == 0) *sh_flag = (atomicAdd(counter, 1u) == blocks - 1u) ? 1 : 0;
+  if (threadIdx.x == 0) *sh_flag = (atomicInc(counter, blocks - 1u) == blocks - 1u) ? 1 : 0;
   __syncthreads();
   const bool last = *sh_flag != 0;
   if (last) __threadfence();           // acquire: order the reads of the other blocks' writes after the atomic
@@ -429,7 +431,8 @@ __device__ int draw_token(const RowPass& rp, const WeightParams& wp, int vt, int
 //   dec     float4 [B]             (m_t, S_t, m_d, S_d) of target row n and draft row min(n, γ-1)
 //   nacc    int    [B]             n
 //   csum    float2 [B, kMaxChunks] per-chunk (Σ p, Σ max(0, p - q)) of row n
-//   count   unsigned [2, B]        arrival counters of the two passes, reset by their last block
+//   count   unsigned [B]           arrival counters, shared by the two passes (one after the other on a
+//                                  stream); atomicInc wraps each back to 0 at its last arrival
 template <typename T>
 __device__ void exact_partials_impl(const long long* __restrict__ tokens, const T* __restrict__ target,
                                     const T* __restrict__ draft, const float* __restrict__ u, int gamma, int vt,
@@ -551,7 +554,6 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
     const int nd = gamma > 0 ? min(n, gamma - 1) : 0;
     dec[b] = make_float4(sh_m[n], sh_s[n], gamma > 0 ? sh_m[gamma + 1 + nd] : 0.0f,
                          gamma > 0 ? sh_s[gamma + 1 + nd] : 1.0f);
-    count[b] = 0u;                             // ready for the next step
   }
 }
 
@@ -650,7 +652,6 @@ __device__ void sample_impl(const long long* __restrict__ tokens, const T* __res
   } else if (threadIdx.x == 0) {
     out_tokens[b * out_ld + n] = token;
   }
-  if (threadIdx.x == 0) count[b] = 0u;
 }
 
 // ---- greedy --------------------------------------------------------------------------------------------------
@@ -761,7 +762,6 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const T* __res
     out_accepted[b * acc_stride] = n;
     draft_ok[b] = sh_dbad == 0;
     target_ok[b] = tok;
-    count[b] = 0u;
   }
 }
 

@@ -54,7 +54,72 @@ def unavailable_reason() -> str:
     return "available"
 
 
-# ---- launch geometry and workspace -------------------------------------------------------------------------
+# ---- where the kernels run ----------------------------------------------------------------------------------
+
+class Launcher:
+    """Runs the kernels of verify.cu for the samplers below: geometry, workspace and arguments are the samplers'
+    own, so every launcher is driven by exactly the same code.
+
+    The production launcher is :class:`CupyLauncher` (CUDA through CuPy). The test suite injects a CPU runtime
+    for CUDA kernels (tests/cuda_on_cpu) through :func:`bind`, so the kernels also execute where CI runs.
+    A launcher owns one workspace per (device, stream).
+    """
+
+    name = "?"
+    device_type = "cuda"             # the torch device type the kernels read and write
+
+    def __init__(self) -> None:
+        self._workspaces: dict[object, _Workspace] = {}
+
+    def prepare(self, device: torch.device) -> None:
+        """Compile and load the kernels for ``device`` (before the first step, and before any graph capture)."""
+
+    def sm_count(self, device: torch.device) -> int:
+        raise NotImplementedError
+
+    def stream_key(self, device: torch.device) -> object:
+        """Steps with the same key run one after another (one stream): they may share a workspace."""
+        raise NotImplementedError
+
+    def launch(self, kernel: str, dtype: str, grid: tuple[int, int, int], args: tuple, device: torch.device) -> None:
+        """Launch ``kernel<dtype>`` over ``grid`` with ``THREADS`` threads per block; ``args`` as the kernel takes
+        them (pointers as np.uint64, then np.int32 / np.int64 / np.float32 scalars)."""
+        raise NotImplementedError
+
+    def workspace(self, device: torch.device) -> _Workspace:
+        key = self.stream_key(device)
+        ws = self._workspaces.get(key)
+        if ws is None:
+            ws = self._workspaces[key] = _Workspace(device)
+        return ws
+
+
+class CupyLauncher(Launcher):
+    """The CUDA kernels on a GPU, compiled by NVRTC and launched by CuPy on torch's current stream."""
+
+    name = "cupy"
+    device_type = "cuda"
+
+    @staticmethod
+    def _index(device: torch.device) -> int:
+        return device.index if device.index is not None else torch.cuda.current_device()
+
+    def prepare(self, device: torch.device) -> None:
+        from pipeline.kernels.loader import module
+
+        module(self._index(device))
+
+    def sm_count(self, device: torch.device) -> int:
+        return _sm_count(self._index(device))
+
+    def stream_key(self, device: torch.device) -> object:
+        return self._index(device), torch.cuda.current_stream(device).cuda_stream
+
+    def launch(self, kernel, dtype, grid, args, device) -> None:
+        from pipeline.kernels.loader import launch
+
+        launch(kernel, dtype, grid, args, self._index(device))
+
 
 @functools.cache
 def _sm_count(device_index: int) -> int:
@@ -71,40 +136,35 @@ def _split(n_chunks: int, blocks_per_unit: float, min_chunks: int = 1) -> tuple[
 class _Workspace:
     """Per (device, stream) scratch memory: slice partials, decisions, chunk sums and arrival counters.
 
-    Counters start at zero and each kernel's last block resets its own, so no memset runs per step. Buffers
-    grow when a larger step comes; one stream never runs two steps at once, so one workspace per stream is safe.
+    Counters start at zero and every kernel's arrivals wrap them back to zero (atomicInc), so no memset runs per
+    step and nothing has to reset them. Buffers grow (doubling) when a larger step comes; the buffers they replace
+    are kept, never freed, because a CUDA graph captured earlier still refers to them. One stream never runs two
+    steps at once, so one workspace per stream is safe.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.batch = 0
         self.part = torch.empty(0, dtype=torch.float32, device=device)
+        self._retired: list[torch.Tensor] = []
 
     def ensure(self, batch: int, part_floats: int) -> _Workspace:
+        from pipeline.kernels.loader import MAX_CHUNKS
+
+        d = self.device
         if batch > self.batch:
-            d = self.device
-            self.batch = batch
-            self.count = torch.zeros(batch, dtype=torch.int32, device=d)
-            self.flags = torch.zeros(batch, dtype=torch.int32, device=d)
-            self.dec = torch.empty((batch, 4), dtype=torch.float32, device=d)
-            self.nacc = torch.empty(batch, dtype=torch.int32, device=d)
-            from pipeline.kernels.loader import MAX_CHUNKS
-
-            self.csum = torch.empty((batch, MAX_CHUNKS, 2), dtype=torch.float32, device=d)
+            if self.batch:
+                self._retired += [self.count, self.flags, self.dec, self.nacc, self.csum]
+            self.batch = max(batch, 2 * self.batch)
+            self.count = torch.zeros(self.batch, dtype=torch.int32, device=d)
+            self.flags = torch.zeros(self.batch, dtype=torch.int32, device=d)
+            self.dec = torch.empty((self.batch, 4), dtype=torch.float32, device=d)
+            self.nacc = torch.empty(self.batch, dtype=torch.int32, device=d)
+            self.csum = torch.empty((self.batch, MAX_CHUNKS, 2), dtype=torch.float32, device=d)
         if part_floats > self.part.numel():
-            self.part = torch.empty(part_floats, dtype=torch.float32, device=self.device)
+            self._retired.append(self.part)
+            self.part = torch.empty(max(part_floats, 2 * self.part.numel()), dtype=torch.float32, device=d)
         return self
-
-
-_WORKSPACES: dict[tuple[int, int], _Workspace] = {}
-
-
-def _workspace(device: torch.device) -> _Workspace:
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = _WORKSPACES[key] = _Workspace(device)
-    return ws
 
 
 # ---- inputs and outputs ------------------------------------------------------------------------------------
@@ -116,36 +176,49 @@ class _Step:
     out int64 [B, γ+2]: tokens in columns 0..γ, accepted in column γ+1. ok bool [2, B]: draft_ok, target_ok.
     """
 
-    def __init__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> None:
+    def __init__(self, launcher: Launcher, draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
+                 target_logits: torch.Tensor) -> None:
         from pipeline.kernels.loader import MAX_GAMMA, MAX_VOCAB
 
-        if draft_tokens.device.type != "cuda":
+        if draft_tokens.device.type != launcher.device_type:
             raise SamplerInputError(
-                f"the cupy backend needs CUDA tensors; got {draft_tokens.device}: move them with .cuda() or use "
-                "backend='torch'")
+                f"the {launcher.name} backend needs {launcher.device_type.upper()} tensors; got {draft_tokens.device}: "
+                "move them there or use backend='torch'")
         B, gamma = draft_tokens.shape
         vt, vd = target_logits.shape[2], draft_logits.shape[2]
         if gamma > MAX_GAMMA:
-            raise SamplerInputError(f"the cupy backend verifies at most γ = {MAX_GAMMA} tokens; got γ = {gamma}")
+            raise SamplerInputError(f"the {launcher.name} backend verifies at most γ = {MAX_GAMMA} tokens; "
+                                    f"got γ = {gamma}")
         if vt > MAX_VOCAB or vt == 0:
-            raise SamplerInputError(f"the cupy backend needs 1 <= V_t <= {MAX_VOCAB}; got V_t = {vt}")
+            raise SamplerInputError(f"the {launcher.name} backend needs 1 <= V_t <= {MAX_VOCAB}; got V_t = {vt}")
         if B == 0 or B > 65_535:
-            raise SamplerInputError(f"the cupy backend needs 1 <= B <= 65535; got B = {B}")
+            raise SamplerInputError(f"the {launcher.name} backend needs 1 <= B <= 65535; got B = {B}")
         if draft_logits.dtype != target_logits.dtype:  # one kernel dtype: read both as fp32 (exact upcast)
             draft_logits, target_logits = draft_logits.float(), target_logits.float()
         if target_logits.stride(2) != 1:
             target_logits = target_logits.contiguous()
         if draft_logits.stride(2) != 1 or draft_logits.numel() == 0:
             draft_logits = draft_logits.contiguous()
+        self.launcher = launcher
         self.tokens_in = draft_tokens.contiguous()
         self.draft, self.target = draft_logits, target_logits
         self.B, self.gamma, self.vt, self.vd = B, gamma, vt, vd
         self.dtype = _DTYPE_NAMES[target_logits.dtype]
         self.device = draft_tokens.device
-        self.device_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        launcher.prepare(self.device)
+        self.sms = launcher.sm_count(self.device)
         self.n_chunks = -(-vt // 1024)
         self.out = torch.empty((B, gamma + 2), dtype=torch.int64, device=self.device)
         self.ok = torch.empty((2, B), dtype=torch.bool, device=self.device)
+
+    def uniforms(self, generator: torch.Generator | None) -> torch.Tensor:
+        return uniforms(self.B, self.gamma, self.device, generator)
+
+    def workspace(self, part_floats: int) -> _Workspace:
+        return self.launcher.workspace(self.device).ensure(self.B, part_floats)
+
+    def launch(self, kernel: str, grid: tuple[int, int, int], args: tuple) -> None:
+        self.launcher.launch(kernel, self.dtype, grid, args, self.device)
 
     def common_args(self) -> tuple:
         from pipeline.kernels.loader import i32, i64, ptr
@@ -172,50 +245,54 @@ def _with_u(args: tuple, u: torch.Tensor) -> tuple:
     return (*args[:3], ptr(u), *args[3:])
 
 
-def _greedy(draft_tokens, draft_logits, target_logits) -> SamplerResult:
-    from pipeline.kernels.loader import CHUNK, i32, launch, ptr
+def greedy_step(launcher: Launcher, draft_tokens, draft_logits, target_logits) -> SamplerResult:
+    """One launch: greedy_verify."""
+    from pipeline.kernels.loader import CHUNK, i32, ptr
 
-    step = _Step(draft_tokens, draft_logits, target_logits)
+    step = _Step(launcher, draft_tokens, draft_logits, target_logits)
     rows = step.gamma + 1
-    slices, per = _split(step.n_chunks, _BLOCKS_PER_SM * _sm_count(step.device_index) / (rows * step.B))
-    ws = _workspace(step.device).ensure(step.B, 2 * step.B * rows * slices)
+    slices, per = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / (rows * step.B))
+    ws = step.workspace(2 * step.B * rows * slices)
     args = (*step.common_args(), i32(per * CHUNK), ptr(ws.part), ptr(ws.count), *step.out_args())
-    launch("greedy_verify", step.dtype, (slices, rows, step.B), args, step.device_index)
+    step.launch("greedy_verify", (slices, rows, step.B), args)
     return step.result()
 
 
-def _exact(draft_tokens, draft_logits, target_logits, temperature: float, generator) -> SamplerResult:
-    from pipeline.kernels.loader import CHUNK, f32, i32, i64, launch, ptr
+def exact_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, temperature: float,
+               generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> SamplerResult:
+    """Two launches: exact_partials (normalisers, decisions), then sample_exact. Uniforms: ``u`` float32 [B, γ+1]
+    when given (tests), else drawn from ``generator`` as the reference draws them."""
+    from pipeline.kernels.loader import CHUNK, f32, i32, i64, ptr
 
-    step = _Step(draft_tokens, draft_logits, target_logits)
-    u = uniforms(step.B, step.gamma, step.device, generator)
+    step = _Step(launcher, draft_tokens, draft_logits, target_logits)
+    u = step.uniforms(generator) if u is None else u
     inv_t = f32(1.0 / temperature)
-    sms = _sm_count(step.device_index)
     rows = 2 * step.gamma + 1
-    slices, per = _split(step.n_chunks, _BLOCKS_PER_SM * sms / (rows * step.B))
-    ws = _workspace(step.device).ensure(step.B, 2 * step.B * rows * slices)
+    slices, per = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / (rows * step.B))
+    ws = step.workspace(2 * step.B * rows * slices)
     common = _with_u(step.common_args(), u)
-    launch("exact_partials", step.dtype, (slices, rows, step.B),
-           (*common, inv_t, i32(per * CHUNK), ptr(ws.part), ptr(ws.dec), ptr(ws.nacc), ptr(ws.count),
-            *step.out_args()), step.device_index)
-    blocks, cpb = _split(step.n_chunks, _BLOCKS_PER_SM * sms / step.B, _min_chunks(step.dtype))
-    launch("sample_exact", step.dtype, (blocks, step.B, 1),
-           (*common, inv_t, i32(cpb), ptr(ws.dec), ptr(ws.nacc), ptr(ws.csum), ptr(ws.count), ptr(step.out),
-            i64(step.gamma + 2)), step.device_index)
+    step.launch("exact_partials", (slices, rows, step.B),
+                (*common, inv_t, i32(per * CHUNK), ptr(ws.part), ptr(ws.dec), ptr(ws.nacc), ptr(ws.count),
+                 *step.out_args()))
+    blocks, cpb = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / step.B, _min_chunks(step.dtype))
+    step.launch("sample_exact", (blocks, step.B, 1),
+                (*common, inv_t, i32(cpb), ptr(ws.dec), ptr(ws.nacc), ptr(ws.csum), ptr(ws.count), ptr(step.out),
+                 i64(step.gamma + 2)))
     return step.result()
 
 
-def _sigmoid(draft_tokens, draft_logits, target_logits, scale: float, beta: float, generator) -> SamplerResult:
-    from pipeline.kernels.loader import f32, i32, launch, ptr
+def sigmoid_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, scale: float, beta: float,
+                 generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> SamplerResult:
+    """One launch: sample_sigmoid with weights sigmoid(scale * z + beta). Uniforms as for exact_step."""
+    from pipeline.kernels.loader import f32, i32, ptr
 
-    step = _Step(draft_tokens, draft_logits, target_logits)
-    u = uniforms(step.B, step.gamma, step.device, generator)
-    blocks, cpb = _split(step.n_chunks, _BLOCKS_PER_SM * _sm_count(step.device_index) / step.B,
-                         _min_chunks(step.dtype))
-    ws = _workspace(step.device).ensure(step.B, 0)
-    launch("sample_sigmoid", step.dtype, (blocks, step.B, 1),
-           (*_with_u(step.common_args(), u), f32(scale), f32(beta), i32(cpb), ptr(ws.csum), ptr(ws.count),
-            ptr(ws.flags), *step.out_args()), step.device_index)
+    step = _Step(launcher, draft_tokens, draft_logits, target_logits)
+    u = step.uniforms(generator) if u is None else u
+    blocks, cpb = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / step.B, _min_chunks(step.dtype))
+    ws = step.workspace(0)
+    step.launch("sample_sigmoid", (blocks, step.B, 1),
+                (*_with_u(step.common_args(), u), f32(scale), f32(beta), i32(cpb), ptr(ws.csum), ptr(ws.count),
+                 ptr(ws.flags), *step.out_args()))
     return step.result()
 
 
@@ -230,32 +307,47 @@ class ExactSampler(torch_ref.ExactSampler):
     """Modified rejection sampling (lossless), CUDA kernels. See torch_ref.ExactSampler."""
 
     backend = "cupy"
+    launcher: Launcher = CupyLauncher()
+
+    def prepare(self, device: torch.device) -> None:
+        """Compile and load the kernels now: call before capturing a step in a CUDA graph."""
+        self.launcher.prepare(torch.device(device))
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator):
         if self.temperature == 0.0:
-            return _greedy(draft_tokens, draft_logits, target_logits)
-        return _exact(draft_tokens, draft_logits, target_logits, self.temperature, generator)
+            return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits)
+        return exact_step(self.launcher, draft_tokens, draft_logits, target_logits, self.temperature, generator)
 
 
 class SigmoidSampler(torch_ref.SigmoidSampler):
     """The sigmoid approximation (not lossless), CUDA kernel. See torch_ref.SigmoidSampler."""
 
     backend = "cupy"
+    launcher: Launcher = ExactSampler.launcher
+    prepare = ExactSampler.prepare
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator):
         if self.temperature == 0.0:
-            return _greedy(draft_tokens, draft_logits, target_logits)
-        return _sigmoid(draft_tokens, draft_logits, target_logits, self.alpha / self.temperature, self.beta,
-                        generator)
+            return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits)
+        return sigmoid_step(self.launcher, draft_tokens, draft_logits, target_logits, self.alpha / self.temperature,
+                            self.beta, generator)
 
 
 class GreedySampler(torch_ref.GreedySampler):
     """Argmax matching, CUDA kernel. See torch_ref.GreedySampler."""
 
     backend = "cupy"
+    launcher: Launcher = ExactSampler.launcher
+    prepare = ExactSampler.prepare
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator):
-        return _greedy(draft_tokens, draft_logits, target_logits)
+        return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits)
 
 
 SAMPLERS = {"exact": ExactSampler, "sigmoid": SigmoidSampler, "greedy": GreedySampler}
+
+
+def bind(launcher: Launcher) -> dict[str, type]:
+    """The three kernel samplers driven by another launcher (backend name = ``launcher.name``)."""
+    return {name: type(cls.__name__, (cls,), {"launcher": launcher, "backend": launcher.name})
+            for name, cls in SAMPLERS.items()}

@@ -1,0 +1,211 @@
+"""The CUDA verify kernels, executed on the CPU and held to the torch reference: in every CI run, no GPU needed.
+
+kernels/verify.cu is compiled unchanged with g++ against the CPU runtime in tests/cuda_on_cpu (each block on an
+OS thread, each CUDA thread a fibre, strict barriers, 32-lane warps) and driven by the cupy backend's own launch
+code: grid sizing for a 132-SM GPU, workspace, argument packing. The same cases and agreement rule as on the GPU
+(tests/kernel_cases.py), plus what only this runtime can show: mutants of the kernel that the tests must catch,
+and checks of the runtime itself. What it cannot catch is listed in tests/cuda_on_cpu/README.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_on_cpu import BuildError, CpuLauncher, KernelLibrary, LaunchError, build, compiler
+from kernel_cases import (
+    CONFIGS,
+    KernelBackend,
+    KernelCases,
+    assert_agree,
+    assert_any,
+    assert_greedy_agrees,
+    make_inputs,
+)
+
+from pipeline.kernels import loader
+from pipeline.samplers import cupy_backend
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler (g++ >= 11 or clang++): apt install g++")
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def verify_library() -> KernelLibrary:
+    return KernelLibrary(build(loader.SOURCE_PATH, loader.NAME_EXPRESSIONS))
+
+
+# Configs with a larger batch run at this B on the CPU (B = 256 x V = 51865 x 33 rows would take a minute); the
+# one-block-per-row geometry that B = 256 gives on a GPU is tested at a small B with fewer SMs below.
+CPU_MAX_BATCH = 24
+
+
+def cpu_backend(library: KernelLibrary, **launcher_args) -> KernelBackend:
+    return KernelBackend(cupy_backend.bind(CpuLauncher(library, **launcher_args)), CPU, max_batch=CPU_MAX_BATCH)
+
+
+class TestKernelsOnCpu(KernelCases):
+    @pytest.fixture
+    def kb(self, verify_library) -> KernelBackend:
+        return cpu_backend(verify_library)
+
+
+def test_grids_have_the_blocks_a_gpu_would_run(verify_library):
+    """The launch geometry is the GPU's (132 SMs): rows are split over several blocks, so the slice partials and the
+    last-block-done combine run; at B = 256 the partial pass has one block per row, as on the GPU."""
+    launcher = CpuLauncher(verify_library)
+    samplers = cupy_backend.bind(launcher)
+    samplers["exact"]()(*make_inputs(CPU, 1, 5, 128_256, 128_256, "bfloat16"), torch.Generator().manual_seed(0))
+    samplers["exact"]()(*make_inputs(CPU, 256, 2, 4_096, 4_096, "float32"), torch.Generator().manual_seed(0))
+    grids = dict(launcher.launches[:2])
+    assert grids["exact_partials<__nv_bfloat16>"] == (42, 11, 1)     # 42 slices x 11 rows: 462 blocks at B = 1
+    assert launcher.launches[1][1][0] > 1                             # sample_exact: several blocks for one row
+    assert launcher.launches[2] == ("exact_partials<float>", (1, 5, 256))    # one block per row at B = 256
+    assert launcher.launches[3] == ("sample_exact<float>", (2, 256, 1))      # 4 chunks: 2 blocks of 2 per row
+
+
+@pytest.mark.parametrize("name", ["exact", "sigmoid", "greedy"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_block_per_row_at_large_batch(verify_library, name, dtype):
+    """B >= 4 blocks per SM: every row gets one block for its whole vocabulary, as B = 256 on a 132-SM GPU (here
+    B = 40 on 8 SMs)."""
+    kb = cpu_backend(verify_library, sm_count=8)
+    kb.max_batch = 40
+    params = {} if name == "greedy" else {"temperature": 1.0}
+    assert_any(name, kb.inputs(40, 3, 51_865, 51_865, dtype, seed=21), kb, params, seed=22)
+    grids = [grid for kernel, grid in kb.samplers[name].launcher.launches]
+    assert all(grid[0] == 1 for grid in grids), grids
+
+
+def test_a_growing_workspace_keeps_the_buffers_it_replaces():
+    """A CUDA graph captured at a small B keeps pointers into the workspace: growing it for a larger B must not
+    free them (they are retired, not released), and fresh counters start at zero."""
+    import weakref
+
+    ws = cupy_backend._Workspace(CPU).ensure(4, 100)
+    old = [weakref.ref(t) for t in (ws.count, ws.flags, ws.dec, ws.nacc, ws.csum, ws.part)]
+    ws.ensure(64, 10_000)
+    assert ws.batch >= 64 and ws.part.numel() >= 10_000 and not bool(ws.count.any())
+    assert all(r() is not None for r in old), "a buffer a captured graph may use was freed"
+
+
+# ---- mutants: the tests above must fail on a broken kernel -----------------------------------------------------
+
+MUTANTS = {
+    # the warp-level Kogge-Stone scan adds one lane too few: every prefix sum after lane 0 is off
+    "scan off by one": ("    if (lane >= off) v += o;", "    if (lane > off) v += o;"),
+    # the barrier between writing the per-warp totals and reading them in block_inclusive_scan
+    "barrier removed": ("  if (lane == 31) sh[warp] = v;\n  __syncthreads();", "  if (lane == 31) sh[warp] = v;"),
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=list(MUTANTS))
+def test_the_tests_catch_a_broken_kernel(mutant):
+    """Build verify.cu with one defect and run two agreement checks on it: they must fail."""
+    original, broken = MUTANTS[mutant]
+    source = loader.source()
+    assert source.count(original) == 1, f"the mutant's anchor is gone from verify.cu: update MUTANTS[{mutant!r}]"
+    library = KernelLibrary(build(loader.SOURCE_PATH, loader.NAME_EXPRESSIONS, text=source.replace(original, broken)))
+    kb = cpu_backend(library)
+    failures = 0
+    for check in (lambda: assert_agree(kb, "exact", {"temperature": 1.0}, kb.inputs(*CONFIGS[4]), seed=1),
+                  lambda: assert_agree(kb, "sigmoid", {"temperature": 1.0, "alpha": 0.5, "beta": 0.0},
+                                       kb.inputs(*CONFIGS[6]), seed=3)):
+        try:
+            check()
+        except (AssertionError, LaunchError):
+            failures += 1
+    assert failures == 2, f"{mutant}: only {failures} of 2 checks failed on the broken kernel"
+    # and the unbroken kernel passes the same checks (so the failures above are the mutant's)
+    assert_greedy_agrees(kb, kb.inputs(*CONFIGS[6]))
+
+
+# ---- the runtime itself ---------------------------------------------------------------------------------------
+
+RUNTIME_KERNELS = r"""
+// Test kernels for the runtime's own checks.
+__global__ void warp_sums(const float* in, float* out) {      // only warp 1 reduces: shuffles are per warp
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 1) {
+    float v = in[lane];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    out[lane] = v;
+  }
+}
+__global__ void divergent_barrier(int* out) {                  // thread 0 leaves before the barrier
+  if (threadIdx.x == 0) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+__global__ void misaligned_load(const float* base, float* out) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(base + 1));
+  out[threadIdx.x] = __uint_as_float(v.x);
+}
+__global__ void partial_mask(float* out) {
+  out[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, 1.0f, 1);
+}
+__global__ void last_block_counts(unsigned* counter, unsigned* last) {   // atomicInc wraps to 0 at the last block
+  __shared__ int flag;
+  if (threadIdx.x == 0) flag = atomicInc(counter, gridDim.x - 1u) == gridDim.x - 1u;
+  __syncthreads();
+  if (flag && threadIdx.x == 0) atomicAdd(last, 1u);
+}
+"""
+RUNTIME_NAMES = ("warp_sums", "divergent_barrier", "misaligned_load", "partial_mask", "last_block_counts")
+
+
+@pytest.fixture(scope="module")
+def runtime_library(tmp_path_factory) -> KernelLibrary:
+    path = tmp_path_factory.mktemp("runtime") / "runtime_checks.cu"
+    path.write_text(RUNTIME_KERNELS)
+    return KernelLibrary(build(path, RUNTIME_NAMES))
+
+
+def ptr(t: torch.Tensor):
+    return loader.ptr(t)
+
+
+def test_warp_operations_synchronise_only_the_calling_warp(runtime_library):
+    x = torch.arange(32, dtype=torch.float32)
+    out = torch.zeros(32)
+    runtime_library.launch("warp_sums", (1, 1, 1), (256, 1, 1), (ptr(x), ptr(out)))
+    assert out.tolist() == [float(x.sum())] * 32
+
+
+def test_a_barrier_not_every_thread_reaches_is_reported_as_a_deadlock(runtime_library):
+    out = torch.zeros(256, dtype=torch.int32)
+    with pytest.raises(LaunchError, match=r"deadlock .* 255 threads wait at __syncthreads, .* 1 have exited"):
+        runtime_library.launch("divergent_barrier", (2, 1, 1), (256, 1, 1), (ptr(out),))
+
+
+def test_misaligned_vector_loads_and_partial_warps_are_reported(runtime_library):
+    x, out = torch.zeros(64), torch.zeros(256)
+    with pytest.raises(LaunchError, match=r"misaligned address .* 16-byte __ldg"):
+        runtime_library.launch("misaligned_load", (1, 1, 1), (256, 1, 1), (ptr(x), ptr(out)))
+    with pytest.raises(LaunchError, match="partial warp mask"):
+        runtime_library.launch("partial_mask", (1, 1, 1), (256, 1, 1), (ptr(out),))
+
+
+def test_arguments_of_the_wrong_size_are_refused(runtime_library):
+    out = torch.zeros(256)
+    with pytest.raises(LaunchError, match="argument size mismatch"):
+        runtime_library.launch("partial_mask", (1, 1, 1), (256, 1, 1), (loader.i32(0),))
+    with pytest.raises(LaunchError, match="takes 2 arguments; got 1"):
+        runtime_library.launch("warp_sums", (1, 1, 1), (256, 1, 1), (ptr(out),))
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_blocks_run_concurrently_and_one_is_last(runtime_library, workers):
+    """Atomics across blocks on several OS threads: exactly one block of each launch sees itself last, and the
+    counter is back at 0 after each launch without a reset (three launches in a row)."""
+    counter, last = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    for _ in range(3):
+        runtime_library.launch("last_block_counts", (97, 1, 1), (64, 1, 1), (ptr(counter), ptr(last)), workers)
+    assert counter.item() == 0 and last.item() == 3
+
+
+def test_build_errors_name_the_compiler_output(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_text("__global__ void k(int* p) { p[0] = undefined_name; }\n")
+    with pytest.raises(BuildError, match="undefined_name"):
+        build(bad, ("k",))
