@@ -39,8 +39,9 @@
 //
 // Work split: the vocabulary is cut into slices of whole 1024-entry chunks, and the host (loader.py) picks the
 // number of slices so that the grid has a few blocks per SM even at B = 1. Every block has kThreads = 256
-// threads; each thread loads 16 bytes at a time (4 fp32 or 8 fp16/bf16 entries) when the row start is 16-byte
-// aligned, and element by element otherwise (odd V). Entries past a row's end read as -inf (weight 0).
+// threads; each thread loads 16 bytes at a time (4 fp32 or 8 fp16/bf16 entries), always aligned: the few entries
+// of a row before its first 16-byte boundary (rows of an odd-V tensor start anywhere) are read one by one
+// (vec_head, "peeling"). Entries past a row's end read as -inf (weight 0).
 //
 // Faults avoided (of the paper's released kernels): shared arrays are fp32/int and sized by compile-time
 // bounds (kMaxRows, kMaxChunks, kWarps), never by a half-precision count; reductions are warp shuffles over
@@ -69,8 +70,10 @@ constexpr int kMaxGamma = 16;
 constexpr int kMaxRows = 2 * kMaxGamma + 1;    // rows reduced per batch row by exact_partials
 constexpr int kMaxChunks = 256;                // V_t <= 262144
 constexpr int kUnroll = 4;                     // 16-byte loads in flight per thread in the partial passes
+constexpr int kPassUnroll = 2;                 // ... and per row (target, draft) in the chunk pass
 constexpr float kResidualZeroTol = 16.0f * 1.1920928955078125e-07f;  // == contract.RESIDUAL_ZERO_TOL
 constexpr unsigned kFull = 0xffffffffu;
+constexpr int kNoIndex = 0x7fffffff;           // "no index found" in min-reductions over indices
 #define SPECSWEEP_INF __int_as_float(0x7f800000)   // NVRTC has no math.h: INFINITY / NAN spelled out
 #define SPECSWEEP_NAN __int_as_float(0x7fffffff)
 
@@ -122,9 +125,21 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ row, int i, int l
   }
 }
 
+// Entries of a row before its first 16-byte boundary (0..N-1). From that index on, every N entries are one aligned
+// 16-byte load; rows of a tensor whose V is not a multiple of N start at every alignment, so each pass reads
+// these few head entries one by one and the rest as vectors ("peeling").
 template <typename T>
-__device__ __forceinline__ bool aligned16(const T* p) {
-  return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull;
+__device__ __forceinline__ int vec_head(const T* p) {
+  return static_cast<int>(((16ull - (reinterpret_cast<unsigned long long>(p) & 15ull)) & 15ull) / sizeof(T));
+}
+
+// v[0] = row[i] where i < len, the other entries fill: one entry in the shape of a vector.
+template <typename T>
+__device__ __forceinline__ void load_one(const T* __restrict__ row, int i, int len, float fill,
+                                         float (&v)[Vec<T>::N]) {
+#pragma unroll
+  for (int k = 0; k < Vec<T>::N; ++k) v[k] = fill;
+  if (i < len) v[0] = to_float(row[i]);
 }
 
 __device__ __forceinline__ bool nan_or_posinf(float x) { return isnan(x) || x == SPECSWEEP_INF; }
@@ -145,6 +160,26 @@ __device__ __forceinline__ MaxSum ms_merge(MaxSum a, MaxSum b) {
   return {m, sa + sb};
 }
 
+// Adds N logits, scaled by inv_t, to an online max / sum-exp; NaN or +inf sets `bad`.
+template <int N>
+__device__ __forceinline__ void ms_add(MaxSum& acc, bool& bad, float (&z)[N], float inv_t) {
+  float vm = -SPECSWEEP_INF;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    z[k] = __fmul_rn(z[k], inv_t);
+    bad |= nan_or_posinf(z[k]);
+    vm = fmaxf(vm, z[k]);
+  }
+  if (vm > acc.m) {
+    acc.s = (acc.s == 0.0f) ? 0.0f : acc.s * expf(acc.m - vm);
+    acc.m = vm;
+  }
+  if (acc.m != -SPECSWEEP_INF) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc.s += expf(z[k] - acc.m);
+  }
+}
+
 __device__ __forceinline__ MaxSum warp_ms(MaxSum v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
@@ -160,23 +195,23 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ int warp_sum_int(int v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
-  return v;
-}
-
-// Sum of one int per thread over the block; every thread gets the result. Called by all threads.
-__device__ __forceinline__ int block_sum_int(int v, int* sh /* [kWarps] */) {
+// Minimum (kMax false) or maximum (kMax true) of one int per thread over the block; every thread gets the
+// result. Called by all threads.
+template <bool kMax>
+__device__ __forceinline__ int block_extreme_int(int v, int* sh /* [kWarps] */) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum_int(v);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const int o = __shfl_xor_sync(kFull, v, off);
+    v = kMax ? max(v, o) : min(v, o);
+  }
   if (lane == 0) sh[warp] = v;
   __syncthreads();
-  int total = 0;
+  int r = sh[0];
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += sh[w];
+  for (int w = 1; w < kWarps; ++w) r = kMax ? max(r, sh[w]) : min(r, sh[w]);
   __syncthreads();
-  return total;
+  return r;
 }
 
 // Inclusive prefix sum of one float per thread over the block (thread order). Called by all threads.
@@ -232,8 +267,15 @@ struct Shared {
   float total;
 };
 
-// Which chunk holds x = u * total, as contract.sample_from_weights: k = #{c : cdf[c] <= x}, clamped to the last
-// chunk with mass; returns k and the mass left inside it. `w` is this thread's chunk weight (thread c = chunk c).
+// Inverse CDF over non-negative weights, as contract.sample_from_weights: the first index whose cdf exceeds the
+// target x *and* whose weight is positive; where rounding leaves none, the last index with positive weight.
+// The positive-weight condition is needed because an fp32 scan is not monotone (Kogge-Stone adds in another
+// order for each lane, and the in-chunk cdf below is rebuilt by a subtraction): an entry of weight 0 (a -inf
+// logit, a masked or top-k-removed token, a chunk with no mass) can get a cdf a little below its predecessor's,
+// and counting #(cdf <= x) could then stop on it and emit a token the model gave probability 0.
+
+// Which chunk holds x = u * total; returns k and the mass left inside it. `w` is this thread's chunk weight
+// (thread c = chunk c).
 __device__ __forceinline__ int choose_chunk(float w, int nc, float u, Shared& sh, float& offset) {
   const int c = threadIdx.x;
   const float cdf = block_inclusive_scan(c < nc ? w : 0.0f, sh.red);
@@ -241,18 +283,16 @@ __device__ __forceinline__ int choose_chunk(float w, int nc, float u, Shared& sh
   sh.csum[c] = w;
   if (c == nc - 1) sh.total = cdf;
   __syncthreads();
-  const float total = sh.total;
-  const float x = u * total;
-  int k = block_sum_int(c < nc && cdf <= x, sh.ired);
-  const int kmax = block_sum_int(c < nc && cdf < total, sh.ired);
-  k = min(k, kmax);
-  k = min(k, nc - 1);
+  const float x = u * sh.total;
+  const bool mass = c < nc && w > 0.0f;
+  const int first = block_extreme_int<false>(mass && cdf > x ? c : kNoIndex, sh.ired);
+  const int last = block_extreme_int<true>(mass ? c : -1, sh.ired);
+  const int k = first != kNoIndex ? first : max(last, 0);
   offset = x - (sh.cdf[k] - sh.csum[k]);
   return k;
 }
 
-// Position inside a chunk: thread t holds weights w[0..3] of entries 4t..4t+3. j = #{e : wcdf[e] <= offset},
-// clamped to the last entry with mass (so a zero-weight entry is never returned for a chunk with mass).
+// Position inside a chunk: thread t holds weights w[0..3] of entries 4t..4t+3; `offset` is the mass to skip.
 __device__ __forceinline__ int choose_in_chunk(const float (&w)[4], float offset, Shared& sh) {
   float local[4];
   local[0] = w[0];
@@ -261,19 +301,17 @@ __device__ __forceinline__ int choose_in_chunk(const float (&w)[4], float offset
   local[3] = local[2] + w[3];
   const float incl = block_inclusive_scan(local[3], sh.red);
   const float before = incl - local[3];
-  if (threadIdx.x == kThreads - 1) sh.total = incl;
-  __syncthreads();
-  const float last = sh.total;
-  int le = 0, lt = 0;
+  int first = kNoIndex, last = -1;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const float cdf = before + local[e];
-    le += cdf <= offset;
-    lt += cdf < last;
+    if (w[e] > 0.0f) {
+      if (first == kNoIndex && before + local[e] > offset) first = threadIdx.x * 4 + e;
+      last = threadIdx.x * 4 + e;
+    }
   }
-  const int j = block_sum_int(le, sh.ired);
-  const int jmax = block_sum_int(lt, sh.ired);
-  return min(j, jmax);
+  const int j = block_extreme_int<false>(first, sh.ired);
+  const int jl = block_extreme_int<true>(last, sh.ired);
+  return j != kNoIndex ? j : max(jl, 0);
 }
 
 // ---- the chunk pass shared by exact_sample and sigmoid_sample ----------------------------------------------
@@ -293,78 +331,103 @@ struct WeightParams {
   float a, b;             // sigmoid: alpha/T, beta
 };
 
-template <typename T>
-__device__ __forceinline__ void weights_of(const float (&zt)[Vec<T>::N], const float (&zd)[Vec<T>::N],
-                                           const RowPass& rp, const WeightParams& wp, int i, int vd,
-                                           float& sum_p, float& sum_r) {
-  constexpr int N = Vec<T>::N;
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    const float p = wp.sigmoid ? sigmoid_w(zt[k], wp.a, wp.b) : softmax_w(zt[k], wp.inv_t, rp.mt, rp.st);
-    float q = 0.0f;
-    if (rp.residual && i + k < vd)
-      q = wp.sigmoid ? sigmoid_w(zd[k], wp.a, wp.b) : softmax_w(zd[k], wp.inv_t, rp.md, rp.sd);
-    sum_p += p;
-    sum_r += fmaxf(__fsub_rn(p, q), 0.0f);
-  }
+// p and max(0, p - q) of one entry with target logit zt and draft logit zd; q counts only where the residual is a
+// candidate and the entry is inside the draft's vocabulary (has_q).
+__device__ __forceinline__ void entry_weights(float zt, float zd, bool has_q, const RowPass& rp,
+                                              const WeightParams& wp, float& sum_p, float& sum_r) {
+  const float p = wp.sigmoid ? sigmoid_w(zt, wp.a, wp.b) : softmax_w(zt, wp.inv_t, rp.mt, rp.st);
+  float q = 0.0f;
+  if (has_q) q = wp.sigmoid ? sigmoid_w(zd, wp.a, wp.b) : softmax_w(zd, wp.inv_t, rp.md, rp.sd);
+  sum_p += p;
+  sum_r += fmaxf(__fsub_rn(p, q), 0.0f);
 }
 
 // Sums p and max(0, p - q) over the chunks [c0, c1) of row n and stores them per chunk in csum[c] (float2).
 // With `flags`, also reduces the raw logits of the rows for the sigmoid reference's row checks: *bad_t / *bad_d
 // get NaN or +inf seen, *any_t / *any_d an entry above -inf seen (per thread).
+//
+// Work split: a chunk is served by kChunk / N threads (whole warps, so every warp sums entries of one chunk).
+// Thread j of a chunk reads the aligned 16-byte vector at chunk start + head + j N (head: the target row's
+// entries before a 16-byte boundary, see vec_head) up to the chunk's end, and threads j < head also the single
+// entry chunk start + j; the draft row is read at the same entries, as vectors when its head is the same.
+// Each loop trip covers kPassUnroll block steps, with their loads in flight before any arithmetic, and ends
+// with one pair of barriers.
 template <typename T>
 __device__ void chunk_pass(const RowPass& rp, const WeightParams& wp, int vt, int vd, bool read_draft, int c0,
                            int c1, float2* __restrict__ csum, bool flags, Shared& sh, bool& bad_t, bool& bad_d,
                            bool& any_t, bool& any_d) {
   constexpr int N = Vec<T>::N;
-  constexpr int kStep = kThreads * N;                // entries per block step: 1 (fp32) or 2 (16-bit) chunks
-  constexpr int kThreadsPerChunk = kChunk / N;       // 256 or 128
+  constexpr int kThreadsPerChunk = kChunk / N;                 // 256 (fp32) or 128 (16-bit)
+  constexpr int kChunksPerStep = kThreads / kThreadsPerChunk;  // 1 or 2
   constexpr int kWarpsPerChunk = kThreadsPerChunk / 32;
+  constexpr int kChunksPerTrip = kChunksPerStep * kPassUnroll;
   const T* trow = static_cast<const T*>(rp.trow);
   const T* drow = static_cast<const T*>(rp.drow);
-  const bool tvec = aligned16(trow);
-  const bool dvec = read_draft && aligned16(drow);
+  const int head = vec_head(trow);
+  const bool dvec = read_draft && vec_head(drow) == head;
   const int lim = min(c1 * kChunk, vt);
-  const int dlim = min(lim, vd);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int base = c0 * kChunk; base < c1 * kChunk; base += kStep) {  // same trip count in every thread
-    const int i = base + threadIdx.x * N;
-    float zt[N], zd[N];
-    load_vec<T>(trow, i, lim, tvec, -SPECSWEEP_INF, zt);
-    if (read_draft) {
-      load_vec<T>(drow, i, dlim, dvec, -SPECSWEEP_INF, zd);
-    } else {
+  const int sub = threadIdx.x / kThreadsPerChunk;              // which chunk of a block step this thread serves
+  const int j = threadIdx.x % kThreadsPerChunk;                // and its place in that chunk
+  for (int c = c0; c < c1; c += kChunksPerTrip) {              // same trip count in every thread
+    float zt[kPassUnroll][N], zd[kPassUnroll][N], ht[kPassUnroll][N], hd[kPassUnroll][N];
 #pragma unroll
-      for (int k = 0; k < N; ++k) zd[k] = -SPECSWEEP_INF;
-    }
-    if (flags) {
+    for (int q = 0; q < kPassUnroll; ++q) {
+      const int cs = (c + q * kChunksPerStep + sub) * kChunk;  // start of this thread's chunk
+      const int end = min(cs + kChunk, lim);
+      const int dend = min(end, vd);
+      load_vec<T>(trow, cs + head + j * N, end, true, -SPECSWEEP_INF, zt[q]);
+      load_one<T>(trow, j < head ? cs + j : end, end, -SPECSWEEP_INF, ht[q]);
+      if (read_draft) {
+        load_vec<T>(drow, cs + head + j * N, dend, dvec, -SPECSWEEP_INF, zd[q]);
+        load_one<T>(drow, j < head ? cs + j : dend, dend, -SPECSWEEP_INF, hd[q]);
+      } else {
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        bad_t |= nan_or_posinf(zt[k]);
-        any_t |= zt[k] > -SPECSWEEP_INF;
-        bad_d |= nan_or_posinf(zd[k]);
-        any_d |= zd[k] > -SPECSWEEP_INF;
+        for (int k = 0; k < N; ++k) zd[q][k] = hd[q][k] = -SPECSWEEP_INF;
       }
     }
-    float sp = 0.0f, sr = 0.0f;
-    if (i < lim) weights_of<T>(zt, zd, rp, wp, i, vd, sp, sr);
-    sp = warp_sum(sp);
-    sr = warp_sum(sr);
-    if (lane == 0) {
-      sh.cdf[warp] = sp;                            // scratch: per-warp sums of this step
-      sh.csum[warp] = sr;
+#pragma unroll
+    for (int q = 0; q < kPassUnroll; ++q) {
+      const int cs = (c + q * kChunksPerStep + sub) * kChunk;
+      const int i = cs + head + j * N;
+      if (flags) {                                             // max ignores NaN: NaN is looked for apart
+        float mt = ht[q][0], md = hd[q][0];
+        bool nan_t = isnan(mt), nan_d = isnan(md);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          mt = fmaxf(mt, zt[q][k]);
+          md = fmaxf(md, zd[q][k]);
+          nan_t |= isnan(zt[q][k]);
+          nan_d |= isnan(zd[q][k]);
+        }
+        bad_t |= nan_t || mt == SPECSWEEP_INF;
+        bad_d |= nan_d || md == SPECSWEEP_INF;
+        any_t |= mt > -SPECSWEEP_INF;
+        any_d |= md > -SPECSWEEP_INF;
+      }
+      float sp = 0.0f, sr = 0.0f;
+      if (i < lim) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) entry_weights(zt[q][k], zd[q][k], rp.residual && i + k < vd, rp, wp, sp, sr);
+      }
+      if (j < head && cs + j < lim) entry_weights(ht[q][0], hd[q][0], rp.residual && cs + j < vd, rp, wp, sp, sr);
+      sp = warp_sum(sp);
+      sr = warp_sum(sr);
+      if (lane == 0) {
+        sh.cdf[q * kWarps + warp] = sp;                        // scratch: per-warp sums of this trip
+        sh.csum[q * kWarps + warp] = sr;
+      }
     }
     __syncthreads();
-    const int chunk_in_step = threadIdx.x;          // thread j < kWarps / kWarpsPerChunk sums chunk j
-    if (chunk_in_step < kWarps / kWarpsPerChunk) {
-      const int c = base / kChunk + chunk_in_step;
+    if (threadIdx.x < kChunksPerTrip) {                         // thread t sums chunk c + t over its warps
+      const int q = threadIdx.x / kChunksPerStep, s = threadIdx.x % kChunksPerStep;
       float tp = 0.0f, tr = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarpsPerChunk; ++w) {
-        tp += sh.cdf[chunk_in_step * kWarpsPerChunk + w];
-        tr += sh.csum[chunk_in_step * kWarpsPerChunk + w];
+        tp += sh.cdf[q * kWarps + s * kWarpsPerChunk + w];
+        tr += sh.csum[q * kWarps + s * kWarpsPerChunk + w];
       }
-      if (c < c1) csum[c] = make_float2(tp, tr);
+      if (c + static_cast<int>(threadIdx.x) < c1) csum[c + threadIdx.x] = make_float2(tp, tr);
     }
     __syncthreads();
   }
@@ -455,31 +518,20 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
   const T* row = is_target ? target + b * tsb + r * tsr : draft + b * dsb + (r - gamma - 1) * dsr;
   const int len = is_target ? vt : vd;
   const int start = s * slice, end = min(start + slice, len);
-  const bool vec = aligned16(row);
+  const int head = vec_head(row);            // slices start at whole chunks: the row's head is the slice's
   MaxSum acc = {-SPECSWEEP_INF, 0.0f};
   bool bad = false;
-  for (int i0 = start + threadIdx.x * N; i0 < end; i0 += kThreads * N * kUnroll) {
+  if (threadIdx.x < head) {
+    float z[N];
+    load_one<T>(row, start + threadIdx.x, end, -SPECSWEEP_INF, z);
+    ms_add<N>(acc, bad, z, inv_t);
+  }
+  for (int i0 = start + head + threadIdx.x * N; i0 < end; i0 += kThreads * N * kUnroll) {
     float z[kUnroll][N];
 #pragma unroll
-    for (int q = 0; q < kUnroll; ++q) load_vec<T>(row, i0 + q * kThreads * N, end, vec, -SPECSWEEP_INF, z[q]);
+    for (int q = 0; q < kUnroll; ++q) load_vec<T>(row, i0 + q * kThreads * N, end, true, -SPECSWEEP_INF, z[q]);
 #pragma unroll
-    for (int q = 0; q < kUnroll; ++q) {
-      float vm = -SPECSWEEP_INF;
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        z[q][k] = __fmul_rn(z[q][k], inv_t);
-        bad |= nan_or_posinf(z[q][k]);
-        vm = fmaxf(vm, z[q][k]);
-      }
-      if (vm > acc.m) {
-        acc.s = (acc.s == 0.0f) ? 0.0f : acc.s * expf(acc.m - vm);
-        acc.m = vm;
-      }
-      if (acc.m != -SPECSWEEP_INF) {
-#pragma unroll
-        for (int k = 0; k < N; ++k) acc.s += expf(z[q][k] - acc.m);
-      }
-    }
+    for (int q = 0; q < kUnroll; ++q) ms_add<N>(acc, bad, z[q], inv_t);
   }
   acc = warp_ms(acc);
   bad = __any_sync(kFull, bad);
@@ -680,19 +732,24 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const T* __res
 
   const T* row = target + b * tsb + r * tsr;
   const int start = s * slice, end = min(start + slice, vt);
-  const bool vec = aligned16(row);
+  const int head = vec_head(row);
   float best = -SPECSWEEP_INF;
-  int besti = 0x7fffffff;
+  int besti = kNoIndex;
   bool bad = false;
-  for (int i0 = start + threadIdx.x * N; i0 < end; i0 += kThreads * N * kUnroll) {
+  // entries past `end` read as -inf with a larger index than any entry in range, so they never win
+  if (threadIdx.x < head && start + threadIdx.x < end) {
+    const float z = to_float(row[start + threadIdx.x]);
+    bad |= isnan(z);
+    arg_merge(best, besti, z, start + threadIdx.x);
+  }
+  for (int i0 = start + head + threadIdx.x * N; i0 < end; i0 += kThreads * N * kUnroll) {
     float z[kUnroll][N];
 #pragma unroll
-    for (int q = 0; q < kUnroll; ++q) load_vec<T>(row, i0 + q * kThreads * N, end, vec, -SPECSWEEP_INF, z[q]);
+    for (int q = 0; q < kUnroll; ++q) load_vec<T>(row, i0 + q * kThreads * N, end, true, -SPECSWEEP_INF, z[q]);
 #pragma unroll
     for (int q = 0; q < kUnroll; ++q) {
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        // entries past `end` read as -inf with a larger index than any entry in range, so they never win
         bad |= isnan(z[q][k]);
         arg_merge(best, besti, z[q][k], i0 + q * kThreads * N + k);
       }

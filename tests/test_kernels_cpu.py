@@ -89,6 +89,107 @@ def test_a_growing_workspace_keeps_the_buffers_it_replaces():
     assert all(r() is not None for r in old), "a buffer a captured graph may use was freed"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["exact", "greedy", "sigmoid"])
+def test_rows_at_odd_vocabulary_sizes_keep_16_byte_loads(verify_library, name, dtype):
+    """At an odd V (Whisper's 51865) every row but the first starts off a 16-byte boundary. The passes read each
+    row's few head entries one by one and the rest as aligned 16-byte vectors, so nearly all of the logits a
+    sampler must read still come in 16-byte loads (without peeling: only the 1 row in 4 (fp32) or 8 (bf16) that
+    happens to be aligned)."""
+    B, gamma, V = 6, 3, 51_865
+    inputs = make_inputs(CPU, B, gamma, V, V, dtype, seed=31)
+    kb = cpu_backend(verify_library)
+    before = verify_library.vector_loads
+    kb.samplers[name](temperature=0.0 if name == "greedy" else 1.0)(*inputs, kb.generator(32))
+    per_vector = 4 if dtype == "float32" else 8
+    # rows a pass reads: exact and greedy every row in their partial pass (2γ + 1 and γ + 1 per batch row);
+    # sigmoid target row n of each batch row. (The draft row read beside a target row in the sample pass uses the
+    # target row's split, so it comes in 16-byte loads only where both rows have the same head.)
+    rows = {"exact": B * (2 * gamma + 1), "greedy": B * (gamma + 1), "sigmoid": B}[name]
+    vectors = verify_library.vector_loads - before
+    assert vectors >= 0.97 * rows * V / per_vector, f"{vectors} 16-byte loads for {rows} rows of {V}"
+
+
+# ---- the inverse-CDF draw on crafted rows --------------------------------------------------------------------
+
+PICK_KERNELS = r"""
+#include "{source}"
+// The draw's two choices, called as draw_token calls them, on weights and targets the test chooses.
+__global__ void pick_chunk(const float* w, int nc, const float* u, int n, int* out) {{
+  __shared__ specsweep::Shared sh;
+  const float mine = threadIdx.x < nc ? w[threadIdx.x] : 0.0f;
+  for (int i = 0; i < n; ++i) {{
+    float offset;
+    const int k = specsweep::choose_chunk(mine, nc, u[i], sh, offset);
+    if (threadIdx.x == 0) out[i] = k;
+    __syncthreads();
+  }}
+}}
+__global__ void pick_in_chunk(const float* w, const float* offsets, int n, int* out) {{
+  __shared__ specsweep::Shared sh;
+  float mine[4];
+  for (int e = 0; e < 4; ++e) mine[e] = w[threadIdx.x * 4 + e];
+  for (int i = 0; i < n; ++i) {{
+    const int j = specsweep::choose_in_chunk(mine, offsets[i], sh);
+    if (threadIdx.x == 0) out[i] = j;
+    __syncthreads();
+  }}
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def pick_library(tmp_path_factory) -> KernelLibrary:
+    path = tmp_path_factory.mktemp("pick") / "pick.cu"
+    path.write_text(PICK_KERNELS.format(source=loader.SOURCE_PATH))
+    return KernelLibrary(build(path, ("pick_chunk", "pick_in_chunk"), depends=(loader.SOURCE_PATH,)))
+
+
+def _float32_run(lo: float, hi: float) -> torch.Tensor:
+    """Every float32 from lo to hi (a few thousand at most)."""
+    a, b = (torch.tensor([v], dtype=torch.float32).view(torch.int32).item() for v in (lo, hi))
+    return torch.arange(a, b + 1, dtype=torch.int32).view(torch.float32)
+
+
+def test_a_chunk_without_mass_is_never_chosen(pick_library):
+    """Chunk sums whose block scan is not monotone: chunk 3 has no mass, yet its cdf (13940954) is below chunk 2's
+    (13940955), because Kogge-Stone adds lane 3 as v2 + (v1 + v0) and lane 2 as (v2 + v1) + v0. Every u that puts
+    x = u * total in that one-ulp window must still land on a chunk with mass."""
+    w = torch.tensor([13939806.0, 748.2108154296875, 400.4255065917969, 0.0, 5.0])
+    total = 13940954.0 + 5.0
+    u = _float32_run((13940954.0 - 4) / total, (13940955.0 + 4) / total)
+    out = torch.empty(len(u), dtype=torch.int32)
+    pick_library.launch("pick_chunk", (1, 1, 1), (256, 1, 1),
+                        (ptr(w), loader.i32(len(w)), ptr(u), loader.i32(len(u)), ptr(out)))
+    assert set(out.tolist()) <= {0, 1, 2, 4} and 2 in out.tolist(), f"chose chunks {sorted(set(out.tolist()))}"
+
+
+def test_an_entry_without_weight_is_never_chosen_inside_a_chunk(pick_library):
+    """Weights [1000.5, 0, 0, 0 | 0, 0, 0, 2^30, 0...]: thread 1's cdf is rebuilt as (incl - local[3]) + local[e],
+    and incl = 2^30 + 1000.5 rounds to 2^30 + 1024, so its three zero-weight entries get cdf 1024 > 1000.5. An
+    offset in [1000.5, 1024) must pick entry 7 (the mass that follows), never the zero-weight entry 4."""
+    w = torch.zeros(1024)
+    w[0], w[7] = 1000.5, 2.0**30
+    offsets = torch.cat([_float32_run(1000.0, 1000.5), torch.linspace(1000.5, 1024.0, 200),
+                         _float32_run(1023.5, 1024.5), torch.tensor([0.0, 5e8])])
+    out = torch.empty(len(offsets), dtype=torch.int32)
+    pick_library.launch("pick_in_chunk", (1, 1, 1), (256, 1, 1),
+                        (ptr(w), ptr(offsets), loader.i32(len(offsets)), ptr(out)))
+    want = torch.where(offsets < 1000.5, 0, 7).to(torch.int32)
+    assert torch.equal(out, want), f"chose {sorted(set(out.tolist()))} where {sorted(set(want.tolist()))} is right"
+
+
+def test_the_reference_follows_the_same_rule_on_a_non_monotone_cdf():
+    """contract.first_positive_above on a cdf as a parallel scan can produce it (entry 2 has no weight and a cdf
+    below entry 1's): the first positive-weight entry above x, else the last positive one."""
+    from pipeline.samplers.contract import first_positive_above
+
+    cdf = torch.tensor([[1.0, 3.0, 2.9999, 4.0], [1.0, 3.0, 2.9999, 4.0], [1.0, 2.0, 2.0, 2.0]])
+    weights = torch.tensor([[1.0, 2.0, 0.0, 1.0], [1.0, 2.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    x = torch.tensor([[2.99995], [0.5], [2.0]])
+    assert first_positive_above(cdf, weights, x).tolist() == [1, 0, 1]
+
+
 # ---- mutants: the tests above must fail on a broken kernel -----------------------------------------------------
 
 MUTANTS = {

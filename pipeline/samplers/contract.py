@@ -165,23 +165,36 @@ def assemble_tokens(draft_tokens: torch.Tensor, accepted: torch.Tensor, next_tok
     return torch.where(pos < acc, padded, torch.where(pos == acc, next_token[:, None], -1))
 
 
+def first_positive_above(cdf: torch.Tensor, weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: per row, the first index i with cdf[i] > x and weights[i] > 0; where there is none, the last index
+    with weights[i] > 0 (0 for a row without mass).
+
+    cdf, weights float32 [B, N]; x float32 [B, 1]. With a monotone cdf this is searchsorted(cdf, x, right=True)
+    clamped to the last positive entry. The weight condition keeps a zero-weight entry from being chosen where
+    rounding makes a cdf non-monotone (a parallel scan adds in a different order for each position).
+    """
+    idx = torch.arange(cdf.shape[1], device=cdf.device)
+    positive = weights > 0
+    first = torch.where(positive & (cdf > x), idx, cdf.shape[1]).amin(dim=1)
+    last = torch.where(positive, idx, 0).amax(dim=1)
+    return torch.where(first < cdf.shape[1], first, last)
+
+
 def sample_from_weights(weights: torch.Tensor, u: torch.Tensor, chunk: int = CDF_CHUNK) -> torch.Tensor:
     """Inverse-CDF sample from non-negative, unnormalised weights, without a host sync.
 
     weights  float32 [B, V] (contiguous), each row with positive mass
     u        float32 [B] uniforms in [0, 1)
-    returns  int64 [B]: the first index i with cumsum(weights)[i] > u * sum(weights)
+    returns  int64 [B]: the first index i with cumsum(weights)[i] > u * sum(weights) and weights[i] > 0
 
     Two levels, so only one full pass over V: chunk sums, a cumulative sum over chunks, then a cumulative sum
-    inside the chosen chunk. Where rounding puts the target mass past the last positive entry, the last
-    positive entry is taken, so a zero-weight token is never returned for a row with positive mass.
+    inside the chosen chunk; each level picks with :func:`first_positive_above`, so a zero-weight token is never
+    returned for a row with positive mass, however rounding falls.
     """
     B, V = weights.shape
     if V <= chunk:  # one chunk: a single cumulative sum
         cdf = weights.cumsum(dim=1)
-        total = cdf[:, -1:]
-        j = torch.searchsorted(cdf, u[:, None] * total, right=True)
-        return torch.minimum(j, (cdf < total).sum(dim=1, keepdim=True)).squeeze(1)
+        return first_positive_above(cdf, weights, u[:, None] * cdf[:, -1:])
     n_full = V // chunk
     parts = []
     if n_full:
@@ -190,16 +203,12 @@ def sample_from_weights(weights: torch.Tensor, u: torch.Tensor, chunk: int = CDF
         parts.append(weights[:, n_full * chunk:].sum(dim=-1, keepdim=True))
     chunk_sums = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]          # [B, n_chunks]
     chunk_cdf = chunk_sums.cumsum(dim=1)
-    total = chunk_cdf[:, -1:]
-    x = u[:, None] * total                                                          # [B, 1]
-    k = torch.searchsorted(chunk_cdf, x, right=True)
-    k = torch.minimum(k, (chunk_cdf < total).sum(dim=1, keepdim=True))              # last chunk with mass
+    x = u[:, None] * chunk_cdf[:, -1:]                                              # [B, 1]
+    k = first_positive_above(chunk_cdf, chunk_sums, x)[:, None]                     # [B, 1]
     offset = x - (chunk_cdf.gather(1, k) - chunk_sums.gather(1, k))                 # mass left inside chunk k
 
     idx = k * chunk + torch.arange(chunk, device=weights.device)                    # [B, chunk]
     in_range = idx < V
     window = torch.where(in_range, weights.gather(1, idx.clamp_max(V - 1)), 0.0)
-    window_cdf = window.cumsum(dim=1)
-    j = torch.searchsorted(window_cdf, offset, right=True)
-    j = torch.minimum(j, (window_cdf < window_cdf[:, -1:]).sum(dim=1, keepdim=True))
-    return (k * chunk + j).squeeze(1)
+    j = first_positive_above(window.cumsum(dim=1), window, offset)
+    return k.squeeze(1) * chunk + j

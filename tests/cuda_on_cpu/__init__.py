@@ -54,11 +54,13 @@ def _entry_source(source: Path, name_expressions: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build(source: str | Path, name_expressions: tuple[str, ...], *, text: str | None = None) -> Path:
+def build(source: str | Path, name_expressions: tuple[str, ...], *, text: str | None = None,
+          depends: tuple[Path, ...] = ()) -> Path:
     """Compile ``source`` (or ``text``, a modified copy of it) with every name expression registered.
 
     Returns the shared library's path. Built once per distinct input: the file name is a hash of the kernel
-    source, the runtime's files, the flags and the compiler's version. Raises BuildError.
+    source, the files it includes that are named in ``depends``, the runtime's files, the flags and the compiler's
+    version. Raises BuildError.
     """
     cxx = compiler()
     if cxx is None:
@@ -68,7 +70,7 @@ def build(source: str | Path, name_expressions: tuple[str, ...], *, text: str | 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256()
     for part in (code, version, " ".join(CXXFLAGS), *name_expressions,
-                 *(f.read_text(encoding="utf-8") for f in RUNTIME_FILES)):
+                 *(Path(f).read_text(encoding="utf-8") for f in (*RUNTIME_FILES, *depends))):
         digest.update(part.encode())
     out = cache_dir() / f"{source.stem}-{digest.hexdigest()[:20]}.so"
     if out.is_file():
@@ -109,7 +111,9 @@ class KernelLibrary:
                                                  ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_uint64,
                                                  ctypes.c_char_p, ctypes.c_size_t]
         self._lib.cuda_on_cpu_launch.restype = ctypes.c_int
+        self._lib.cuda_on_cpu_last_vector_loads.restype = ctypes.c_ulong
         self._sizes: dict[str, tuple[int, ...]] = {}
+        self.vector_loads = 0    # 16-byte loads (__ldg / __ldcg of a 16-byte type) of every launch so far
 
     def param_sizes(self, name: str) -> tuple[int, ...]:
         if name not in self._sizes:
@@ -138,6 +142,7 @@ class KernelLibrary:
                                            len(error))
         if rc != 0:
             raise LaunchError(f"{name} grid {grid}: {error.value.decode()}")
+        self.vector_loads += self._lib.cuda_on_cpu_last_vector_loads()
 
 
 class CpuLauncher(Launcher):

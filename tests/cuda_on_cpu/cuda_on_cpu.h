@@ -141,6 +141,7 @@ struct Block {
 };
 
 inline thread_local Block* tl_block = nullptr;
+inline thread_local unsigned long tl_vector_loads = 0;   // 16-byte loads through __ldg / __ldcg, per worker
 
 inline Block& block() { return *tl_block; }
 inline Fibre& fibre() { return *tl_block->current; }
@@ -233,6 +234,7 @@ struct LaunchState {
   std::atomic<unsigned long> next_block{0};
   std::mutex error_mutex;
   std::string error;
+  std::atomic<unsigned long> vector_loads{0};
 };
 
 inline thread_local LaunchState* tl_launch = nullptr;
@@ -348,9 +350,17 @@ inline void worker(LaunchState* launch) {
       break;
     }
   }
+  launch->vector_loads += tl_vector_loads;
+  tl_vector_loads = 0;
   tl_block = nullptr;
   tl_launch = nullptr;
   munmap(stacks, bytes);
+}
+
+// 16-byte loads of the last launch (tests check that aligned vector loads stay in use).
+inline unsigned long& last_vector_loads() {
+  static unsigned long n = 0;
+  return n;
 }
 
 // Runs the whole grid on `workers` OS threads; returns the first error ("" when every block completed).
@@ -364,6 +374,7 @@ inline std::string run_grid(BlockBody body, void* args, dim3 grid, dim3 dim, uns
   std::vector<std::thread> pool;
   for (unsigned w = 0; w < workers; ++w) pool.emplace_back(worker, &launch);
   for (auto& t : pool) t.join();
+  last_vector_loads() = launch.vector_loads.load();
   return launch.error;
 }
 
@@ -489,6 +500,7 @@ inline T checked_load(const T* p, const char* what) {
                   alignof(T), what);
     cuda_on_cpu::fail(buf);
   }
+  if constexpr (sizeof(T) == 16) ++cuda_on_cpu::tl_vector_loads;
   return *p;
 }
 template <typename T>

@@ -81,4 +81,7 @@ int cuda_on_cpu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, 
   return message.empty() ? 0 : 1;
 }
 
+// 16-byte loads (__ldg / __ldcg of a 16-byte type) made by the last launch.
+unsigned long cuda_on_cpu_last_vector_loads() { return cuda_on_cpu::last_vector_loads(); }
+
 }  // extern "C"
