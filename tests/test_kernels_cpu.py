@@ -190,6 +190,15 @@ def test_the_reference_follows_the_same_rule_on_a_non_monotone_cdf():
     assert first_positive_above(cdf, weights, x).tolist() == [1, 0, 1]
 
 
+def test_graphed_verify_needs_a_kernel_sampler():
+    from pipeline.errors import SamplerInputError
+    from pipeline.samplers import get_sampler
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    with pytest.raises(SamplerInputError, match=r"needs a kernel sampler .*--backend cupy"):
+        GraphedVerify(get_sampler("exact"))
+
+
 # ---- mutants: the tests above must fail on a broken kernel -----------------------------------------------------
 
 MUTANTS = {

@@ -63,3 +63,95 @@ def test_no_host_sync_and_reproducible():
         torch.cuda.set_sync_debug_mode("default")
     for a, b in zip(first, second):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.accepted, b.accepted)
+
+
+# ---- CUDA graphs --------------------------------------------------------------------------------------------
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in ((a.tokens, b.tokens), (a.accepted, b.accepted),
+                                              (a.draft_ok, b.draft_ok), (a.target_ok, b.target_ok)))
+
+
+@pytest.mark.parametrize("name", ["exact", "sigmoid", "greedy"])
+def test_replayed_steps_emit_what_eager_steps_emit(name):
+    """GraphedVerify: three steps of one signature (one capture, replays with new inputs) and one of another
+    signature, each identical to the eager step with the same generator state."""
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    sampler = cupy_backend.SAMPLERS[name](temperature=0.0 if name == "greedy" else 0.8)
+    graphed = GraphedVerify(sampler)
+    shapes = [(4, 5, 32_000, "bfloat16")] * 3 + [(9, 2, 51_865, "float16")]
+    for i, (B, gamma, V, dtype) in enumerate(shapes):
+        inputs = make_inputs(CUDA, B, gamma, V, V, dtype, seed=40 + i)
+        eager = _run(sampler, inputs, 50 + i)
+        replayed = graphed(*inputs, generator=torch.Generator(device="cuda").manual_seed(50 + i))
+        assert _same(eager, replayed), f"step {i}"
+    assert graphed.graphs == 2
+
+
+def test_a_graph_replays_after_its_workspace_grew():
+    """Capture at B = 4 on a stream, then an eager step at B = 64 on the same stream grows its workspace (new
+    buffers), then replay: the graph still uses the buffers it captured, which were kept, and is still right."""
+    sampler = cupy_backend.SAMPLERS["exact"](temperature=1.0)
+    sampler.prepare(CUDA)
+    small = make_inputs(CUDA, 4, 4, 32_000, 32_000, "bfloat16", seed=60)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sampler(*small)                                        # warm-up: the stream's workspace at B = 4
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = sampler(*small)                             # the default CUDA generator: graph-safe
+    with torch.cuda.stream(stream):
+        sampler(*make_inputs(CUDA, 64, 4, 32_000, 32_000, "bfloat16", seed=61))   # grows the workspace
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (62, 63):
+        torch.cuda.manual_seed(seed)
+        graph.replay()
+        torch.cuda.manual_seed(seed)
+        assert _same(captured, sampler(*small)), f"replay with seed {seed}"
+
+
+def test_graphs_replay_on_two_streams_at_once():
+    """Two captured signatures, replayed concurrently on two streams: each graph has its own workspace."""
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    graphed = GraphedVerify(cupy_backend.SAMPLERS["exact"](temperature=1.0))
+    a = make_inputs(CUDA, 8, 4, 128_256, 128_256, "bfloat16", seed=70)
+    b = make_inputs(CUDA, 16, 3, 32_000, 32_000, "float16", seed=71)
+    want_a = _run(graphed.sampler, a, 72)
+    want_b = _run(graphed.sampler, b, 73)
+    graphed(*a), graphed(*b)                                   # capture both
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(streams[0]):
+        got_a = graphed(*a, generator=torch.Generator(device="cuda").manual_seed(72))
+    with torch.cuda.stream(streams[1]):
+        got_b = graphed(*b, generator=torch.Generator(device="cuda").manual_seed(73))
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    assert _same(want_a, got_a) and _same(want_b, got_b)
+
+
+def test_the_engine_decodes_the_same_tokens_with_graphed_verify(tmp_path):
+    """The engine's verify step replayed from CUDA graphs (rows finish, B shrinks, new signatures are captured):
+    the same seed gives the same tokens as eager kernel steps."""
+    from tiny_models import PROMPTS, save_pair
+
+    from pipeline.engine import SpeculativeEngine
+    from pipeline.models import load_causal_lm, load_tokenizer
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    tp, dp = save_pair(tmp_path, kind="llama")
+    tok = load_tokenizer(str(tp))
+    target, draft = (load_causal_lm(str(p), torch.float32, "cuda") for p in (tp, dp))
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    outputs = []
+    for graphs in (False, True):
+        sampler = cupy_backend.SAMPLERS["exact"](temperature=1.0)
+        engine = SpeculativeEngine(target, draft, GraphedVerify(sampler) if graphs else sampler, 4, "cuda", [1], 0)
+        outputs.append(engine.generate(enc.input_ids, enc.attention_mask, 24,
+                                       torch.Generator(device="cuda").manual_seed(5)).tokens)
+    assert outputs[0] == outputs[1]

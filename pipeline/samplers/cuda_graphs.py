@@ -1,0 +1,112 @@
+"""A kernel sampler's verify step captured in CUDA graphs and replayed: one launch of the graph per step.
+
+    verify = GraphedVerify(get_sampler("exact", backend="cupy", temperature=1.0))
+    result = verify(draft_tokens, draft_logits, target_logits, generator=gen)    # the sampler contract
+
+Same contract, samplers and tokens as the wrapped sampler: the uniforms are drawn eagerly from the caller's
+generator, by the same one ``torch.rand((B, γ+1))`` an eager step makes, and copied into the graph, so a replayed
+step emits exactly what an eager step with the same generator state would (greedy steps draw none, as eager).
+
+One graph per input signature (B, γ, V_t, V_d, dtypes, device), captured at its first call: the kernels are
+loaded first (``prepare``), the step runs twice on a private stream to size that stream's workspace, then it is
+captured on that stream. Every graph has its own stream and so its own workspace, so graphs never share scratch
+memory and may replay on any streams; workspaces never free a buffer a graph has seen (cupy_backend._Workspace).
+Each call copies the inputs into the graph's static buffers (the logits' strides may change from call to call).
+The result's tensors are the graph's static outputs: valid until the next call with the same signature.
+
+Needs a CUDA GPU and a kernel sampler (``backend="cupy"``); the engine uses it through ``--verify-graphs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.errors import SamplerInputError
+from pipeline.samplers.contract import SamplerResult, uniforms, validate_inputs
+
+
+@dataclass
+class _Captured:
+    graph: object                 # torch.cuda.CUDAGraph
+    draft_tokens: torch.Tensor    # static inputs, int64 [B, γ]
+    draft_logits: torch.Tensor    # [B, γ, V_d]
+    target_logits: torch.Tensor   # [B, γ+1, V_t]
+    u: torch.Tensor               # float32 [B, γ+1]
+    result: SamplerResult         # static outputs
+
+
+class GraphedVerify:
+    """Wraps a kernel sampler (``backend="cupy"``): same call, same tokens, verify steps replayed from CUDA graphs."""
+
+    def __init__(self, sampler) -> None:
+        if getattr(sampler, "launcher", None) is None:
+            raise SamplerInputError(
+                f"CUDA-graph verify needs a kernel sampler (backend='cupy'); got {sampler!r}: use --backend cupy")
+        self.sampler = sampler
+        self.name, self.backend = sampler.name, sampler.backend
+        self.temperature = sampler.temperature
+        self._graphs: dict[tuple, _Captured] = {}
+
+    @property
+    def params(self) -> dict:
+        return self.sampler.params
+
+    @property
+    def graphs(self) -> int:
+        """How many signatures have been captured."""
+        return len(self._graphs)
+
+    def _greedy(self) -> bool:
+        return self.name == "greedy" or self.temperature == 0.0
+
+    def _step(self, draft_tokens, draft_logits, target_logits, u) -> SamplerResult:
+        from pipeline.samplers import cupy_backend as kernels
+
+        s, launcher = self.sampler, self.sampler.launcher
+        if self._greedy():
+            return kernels.greedy_step(launcher, draft_tokens, draft_logits, target_logits)
+        if self.name == "exact":
+            return kernels.exact_step(launcher, draft_tokens, draft_logits, target_logits, s.temperature, u=u)
+        return kernels.sigmoid_step(launcher, draft_tokens, draft_logits, target_logits, s.alpha / s.temperature,
+                                    s.beta, u=u)
+
+    def _capture(self, draft_tokens, draft_logits, target_logits) -> _Captured:
+        device = draft_tokens.device
+        if device.type != "cuda":
+            raise SamplerInputError(f"CUDA-graph verify needs CUDA tensors; got {device}")
+        self.sampler.prepare(device)
+        B, gamma = draft_tokens.shape
+        static = (draft_tokens.clone(), draft_logits.contiguous().clone(), target_logits.contiguous().clone(),
+                  torch.zeros((B, gamma + 1), dtype=torch.float32, device=device))
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):                                  # this stream's workspace, at this size
+                self._step(*static)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            result = self._step(*static)
+        return _Captured(graph, *static, result=result)
+
+    def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor,
+                 generator: torch.Generator | None = None) -> SamplerResult:
+        validate_inputs(draft_tokens, draft_logits, target_logits)
+        key = (tuple(draft_tokens.shape), tuple(draft_logits.shape), tuple(target_logits.shape), draft_logits.dtype,
+               target_logits.dtype, draft_tokens.device)
+        captured = self._graphs.get(key)
+        if captured is None:
+            captured = self._graphs[key] = self._capture(draft_tokens, draft_logits, target_logits)
+        captured.draft_tokens.copy_(draft_tokens)
+        captured.draft_logits.copy_(draft_logits)
+        captured.target_logits.copy_(target_logits)
+        if not self._greedy():
+            B, gamma = draft_tokens.shape
+            captured.u.copy_(uniforms(B, gamma, draft_tokens.device, generator))
+        captured.graph.replay()
+        return captured.result
+
+    def __repr__(self) -> str:
+        return f"GraphedVerify({self.sampler!r}, graphs={self.graphs})"
