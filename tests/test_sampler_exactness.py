@@ -12,14 +12,18 @@ compares with closed forms:
                           token: joint = p_1(a) p_2(b | a)
 
 Backends other than torch are held to the same tests through ``EXACT_BACKENDS`` / ``SIGMOID_BACKENDS``; each runs
-on its own device (``BACKEND_DEVICES``: the cupy kernels on CUDA), with results brought back to the CPU.
+on its own device (``BACKEND_DEVICES``: the cupy kernels on CUDA), with results brought back to the CPU. The CUDA
+kernels also run here on the CPU runtime for CUDA kernels (tests/cuda_on_cpu, backend ``cuda-on-cpu``) in every
+CI run: on a subset of the cases and with at most ``CPU_RUNTIME_SAMPLES`` rows, as it runs every GPU thread.
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 
+import cuda_on_cpu
 import numpy as np
 import pytest
 import torch
@@ -34,6 +38,33 @@ N_SAMPLES = 20_000
 EXACT_BACKENDS = sorted({b for n, b in available_samplers() if n == "exact"})
 SIGMOID_BACKENDS = sorted({b for n, b in available_samplers() if n == "sigmoid"})
 BACKEND_DEVICES = {"cupy": "cuda"}  # every other backend runs on the CPU
+CPU_RUNTIME = "cuda-on-cpu"         # the CUDA kernels on the CPU runtime (where a C++ compiler exists)
+CPU_RUNTIME_SAMPLES = 2_500       # ~1 minute for all its tests on 2 cores
+CPU_RUNTIME_CASES = ("disjoint_supports", "draft_zeros_where_target_is_not", "draft_vocab_smaller", "bf16_logits")
+if cuda_on_cpu.compiler() is not None:
+    EXACT_BACKENDS.append(CPU_RUNTIME)
+    SIGMOID_BACKENDS.append(CPU_RUNTIME)
+
+
+@functools.cache
+def _cpu_runtime_samplers() -> dict:
+    from pipeline.kernels import loader
+    from pipeline.samplers import cupy_backend
+
+    library = cuda_on_cpu.KernelLibrary(cuda_on_cpu.build(loader.SOURCE_PATH, loader.NAME_EXPRESSIONS))
+    return cupy_backend.bind(cuda_on_cpu.CpuLauncher(library))
+
+
+def make_sampler(name: str, backend: str, **params):
+    """get_sampler, plus the CPU runtime backend of the tests."""
+    if backend == CPU_RUNTIME:
+        return _cpu_runtime_samplers()[name](**params)
+    return get_sampler(name, backend=backend, **params)
+
+
+def backend_cases(backends: list[str], names) -> list[tuple[str, str]]:
+    """(case name, backend) pairs: every case for every backend, the CPU runtime on CPU_RUNTIME_CASES only."""
+    return [(n, b) for b in backends for n in names if b != CPU_RUNTIME or n in CPU_RUNTIME_CASES]
 
 
 def _on_device(sampler, g: torch.Generator):
@@ -124,14 +155,16 @@ CASES = make_cases()
 
 
 def run_case(sampler, case: Case, seed: int, chunk: int = 2_000) -> tuple[np.ndarray, np.ndarray]:
-    """Run ``case.n`` independent verify steps (as batch rows). Returns (tokens [n, γ+1], accepted [n])."""
+    """Run ``case.n`` independent verify steps (as batch rows; CPU_RUNTIME_SAMPLES at most on the CPU runtime).
+    Returns (tokens [n, γ+1], accepted [n])."""
     g = _gen(seed)
     device, sg = _on_device(sampler, g)
     _, q = case.probs()
     gamma = case.gamma
+    n = min(case.n, CPU_RUNTIME_SAMPLES) if sampler.backend == CPU_RUNTIME else case.n
     all_tokens, all_accepted = [], []
-    for start in range(0, case.n, chunk):
-        b = min(chunk, case.n - start)
+    for start in range(0, n, chunk):
+        b = min(chunk, n - start)
         draft_tokens = torch.stack(
             [torch.multinomial(q[i].float(), b, replacement=True, generator=g) for i in range(gamma)], dim=1)
         dl = case.draft.to(case.dtype).expand(b, -1, -1)
@@ -159,11 +192,10 @@ def rejection_closed_form(w_t: torch.Tensor, w_d: torch.Tensor, q: torch.Tensor)
     return accept_mass + (1 - beta) * resid, beta
 
 
-@pytest.mark.parametrize("backend", EXACT_BACKENDS)
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name,backend", backend_cases(EXACT_BACKENDS, CASES))
 def test_exact_first_token_and_acceptance_follow_closed_forms(name, backend):
     case = CASES[name]
-    sampler = get_sampler("exact", backend=backend, temperature=case.temperature)
+    sampler = make_sampler("exact", backend, temperature=case.temperature)
     tokens, accepted = run_case(sampler, case, seed=zlib.crc32(name.encode()))
     p, q = case.probs()
     assert_fits(counts(tokens[:, 0], p.shape[1]), p[0].numpy(), f"{name}: first emitted token vs target")
@@ -174,14 +206,13 @@ def test_exact_first_token_and_acceptance_follow_closed_forms(name, backend):
     assert ((tokens == -1) == (pos[None] > accepted[:, None])).all()
 
 
-@pytest.mark.parametrize("backend", SIGMOID_BACKENDS)
-@pytest.mark.parametrize("name", ["draft_equals_target", "temperature_0.7", "one_hot_draft_on_wrong_token",
-                                  "draft_vocab_smaller", "bf16_logits"])
+@pytest.mark.parametrize("name,backend", backend_cases(SIGMOID_BACKENDS, [
+    "draft_equals_target", "temperature_0.7", "one_hot_draft_on_wrong_token", "draft_vocab_smaller", "bf16_logits"]))
 @pytest.mark.parametrize("alpha,beta", [(1.0, -20.0), (0.5, 0.0), (2.0, 1.0)])
 def test_sigmoid_follows_its_own_closed_form(name, backend, alpha, beta):
     """The sigmoid sampler is not lossless, but it must compute exactly the rejection scheme it documents."""
     case = CASES[name]
-    sampler = get_sampler("sigmoid", backend=backend, temperature=case.temperature, alpha=alpha, beta=beta)
+    sampler = make_sampler("sigmoid", backend, temperature=case.temperature, alpha=alpha, beta=beta)
     tokens, accepted = run_case(sampler, case, seed=zlib.crc32(f"{name}{alpha}".encode()))
     _, q = case.probs()
 
@@ -245,8 +276,9 @@ def first_two_tokens(sampler, m, n: int, temperature: float, seed: int) -> np.nd
 def test_exact_joint_of_first_two_tokens(backend, temperature):
     m = markov_model(seed=7)
     V = m["p1"].shape[0]
-    sampler = get_sampler("exact", backend=backend, temperature=temperature)
-    pairs = first_two_tokens(sampler, m, N_SAMPLES, temperature, seed=11)
+    sampler = make_sampler("exact", backend, temperature=temperature)
+    pairs = first_two_tokens(sampler, m, CPU_RUNTIME_SAMPLES if backend == CPU_RUNTIME else N_SAMPLES, temperature,
+                             seed=11)
     joint = (torch.softmax(m["p1"] / temperature, -1)[:, None] * torch.softmax(m["p2"] / temperature, -1))
     assert_fits(counts(pairs[:, 0] * V + pairs[:, 1], V * V), joint.double().flatten().numpy(),
                 f"joint of first two tokens, T={temperature}")
@@ -256,7 +288,7 @@ def test_exact_joint_of_first_two_tokens(backend, temperature):
 def test_rows_of_one_batch_with_different_distributions(backend):
     """Interleave three cases in one batch; each row must follow its own target."""
     names = ["temperature_0.7", "disjoint_supports", "one_hot_draft_on_wrong_token"]
-    n = 9_000
+    n = CPU_RUNTIME_SAMPLES if backend == CPU_RUNTIME else 9_000
     g = _gen(5)
     which = torch.arange(n) % len(names)
     tl = torch.stack([CASES[k].target for k in names])[which]
@@ -265,7 +297,7 @@ def test_rows_of_one_batch_with_different_distributions(backend):
     qs = torch.stack([torch.softmax(CASES[k].draft, -1) for k in names])
     draft_tokens = torch.stack(
         [torch.multinomial(qs[which, i], 1, generator=g).squeeze(1) for i in range(tl.shape[1] - 1)], 1)
-    sampler = get_sampler("exact", backend=backend)
+    sampler = make_sampler("exact", backend)
     device, sg = _on_device(sampler, g)
     res = sampler(draft_tokens.to(device), dl.to(device), tl.to(device), generator=sg).check()
     tokens = res.tokens.cpu()

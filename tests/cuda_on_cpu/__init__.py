@@ -29,7 +29,9 @@ RUNTIME_DIR = Path(__file__).resolve().parent
 RUNTIME_FILES = (RUNTIME_DIR / "cuda_on_cpu.h", RUNTIME_DIR / "launch_api.cpp",
                  RUNTIME_DIR / "include" / "cuda_fp16.h", RUNTIME_DIR / "include" / "cuda_bf16.h")
 # -ffp-contract=off: no fused multiply-add, so a * b + c rounds twice as __fmul_rn / __fadd_rn promise.
-CXXFLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-fast-math",
+# -fvisibility=hidden: thread-locals (the runtime's, and every __shared__ array) resolve inside the library.
+CXXFLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-ffp-contract=off",
+            "-fno-fast-math",
             "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function", "-Wno-unused-variable")
 
 

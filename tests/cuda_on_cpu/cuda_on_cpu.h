@@ -108,18 +108,20 @@ inline void make_context(Context& c, char* base, size_t size, void (*entry)()) {
 }
 #endif
 
+// A barrier for `expected` participants with a generation count: the last to arrive opens it.
+struct Barrier {
+  int expected = 0;
+  int arrived = 0;
+  unsigned generation = 0;
+};
+
 struct Fibre {
   Context ctx;
   dim3 idx;                 // threadIdx
   int lane = 0, warp = 0;
   bool done = false;
   Wait waiting = Wait::none;
-};
-
-// A barrier for `expected` participants with a generation count: the last to arrive opens it.
-struct Barrier {
-  int expected = 0;
-  int arrived = 0;
+  const Barrier* barrier = nullptr;   // while waiting: the barrier, and the generation it waits to see pass
   unsigned generation = 0;
 };
 
@@ -172,9 +174,12 @@ inline unsigned arrive_and_wait(Barrier& bar, Wait kind) {
     ++bar.generation;
     if (kind == Wait::block) b.vote[(gen + 1) & 1] = 0;   // ready for the next __syncthreads_or
   } else {
-    fibre().waiting = kind;
-    while (bar.generation == gen) yield();
-    fibre().waiting = Wait::none;
+    Fibre& f = fibre();
+    f.waiting = kind;
+    f.barrier = &bar;
+    f.generation = gen;
+    yield();                         // the scheduler resumes this fibre only once the generation has turned
+    f.waiting = Wait::none;
   }
   asm volatile("" ::: "memory");
   return gen;
@@ -299,12 +304,17 @@ inline bool run_block(Block& b, char* stacks, uint64_t schedule) {
   int live = n;
   while (live > 0 && b.error.empty()) {
     const unsigned long before = b.events;
-    if (schedule != 0)
-      for (int i = n - 1; i > 0; --i) std::swap(order[i], order[next_random(rng) % (i + 1)]);
+    if (schedule != 0)   // Fisher-Yates, with a multiply-shift in place of a modulo
+      for (int i = n - 1; i > 0; --i)
+        std::swap(order[i], order[((next_random(rng) >> 32) * static_cast<uint64_t>(i + 1)) >> 32]);
     live = 0;
     for (int t : order) {
       Fibre& f = b.fibres[t];
       if (f.done) continue;
+      if (f.waiting != Wait::none && f.barrier->generation == f.generation) {   // its barrier is still closed
+        ++live;
+        continue;
+      }
       b.current = &f;
       switch_context(b.scheduler, f.ctx);
       if (!b.error.empty()) break;

@@ -43,22 +43,26 @@ void copy_error(const std::string& message, char* out, size_t size) {
 
 }  // namespace
 
+// Built with -fvisibility=hidden (the TLS of the runtime and of __shared__ then resolves within the library);
+// only these functions are exported.
+#define CUDA_ON_CPU_API __attribute__((visibility("default")))
+
 extern "C" {
 
 // Number of parameters of kernel `name`, or -1 when no such kernel was registered.
-int cuda_on_cpu_param_count(const char* name) {
+CUDA_ON_CPU_API int cuda_on_cpu_param_count(const char* name) {
   const auto* k = find(name);
   return k ? static_cast<int>(k->param_sizes.size()) : -1;
 }
 
 // Size in bytes of parameter i of kernel `name`.
-size_t cuda_on_cpu_param_size(const char* name, int i) { return find(name)->param_sizes.at(i); }
+CUDA_ON_CPU_API size_t cuda_on_cpu_param_size(const char* name, int i) { return find(name)->param_sizes.at(i); }
 
 // Launches kernel `name` over grid x block with `params[i]` pointing at argument i (as cuLaunchKernel) on
 // `workers` OS threads, and returns when every block has finished. `schedule`: 0 runs a block's threads in index
 // order, any other value seeds a random order per pass (see run_block). 0 on success; otherwise 1 with the reason in
 // `error` (unknown kernel, bad geometry, a failed check or a deadlock inside a block).
-int cuda_on_cpu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+CUDA_ON_CPU_API int cuda_on_cpu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                        unsigned bz, void** params, unsigned workers, uint64_t schedule, char* error,
                        size_t error_size) {
   const auto* k = find(name);
@@ -82,6 +86,6 @@ int cuda_on_cpu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, 
 }
 
 // 16-byte loads (__ldg / __ldcg of a 16-byte type) made by the last launch.
-unsigned long cuda_on_cpu_last_vector_loads() { return cuda_on_cpu::last_vector_loads(); }
+CUDA_ON_CPU_API unsigned long cuda_on_cpu_last_vector_loads() { return cuda_on_cpu::last_vector_loads(); }
 
 }  // extern "C"
