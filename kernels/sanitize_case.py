@@ -1,7 +1,8 @@
 """A small verify step for compute-sanitizer (kernels/sanitize.sh): every sampler and dtype, odd V, γ = 0..4.
 
-Runs the cupy kernels on B = 3, V_t = 5003 (odd: the element-wise load path), V_d = 4999 (padded), and on a
-16-byte-aligned V = 4096 (the vector path), then synchronises. Exit code 0 means the kernels ran; the sanitizer
+Runs the cupy kernels on B = 3, V_t = 5003 (odd: rows start off 16-byte boundaries, so every pass reads a peeled
+head one entry at a time before its aligned vectors), V_d = 4999 (padded, another alignment), and on a
+16-byte-aligned V = 4096 (vectors only), then synchronises. Exit code 0 means the kernels ran; the sanitizer
 reports memory errors and races itself.
 """
 
