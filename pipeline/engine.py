@@ -1,7 +1,9 @@
 """The speculative decoding loop for a pair of causal LMs that share a tokenizer.
 
-One step, for B rows at once:
+One step, for B rows at once (``SpeculativeEngine.generate``: draft, score, verify, emit, sync, roll back, drop
+finished rows):
   1. the draft proposes γ tokens autoregressively with its KV cache          [B, γ], logits [B, γ, V_d]
+     (:class:`Drafter` owns the draft's side: its cache, the tokens it has not read yet, its proposals)
   2. the target scores the pending token and the γ proposals in one forward  logits [B, γ+1, V_t]
      (in the first step it takes the whole prompt before the γ proposals: no separate target prefill)
   3. the sampler verifies (any sampler from pipeline.samplers)              accepted [B], tokens [B, γ+1]
@@ -348,9 +350,6 @@ class SpeculativeEngine:
         # distribution, which the verify step guarantees whatever the draft's context was.
         self.draft_vocab_in = draft.get_input_embeddings().num_embeddings if draft is not None else None
 
-    def _draftable(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.where(ids < self.draft_vocab_in, ids, self.pad)
-
     def _mask_logits(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
         """logits [..., V]: suppressed ids set to -inf in place; with ``first_position`` only begin_suppress
         (applied on top of a tensor already masked with suppress). No host sync."""
@@ -392,179 +391,280 @@ class SpeculativeEngine:
             raise SpecsweepError(
                 f"prompt ({L} tokens) + max_new_tokens ({max_new_tokens}) + γ + 1 exceeds the target's "
                 f"{limit} positions: shorten the prompts (--max-prompt-tokens) or lower --max-new-tokens")
+        if self.target.kind == "seq2seq" and encoder_inputs is None:
+            raise SpecsweepError("an encoder-decoder target needs encoder inputs (e.g. input_features)")
         timer = PhaseTimer(str(dev))
         guard = FiniteCheck()
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         t_start = time.perf_counter()
 
-        models = [self.target] + ([self.draft] if self.gamma > 0 else [])
-        if self.target.kind == "seq2seq" and encoder_inputs is None:
-            raise SpecsweepError("an encoder-decoder target needs encoder inputs (e.g. input_features)")
         h_target, h_draft = self._encode(encoder_inputs or {}, timer)
         self.target.reset(B, dev, h_target)
+        drafter = None
         if self.gamma > 0:
-            self.draft.reset(B, dev, h_draft)
-        # Prefill the draft on the whole prompt: its last logits give the first proposal. The target takes the
-        # prompt in the first step's forward, together with the γ drafts (one forward, as HF's assisted loop
-        # does); that forward is timed as "prefill", so "target" times only verify forwards of γ+1 tokens.
-        padded = not unpadded
-        carry_draft = None
-        if self.gamma > 0:
+            drafter = Drafter(self.draft, self.draft_temperature, self._mask_logits if self.masked else None,
+                              self.pad, self.draft_vocab_in)
             with timer.phase("prefill"):
-                carry_draft = self.draft.forward(input_ids, attention_mask, last=1, holes=padded)[:, 0]
-        prompt, prompt_valid = input_ids, attention_mask       # not yet in the target
-        pending = None                                          # the last emitted token, not yet in the target
-        backlog = torch.empty(B, 0, dtype=torch.int64, device=dev)  # tokens the draft has not seen yet
-        backlog_valid = torch.ones_like(backlog, dtype=torch.bool)
-        backlog_holes = False
+                drafter.start(input_ids, attention_mask, not unpadded, h_draft)
+        state = _Decoding.start(input_ids, attention_mask, not unpadded, max_new_tokens + self.gamma + 2,
+                                self.gamma)
 
-        width = max_new_tokens + self.gamma + 2                 # + a dummy column for masked writes
-        out = torch.full((B, width), -1, dtype=torch.int64, device=dev)
-        act_len = torch.zeros(B, dtype=torch.int64, device=dev)      # tokens emitted so far, per active row
-        # per row: accepted, drafted, verify steps (host integers: the step's sync brings the accepted counts)
-        acc_rows, drafted_rows, steps_rows = [0] * B, [0] * B, [0] * B
-        # how often a full-γ step accepted k = 0..γ tokens: gives the per-position acceptance rates
-        accepted_hist = [0] * (self.gamma + 1)
-        rows = torch.arange(B, device=dev)                      # original index of each active row
-        rows_host = list(range(B))
-        len_host = [0] * B
-        finish_time = [0.0] * B
-        steps = draft_forwards = 0
-
-        while rows_host and max_new_tokens > 0:
-            steps += 1
-            b = len(rows_host)
-            # never draft more than the roomiest row can still emit (one slot is the corrected/bonus token)
-            room = max_new_tokens - min(len_host[r] for r in rows_host)
-            gamma = min(self.gamma, room - 1)
-
-            if gamma > 0:
-                with timer.phase("draft"):
-                    u = torch.rand((b, gamma), generator=generator, device=dev)
-                    if carry_draft is not None:
-                        logits, carry_draft = carry_draft, None
-                    else:
-                        logits = self.draft.forward(backlog, backlog_valid, 1, backlog_holes)[:, 0]
-                        draft_forwards += 1
-                    proposals, proposal_logits = [], []
-                    for i in range(gamma):
-                        if i > 0:
-                            logits = self.draft.forward(proposals[-1][:, None], last=1)[:, 0]
-                            draft_forwards += 1
-                        if self.masked:
-                            logits = self._mask_logits(logits, first_position=False)
-                            if steps == 1 and i == 0:
-                                self._mask_logits(logits, first_position=True)
-                        proposals.append(draft_sample(logits, self.draft_temperature, u[:, i]))
-                        proposal_logits.append(logits)
-                    draft_tokens = torch.stack(proposals, dim=1)                       # [b, γ]
-                    draft_logits = torch.stack(proposal_logits, dim=1)                 # [b, γ, V_d]
-            else:
-                draft_tokens = torch.empty(b, 0, dtype=torch.int64, device=dev)
-                draft_logits = None
-
-            if prompt is not None:  # first step: the prompt and the drafts in one forward
-                target_in = torch.cat([prompt, draft_tokens], dim=1)
-                valid = torch.cat([prompt_valid, torch.ones_like(draft_tokens, dtype=torch.bool)], dim=1)
-                with timer.phase("prefill"):
-                    target_logits = self.target.forward(target_in, valid, last=gamma + 1, holes=padded)
-                prompt = prompt_valid = None
-            else:
-                target_in = torch.cat([pending[:, None], draft_tokens], dim=1) if gamma else pending[:, None]
-                with timer.phase("target"):
-                    target_logits = self.target.forward(target_in)
-            scored = target_in.shape[1]                          # positions this step appends to the target
-            if self.masked:
-                self._mask_logits(target_logits, first_position=False)
-                if steps == 1:
-                    self._mask_logits(target_logits[:, :1], first_position=True)
+        while state.rows_host and max_new_tokens > 0:                   # one verify step per trip
+            state.steps += 1
+            gamma = self._step_gamma(state, max_new_tokens)
+            drafted, draft_logits = self._draft(drafter, state, gamma, generator, timer)
+            target_logits, scored = self._score(state, drafted, gamma, timer)
             if draft_logits is None:
-                draft_logits = target_logits.new_empty(b, 0, self.v_draft or target_logits.shape[-1])
-
+                draft_logits = target_logits.new_empty(state.batch, 0, self.v_draft or target_logits.shape[-1])
             with timer.phase("verify"):
-                res = self.sampler(draft_tokens, draft_logits, target_logits, generator=generator)
+                res = self.sampler(drafted, draft_logits, target_logits, generator=generator)
             guard.update(res)
-
-            # -- bookkeeping on the device: emitted tokens, EOS, length limit ------------------------------------
-            j = torch.arange(gamma + 1, device=dev)
-            n_emit = res.accepted + 1
-            hit_eos = None
-            if self.eos.numel():
-                is_eos = torch.isin(res.tokens, self.eos) & (j < n_emit[:, None])
-                hit_eos = is_eos.any(dim=1)
-                n_emit = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, n_emit)
-            cur_len = act_len
-            n_emit = torch.minimum(n_emit, max_new_tokens - cur_len)
-            finished = cur_len + n_emit >= max_new_tokens
-            if hit_eos is not None:
-                finished |= hit_eos
-            write = j < n_emit[:, None]
-            cols = torch.where(write, cur_len[:, None] + j, width - 1)
-            out.index_put_((rows[:, None].expand_as(cols), cols), torch.where(write, res.tokens, -1))
-            act_len = cur_len + n_emit
-
-            # -- the one host sync of the step ------------------------------------------------------------------
-            acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), act_len]).tolist()
-            now = time.perf_counter() - t_start
-            for i, r in enumerate(rows_host):
-                len_host[r] = len_h[i]
-                acc_rows[r] += acc_h[i]
-                drafted_rows[r] += gamma
-                steps_rows[r] += 1
-                if fin_h[i]:
-                    finish_time[r] = now
-                if gamma == self.gamma > 0:
-                    accepted_hist[acc_h[i]] += 1
-            max_acc, min_acc = max(acc_h), min(acc_h)
-
-            # -- roll the caches back to the accepted prefix ---------------------------------------------------
-            next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
-            # the target keeps the pending token (if it was fed) and the accepted drafts
-            fed = scored - gamma
-            self.target.retain(scored, res.accepted + fed, max_acc + fed, min_acc + fed)
-            if gamma > 0:
-                # the draft appended its backlog, then x_1..x_{γ-1}; it never saw x_γ
-                self.draft.retain(gamma - 1, res.accepted.clamp_max(gamma - 1), min(max_acc, gamma - 1),
-                                  min(min_acc, gamma - 1))
-                for_draft = self._draftable(next_token)
-                backlog_holes = min_acc < gamma <= max_acc   # some rows feed [x_γ, y], others [hole, y]
-                if max_acc == gamma:
-                    all_accepted = res.accepted == gamma
-                    backlog = torch.stack([torch.where(all_accepted, draft_tokens[:, -1], self.pad), for_draft], 1)
-                    backlog_valid = torch.stack([all_accepted, torch.ones_like(all_accepted)], dim=1)
-                else:
-                    backlog, backlog_valid = for_draft[:, None], _ones(b, dev)
-            elif self.draft is not None and self.gamma > 0:  # the draft sat this step out (last step)
-                carry_draft = None
-                backlog = torch.cat([backlog, self._draftable(next_token)[:, None]], dim=1)
-                backlog_valid = torch.cat([backlog_valid, _ones(b, dev)], dim=1)
-            pending = next_token
-
-            if any(fin_h):
-                keep = [i for i, f in enumerate(fin_h) if not f]
-                rows_host = [rows_host[i] for i in keep]
-                if rows_host:
-                    keep_t = torch.tensor(keep, dtype=torch.int64, device=dev)
-                    for m in models:
-                        m.select(keep_t)
-                    rows, pending, act_len = rows[keep_t], pending[keep_t], act_len[keep_t]
-                    carry_draft = carry_draft[keep_t] if carry_draft is not None else None
-                    backlog, backlog_valid = backlog[keep_t], backlog_valid[keep_t]
+            finished = self._emit(state, res, gamma, max_new_tokens)
+            accepted_h, finished_h = self._sync(state, res, finished, gamma, time.perf_counter() - t_start)
+            self._roll_back(drafter, state, res, drafted, gamma, scored, accepted_h)
+            self._drop_finished(drafter, state, finished_h)
 
         guard.check()
-        out_h, len_final = out.tolist(), len_host
+        return self._result(state, drafter, timer, time.perf_counter() - t_start)
+
+    # ---- the steps of generate ---------------------------------------------------------------------------------
+
+    def _step_gamma(self, state: _Decoding, max_new_tokens: int) -> int:
+        """γ for this step: never more than the roomiest row can still emit (one slot is the corrected token)."""
+        room = max_new_tokens - min(state.len_host[r] for r in state.rows_host)
+        return min(self.gamma, room - 1)
+
+    def _draft(self, drafter: Drafter | None, state: _Decoding, gamma: int, generator, timer: PhaseTimer):
+        """The draft's γ proposals: (int64 [b, γ], logits [b, γ, V_d]); (empty [b, 0], None) when γ = 0."""
+        if gamma <= 0:
+            return torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None
+        with timer.phase("draft"):
+            u = torch.rand((state.batch, gamma), generator=generator, device=self.device)
+            return drafter.propose(gamma, u, first_step=state.steps == 1)
+
+    def _score(self, state: _Decoding, drafted: torch.Tensor, gamma: int, timer: PhaseTimer):
+        """The target's logits [b, γ+1, V_t] for the pending token and the proposals (in the first step: for the
+        prompt and the proposals, timed as prefill), and how many positions the target appended."""
+        if state.prompt is not None:  # first step: the prompt and the drafts in one forward
+            target_in = torch.cat([state.prompt, drafted], dim=1)
+            valid = torch.cat([state.prompt_valid, torch.ones_like(drafted, dtype=torch.bool)], dim=1)
+            with timer.phase("prefill"):
+                logits = self.target.forward(target_in, valid, last=gamma + 1, holes=state.padded)
+            state.prompt = state.prompt_valid = None
+        else:
+            target_in = torch.cat([state.pending[:, None], drafted], dim=1) if gamma else state.pending[:, None]
+            with timer.phase("target"):
+                logits = self.target.forward(target_in)
+        if self.masked:
+            self._mask_logits(logits, first_position=False)
+            if state.steps == 1:
+                self._mask_logits(logits[:, :1], first_position=True)
+        return logits, target_in.shape[1]
+
+    def _emit(self, state: _Decoding, res, gamma: int, max_new_tokens: int) -> torch.Tensor:
+        """Write the emitted tokens (up to EOS and the length limit) into the output, on the device. Returns bool
+        [b]: rows that finished."""
+        j = torch.arange(gamma + 1, device=self.device)
+        n_emit = res.accepted + 1
+        hit_eos = None
+        if self.eos.numel():
+            is_eos = torch.isin(res.tokens, self.eos) & (j < n_emit[:, None])
+            hit_eos = is_eos.any(dim=1)
+            n_emit = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, n_emit)
+        n_emit = torch.minimum(n_emit, max_new_tokens - state.act_len)
+        finished = state.act_len + n_emit >= max_new_tokens
+        if hit_eos is not None:
+            finished |= hit_eos
+        write = j < n_emit[:, None]
+        width = state.out.shape[1]
+        cols = torch.where(write, state.act_len[:, None] + j, width - 1)         # the last column: a dummy
+        state.out.index_put_((state.rows[:, None].expand_as(cols), cols), torch.where(write, res.tokens, -1))
+        state.act_len = state.act_len + n_emit
+        return finished
+
+    def _sync(self, state: _Decoding, res, finished: torch.Tensor, gamma: int, now: float):
+        """The one host sync of the step: accepted counts, finished flags and lengths come to the host, where the
+        per-row statistics are kept. Returns (accepted, finished) as host lists."""
+        acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), state.act_len]).tolist()
+        for i, r in enumerate(state.rows_host):
+            state.len_host[r] = len_h[i]
+            state.accepted[r] += acc_h[i]
+            state.drafted[r] += gamma
+            state.row_steps[r] += 1
+            if fin_h[i]:
+                state.finish_time[r] = now
+            if gamma == self.gamma > 0:
+                state.accepted_hist[acc_h[i]] += 1
+        return acc_h, fin_h
+
+    def _roll_back(self, drafter: Drafter | None, state: _Decoding, res, drafted: torch.Tensor, gamma: int,
+                   scored: int, accepted_h: list[int]) -> None:
+        """Both caches back to the accepted prefix; the emitted token becomes the pending one."""
+        max_acc, min_acc = max(accepted_h), min(accepted_h)
+        next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
+        fed = scored - gamma         # the target keeps the pending token (if it was fed) and the accepted drafts
+        self.target.retain(scored, res.accepted + fed, max_acc + fed, min_acc + fed)
+        if drafter is not None:
+            if gamma > 0:
+                drafter.commit(gamma, res.accepted, max_acc, min_acc, drafted, next_token)
+            else:                    # the draft sat this step out (the last step)
+                drafter.skip(next_token)
+        state.pending = next_token
+
+    def _drop_finished(self, drafter: Drafter | None, state: _Decoding, finished_h: list[int]) -> None:
+        """Rows that finished leave both caches and every per-row tensor."""
+        if not any(finished_h):
+            return
+        keep = [i for i, f in enumerate(finished_h) if not f]
+        state.rows_host = [state.rows_host[i] for i in keep]
+        if not state.rows_host:
+            return
+        keep_t = torch.tensor(keep, dtype=torch.int64, device=self.device)
+        self.target.select(keep_t)
+        if drafter is not None:
+            drafter.select(keep_t)
+        state.rows, state.pending, state.act_len = state.rows[keep_t], state.pending[keep_t], state.act_len[keep_t]
+
+    def _result(self, state: _Decoding, drafter: Drafter | None, timer: PhaseTimer, wall: float) -> GenerationResult:
+        dev = self.device
+        out_h = state.out.tolist()
         phase_time = timer.totals()
-        wall = time.perf_counter() - t_start
         peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda"
                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-        tokens = [out_h[r][: len_final[r]] for r in range(B)]
-        row_stats = [{"new_tokens": len_final[r], "verify_steps": steps_rows[r], "accepted": acc_rows[r],
-                      "drafted": drafted_rows[r], "wall_time_s": finish_time[r]} for r in range(B)]
-        return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=steps,
+        B = len(state.len_host)
+        tokens = [out_h[r][: state.len_host[r]] for r in range(B)]
+        row_stats = [{"new_tokens": state.len_host[r], "verify_steps": state.row_steps[r],
+                      "accepted": state.accepted[r], "drafted": state.drafted[r],
+                      "wall_time_s": state.finish_time[r]} for r in range(B)]
+        return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=state.steps,
                                 phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
-                                extra={"draft_forwards": draft_forwards,
-                                       "accepted_histogram": accepted_hist})
+                                extra={"draft_forwards": drafter.forwards if drafter is not None else 0,
+                                       "accepted_histogram": state.accepted_hist})
+
+
+@dataclass
+class _Decoding:
+    """The state of one generate call.
+
+    On the device: out int64 [B, width] (emitted tokens per original row, -1 after), act_len int64 [b] (tokens
+    emitted per active row), rows int64 [b] (original index of each active row), pending int64 [b] (the last
+    emitted token, not yet in the target), prompt / prompt_valid [B, L] (until the target reads them, in the
+    first step). On the host (the step's sync brings them): the active rows and per-row statistics.
+    """
+
+    out: torch.Tensor
+    act_len: torch.Tensor
+    rows: torch.Tensor
+    prompt: torch.Tensor | None
+    prompt_valid: torch.Tensor | None
+    padded: bool
+    rows_host: list[int]
+    len_host: list[int]
+    accepted: list[int]
+    drafted: list[int]
+    row_steps: list[int]
+    finish_time: list[float]
+    accepted_hist: list[int]     # full-γ steps (one per row) that accepted k = 0..γ tokens
+    pending: torch.Tensor | None = None
+    steps: int = 0
+
+    @classmethod
+    def start(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: bool, width: int,
+              gamma: int) -> _Decoding:
+        B, dev = input_ids.shape[0], input_ids.device
+        return cls(out=torch.full((B, width), -1, dtype=torch.int64, device=dev),
+                   act_len=torch.zeros(B, dtype=torch.int64, device=dev), rows=torch.arange(B, device=dev),
+                   prompt=input_ids, prompt_valid=attention_mask, padded=padded, rows_host=list(range(B)),
+                   len_host=[0] * B, accepted=[0] * B, drafted=[0] * B, row_steps=[0] * B, finish_time=[0.0] * B,
+                   accepted_hist=[0] * (gamma + 1))
+
+    @property
+    def batch(self) -> int:
+        return len(self.rows_host)
+
+
+class Drafter:
+    """The draft model's side of the loop (the shape of transformers' CandidateGenerator): its KV cache, the
+    tokens it has not read yet, and its proposals.
+
+        start(prompt)                       read the prompt; its last logits give the first proposal
+        propose(γ, u)                       γ tokens int64 [b, γ] and their logits [b, γ, V_d]
+        commit(γ, accepted, ..., next)      after verification: back to the accepted prefix, queue what follows
+        skip(next)                          a step that drafted nothing (the last one): queue the emitted token
+        select(rows)                        keep only these rows
+
+    The draft never sees x_γ when it proposes it, and it reads the emitted token only at the next proposal, so
+    after a step it has a short backlog (x_γ where every draft was accepted, then the emitted token), read in the
+    next step's first forward. Target ids it cannot embed reach it as the pad id.
+    """
+
+    def __init__(self, model: CachedModel, temperature: float, mask_logits, pad: int, vocab_in: int) -> None:
+        self.model = model
+        self.temperature = temperature
+        self.mask_logits = mask_logits        # (logits, first_position) -> logits, or None
+        self.pad = pad
+        self.vocab_in = vocab_in
+        self.forwards = 0
+        self.carry: torch.Tensor | None = None   # logits [b, V_d] of the next proposal, when already computed
+        self.backlog = self.backlog_valid = None
+        self.backlog_holes = False
+
+    def _readable(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.where(ids < self.vocab_in, ids, self.pad)
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: bool,
+              encoder_hidden: torch.Tensor | None) -> None:
+        B, dev = input_ids.shape[0], input_ids.device
+        self.model.reset(B, dev, encoder_hidden)
+        self.carry = self.model.forward(input_ids, attention_mask, last=1, holes=padded)[:, 0]
+        self.backlog = torch.empty(B, 0, dtype=torch.int64, device=dev)
+        self.backlog_valid = torch.ones_like(self.backlog, dtype=torch.bool)
+
+    def propose(self, gamma: int, u: torch.Tensor, first_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """γ proposals sampled with uniforms u float32 [b, γ] (argmax at temperature 0)."""
+        if self.carry is not None:
+            logits, self.carry = self.carry, None
+        else:
+            logits = self.model.forward(self.backlog, self.backlog_valid, 1, self.backlog_holes)[:, 0]
+            self.forwards += 1
+        proposals, proposal_logits = [], []
+        for i in range(gamma):
+            if i > 0:
+                logits = self.model.forward(proposals[-1][:, None], last=1)[:, 0]
+                self.forwards += 1
+            if self.mask_logits is not None:
+                logits = self.mask_logits(logits, first_position=False)
+                if first_step and i == 0:
+                    self.mask_logits(logits, first_position=True)
+            proposals.append(draft_sample(logits, self.temperature, u[:, i]))
+            proposal_logits.append(logits)
+        return torch.stack(proposals, dim=1), torch.stack(proposal_logits, dim=1)
+
+    def commit(self, gamma: int, accepted: torch.Tensor, max_acc: int, min_acc: int, drafted: torch.Tensor,
+               next_token: torch.Tensor) -> None:
+        """accepted int64 [b] of drafted int64 [b, γ]; next_token int64 [b] the corrected or bonus token."""
+        # the draft appended its backlog, then x_1..x_{γ-1}; it never saw x_γ
+        self.model.retain(gamma - 1, accepted.clamp_max(gamma - 1), min(max_acc, gamma - 1), min(min_acc, gamma - 1))
+        readable = self._readable(next_token)
+        self.backlog_holes = min_acc < gamma <= max_acc   # some rows feed [x_γ, y], others [hole, y]
+        if max_acc == gamma:
+            all_accepted = accepted == gamma
+            self.backlog = torch.stack([torch.where(all_accepted, drafted[:, -1], self.pad), readable], 1)
+            self.backlog_valid = torch.stack([all_accepted, torch.ones_like(all_accepted)], dim=1)
+        else:
+            self.backlog, self.backlog_valid = readable[:, None], _ones(readable.shape[0], readable.device)
+
+    def skip(self, next_token: torch.Tensor) -> None:
+        self.carry = None
+        b = next_token.shape[0]
+        self.backlog = torch.cat([self.backlog, self._readable(next_token)[:, None]], dim=1)
+        self.backlog_valid = torch.cat([self.backlog_valid, _ones(b, next_token.device)], dim=1)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.model.select(rows)
+        self.carry = self.carry[rows] if self.carry is not None else None
+        self.backlog, self.backlog_valid = self.backlog[rows], self.backlog_valid[rows]
 
 
 def _id_tensor(ids, vocab: int, device) -> torch.Tensor | None:
