@@ -46,6 +46,7 @@ class RunConfig:
     engine: str = "specsweep"
     draft_decoder_only: bool = False
     ignore_eos: bool = False
+    verify_graphs: bool = False
     baseline: str | None = None
     out: str = "results/run.json"
     tags: dict = field(default_factory=dict)
@@ -87,6 +88,9 @@ class RunConfig:
                           "use --sampler greedy")
             if self.engine == "specsweep" and self.batch_size != 1:
                 raise bad("--sampler hf runs batch 1, as HF does: use --batch-size 1")
+        if self.verify_graphs and (self.backend != "cupy" or self.engine != "specsweep" or self.device == "cpu"):
+            raise bad("--verify-graphs replays the CUDA kernels' verify step from CUDA graphs: use it with "
+                      "--backend cupy, --engine specsweep and a CUDA device")
         if self.engine == "hf" and self.batch_size != 1:
             raise bad("--engine hf runs HF's assisted generation, which is batch 1: use --batch-size 1")
         if self.wandb_mode is not None and self.wandb_mode not in WANDB_MODES:

@@ -103,6 +103,10 @@ def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     if config.engine == "hf":
         return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad)
+    if config.verify_graphs:
+        from pipeline.samplers.cuda_graphs import GraphedVerify
+
+        sampler = GraphedVerify(sampler)
     gc = getattr(target, "generation_config", None)
     return SpeculativeEngine(target, draft, sampler, config.gamma, device, eos, pad,
                              suppress_tokens=getattr(gc, "suppress_tokens", None) or (),

@@ -63,6 +63,21 @@ def test_run_writes_results_with_speedup_against_the_ar_baseline(setup, capsys, 
     assert "speedup" in capsys.readouterr().out
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_verify_graphs_give_the_same_tokens_through_the_cli(setup):
+    """--verify-graphs replays the cupy kernels' verify step from CUDA graphs: the same tokens as eager steps."""
+    root, tp, dp, data, _ = setup
+    tokens = []
+    for extra in ((), ("--verify-graphs",)):
+        out = root / f"graphs-{len(extra)}.json"
+        assert main(base_args(tp, dp, data, out, "--backend", "cupy", "--batch-size", "2", *extra, device="cuda")) == 0
+        res = json.loads(out.read_text())
+        assert res["config"]["verify_graphs"] == bool(extra)
+        tokens.append([s["token_ids"] for s in res["samples"]])
+    assert tokens[0] == tokens[1]
+
+
 def test_same_seed_same_tokens_through_the_cli(setup):
     root, tp, dp, data, _ = setup
     runs = []
@@ -99,6 +114,7 @@ def test_hf_engine_through_the_cli(setup):
     (["--backend", "cupy"], "cupy"),
     (["--alpha", "2"], "--alpha/--beta/--preset apply to --sampler sigmoid only"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--verify-graphs"], "--verify-graphs replays the CUDA kernels' verify step"),
 ])
 def test_bad_settings_are_one_line_errors_with_exit_code_2(setup, capsys, extra, message):
     root, tp, dp, data, _ = setup

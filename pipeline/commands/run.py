@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
                    help="librispeech: the draft is a decoder-only assistant (WhisperForCausalLM, as distil-large-v2) "
                         "that reads the target's encoder outputs")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--verify-graphs", action="store_true",
+                   help="replay each verify step from a CUDA graph (--backend cupy on a GPU; same tokens)")
     p.add_argument("--baseline", help="results JSON of a γ = 0 run with the same settings: adds `speedup`")
     p.add_argument("--out", default="results/run.json", help="results JSON (written atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
