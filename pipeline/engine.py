@@ -84,6 +84,19 @@ class PhaseTimer:
         return {k: sum(s.elapsed_time(e) for s, e in v) / 1e3 for k, v in self._events.items()}
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start counting peak memory for :func:`peak_memory_mb` (on a GPU; a process's peak RSS cannot be reset)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """MiB: the CUDA allocator's peak since reset_peak_memory on a GPU, else the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 # How each kind of model is called: (token ids, attention mask, position ids) keyword names.
 _CALL_NAMES = {
     "causal": ("input_ids", "attention_mask", "position_ids"),
@@ -395,8 +408,7 @@ class SpeculativeEngine:
             raise SpecsweepError("an encoder-decoder target needs encoder inputs (e.g. input_features)")
         timer = PhaseTimer(str(dev))
         guard = FiniteCheck()
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak_memory(dev)
         t_start = time.perf_counter()
 
         h_target, h_draft = self._encode(encoder_inputs or {}, timer)
@@ -527,11 +539,9 @@ class SpeculativeEngine:
         state.rows, state.pending, state.act_len = state.rows[keep_t], state.pending[keep_t], state.act_len[keep_t]
 
     def _result(self, state: _Decoding, drafter: Drafter | None, timer: PhaseTimer, wall: float) -> GenerationResult:
-        dev = self.device
         out_h = state.out.tolist()
         phase_time = timer.totals()
-        peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda"
-                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        peak = peak_memory_mb(self.device)
         B = len(state.len_host)
         tokens = [out_h[r][: state.len_host[r]] for r in range(B)]
         row_stats = [{"new_tokens": state.len_host[r], "verify_steps": state.row_steps[r],

@@ -15,13 +15,12 @@ values back. Time in draft and target forwards is measured with forward hooks.
 
 from __future__ import annotations
 
-import resource
 import time
 from contextlib import ExitStack, contextmanager
 
 import torch
 
-from pipeline.engine import GenerationResult, PhaseTimer
+from pipeline.engine import GenerationResult, PhaseTimer, peak_memory_mb, reset_peak_memory
 from pipeline.samplers import FiniteCheck, Sampler
 
 
@@ -141,8 +140,7 @@ class HFEngine:
         dev = self.device
         timer = PhaseTimer(str(dev))
         stats: dict = {}
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak_memory(dev)
         tokens, row_stats = [], []
         t_start = time.perf_counter()
         kwargs = self._generate_kwargs(max_new_tokens)
@@ -187,8 +185,7 @@ class HFEngine:
                                   "acceptance_counted": counted or self.gamma == 0})
         stats["finite"].check()
         wall = time.perf_counter() - t_start
-        peak = (torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda"
-                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        peak = peak_memory_mb(dev)
         calls = dict(timer.counts)
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall,
                                 verify_steps=sum(r["verify_steps"] for r in row_stats),
