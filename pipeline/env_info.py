@@ -135,8 +135,9 @@ class LoadProbe:
         return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
 
     def _own_s(self) -> float:
+        """This process's CPU seconds (its children count as other processes: a run starts none)."""
         t = self._me.cpu_times()
-        return t.user + t.system + t.children_user + t.children_system
+        return t.user + t.system
 
     def snapshot(self) -> dict:
         """Load averages (1, 5, 15 min), per usable core, and the GPU's state (None where unreadable)."""
