@@ -95,8 +95,9 @@ def _header(table, max_quality_loss: float) -> list:
     blocks.append(Para("Speedup = the median over interleaved repeats of the per-repeat ratio of tokens/s, the "
                        "speculative loop over the γ = 0 loop of the same engine and loaded target on the same samples "
                        "(paired, in one process), with its order-statistic confidence interval in brackets. A "
-                       "measurement whose interval is too wide or whose speedup is implausible against its own "
-                       "theoretical speedup is flagged, and left out of the recommendation and the Pareto fronts "
+                       "measurement whose interval is too wide or whose speedup is implausible against the one its "
+                       "own tokens per step and cost ratio predict is flagged, and left out of the recommendation and "
+                       "the Pareto fronts "
                        "(section **Flagged measurements**). Quality is "
                        "ROUGE-L (CNN/DailyMail, higher is better) or WER (LibriSpeech, lower is better). Quality "
                        "loss = 1 − quality ratio against the reference (the AR baseline of the same pair and dtype, "
@@ -140,13 +141,13 @@ def _flagged(table) -> list:
     rows = table[flagged(table)] if not table.empty else table
     if rows.empty:
         return [*blocks, Para("None: every measured run, baseline and trial passed the checks (interval width and "
-                              "measured against theoretical speedup).")]
+                              "measured against predicted speedup).")]
     blocks.append(Para(f"{len(rows)} measurement(s) flagged, left out of the recommendation and the Pareto fronts. "
                        "Re-run them on a quieter machine, or with more `--repeats`."))
-    blocks.append(Table(["run", "kind", "task", "sampler", "gamma", "speedup", "theoretical speedup",
+    blocks.append(Table(["run", "kind", "task", "sampler", "gamma", "speedup", "predicted speedup",
                          "others' busy cores", "reasons", "source"],
                         [[r["run"], r["kind"], r.get("task"), r.get("sampler"), _int(r.get("gamma")), _speedup(r),
-                          r.get("theoretical_speedup"), r.get("others_busy_cores"), r.get("flag_reasons"),
+                          r.get("predicted_speedup"), r.get("others_busy_cores"), r.get("flag_reasons"),
                           r.get("source")] for _, r in rows.iterrows()]))
     return blocks
 

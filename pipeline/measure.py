@@ -14,11 +14,13 @@ interval is [min, max] and the record says the coverage it actually has.
 A measurement is flagged (see :func:`flag_reasons`) when
   - its interval is too wide: (hi - lo) / median > ``max_relative_width`` (the repeats disagree: the machine's
     load changed under it, or a stall landed in some repeats), or
-  - measured / theoretical speedup lies outside ``plausible``: the theoretical speedup comes from the run's own
-    i.i.d. acceptance α and draft/target cost ratio c, (1 - α^(γ+1)) / ((1 - α)(γc + 1)); a measured speedup
-    far from it is more likely a broken timing than a discovery. The bounds are wide on purpose: the formula
-    ignores the verify step and per-step overheads (a loop that takes fewer steps saves overhead the formula
-    does not see, a verify forward of γ + 1 tokens costs more than one token's on a CPU).
+  - measured / predicted speedup lies outside ``plausible``: the prediction comes from the run's own acceptance
+    and draft/target cost ratio c, as tokens per verify step / (γc + 1) (Leviathan et al.'s speedup with the
+    measured tokens per step in place of the i.i.d. expectation (1 - α^(γ+1)) / (1 - α), which overstates it
+    when outputs end at EOS after a few tokens); a measured speedup far from it is more likely a broken timing
+    than a discovery. The bounds are wide on purpose: the formula ignores the verify step and per-step overheads
+    (a loop that takes fewer steps saves overhead the formula does not see; a verify forward of γ + 1 tokens
+    costs more than one token's on a CPU).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from scipy import stats
 
 CONFIDENCE = 0.95
 MAX_RELATIVE_WIDTH = 1.0           # flag when the interval is wider than its median (RunConfig.max_spread)
-PLAUSIBLE = (1 / 3, 3.0)           # measured / theoretical speedup outside this is flagged
+PLAUSIBLE = (1 / 3, 3.0)           # measured / predicted speedup outside this is flagged
 
 
 @dataclass(frozen=True)
@@ -102,31 +104,30 @@ def spread(values: Sequence[float]) -> dict:
             "q75": float(q75), "relative_iqr": float((q75 - q25) / med) if med else math.inf}
 
 
-def plausibility(measured: float | None, theoretical: float | None,
-                 bounds: tuple[float, float] = PLAUSIBLE) -> float | None:
-    """measured / theoretical speedup, or None when either is missing or the theory is not positive."""
-    if measured is None or theoretical is None or not theoretical > 0 or not math.isfinite(measured):
+def plausibility(measured: float | None, predicted: float | None) -> float | None:
+    """measured / predicted speedup, or None when either is missing or the prediction is not positive."""
+    if measured is None or predicted is None or not predicted > 0 or not math.isfinite(measured):
         return None
-    return measured / theoretical
+    return measured / predicted
 
 
-def flag_reasons(interval: MedianCI, what: str, theoretical: float | None = None,
+def flag_reasons(interval: MedianCI, what: str, predicted: float | None = None,
                  max_relative_width: float = MAX_RELATIVE_WIDTH,
                  plausible: tuple[float, float] = PLAUSIBLE) -> list[str]:
     """Why a measurement should not be trusted (empty: no reason found).
 
     interval    the median and interval of the measured figure (a speedup, or tokens/s for γ = 0)
     what        its name in the message ("speedup", "tokens/s")
-    theoretical the run's theoretical speedup; only checked for a speedup (None: no plausibility check)
+    predicted   the speedup the run's own tokens per step and cost ratio predict (None: no plausibility check)
     """
     reasons = []
     if interval.relative_width > max_relative_width:
         reasons.append(f"spread: the repeats disagree, {what} {interval.median:.3g} with a "
                        f"{interval.coverage:.0%} interval [{interval.low:.3g}, {interval.high:.3g}] wider than "
                        f"{max_relative_width:.3g} x its median")
-    ratio = plausibility(interval.median, theoretical)
+    ratio = plausibility(interval.median, predicted)
     if ratio is not None and not plausible[0] <= ratio <= plausible[1]:
-        reasons.append(f"implausible: measured {what} {interval.median:.3g}x is {ratio:.2f} times the theoretical "
-                       f"{theoretical:.3g}x from the run's own acceptance and cost ratio (plausible: "
-                       f"{plausible[0]:.2f} to {plausible[1]:.2f} times)")
+        reasons.append(f"implausible: measured {what} {interval.median:.3g}x is {ratio:.2f} times the {predicted:.3g}x "
+                       f"that the run's own acceptance and cost ratio predict (plausible: {plausible[0]:.2f} to "
+                       f"{plausible[1]:.2f} times)")
     return reasons

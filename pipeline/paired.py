@@ -54,10 +54,11 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
     return out
 
 
-def summarize(timings: dict[str, dict[str, list]], theoretical: float | None, load: dict, threads: dict,
+def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load: dict, threads: dict,
               samples_per_repeat: int, max_spread: float = measure.MAX_RELATIVE_WIDTH) -> dict:
-    """The measurement record of :func:`time_repeats`'s timings, with flags (see pipeline.measure; an interval
-    wider than ``max_spread`` x its median is flagged)."""
+    """The measurement record of :func:`time_repeats`'s timings, with flags (see pipeline.measure: an interval
+    wider than ``max_spread`` x its median, or a speedup far from ``predicted``, the speedup the run's tokens per
+    step and cost ratio predict, is flagged)."""
     tps = {name: measure.rates(t["tokens"], t["seconds"]) for name, t in timings.items()}
     record = {"method": "paired" if SPECULATIVE in timings else "repeated", "repeats": len(next(iter(tps.values()))),
               "samples_per_repeat": samples_per_repeat,
@@ -72,9 +73,9 @@ def summarize(timings: dict[str, dict[str, list]], theoretical: float | None, lo
         interval, ratios = measure.paired_speedup(a["tokens"], a["seconds"], b["tokens"], b["seconds"])
         record["ratios"] = ratios
         record["speedup"] = interval.to_dict()
-        record["theoretical_speedup"] = theoretical
-        record["measured_over_theoretical"] = measure.plausibility(interval.median, theoretical)
-        reasons = measure.flag_reasons(interval, "speedup", theoretical, max_spread)
+        record["predicted_speedup"] = predicted
+        record["measured_over_predicted"] = measure.plausibility(interval.median, predicted)
+        reasons = measure.flag_reasons(interval, "speedup", predicted, max_spread)
     else:
         reasons = measure.flag_reasons(measure.median_ci(tps[AUTOREGRESSIVE]), "tokens/s", None, max_spread)
     record["flags"] = reasons

@@ -13,6 +13,8 @@ Speed metrics (pipeline/paired.py: after the quality pass over every sample, the
   iid_alpha              per-token acceptance probability α of the i.i.d. model, estimated from the accepted
                          counts (see iid_alpha()); not the same as acceptance_rate
   theoretical_speedup    (1 - α^(γ+1)) / ((1 - α)(γc + 1))  (Leviathan et al. 2023)
+  predicted_speedup      mean_accepted_tokens / (γc + 1): the same with the measured tokens per step; the
+                         measured speedup is checked against it
   speedup                paired: the median over repeats of (speculative tokens/s) / (γ = 0 tokens/s) within
                          the repeat, with an order-statistic interval (``speedup_ci_low``/``_high``)
   unpaired_speedup       with ``--baseline`` (a γ = 0 run of the same target, task, data, dtype, device and length
@@ -278,7 +280,7 @@ def _measure(config: RunConfig, loops: dict, records: list[dict], tokenizer, enc
     load = LoadProbe(device)
     timings = paired.time_repeats(loops, batches, config.max_new_tokens, config.repeats, config.seed, device,
                                   progress)
-    return paired.summarize(timings, metrics.get("theoretical_speedup"), load.finish(), threads, len(subset),
+    return paired.summarize(timings, metrics.get("predicted_speedup"), load.finish(), threads, len(subset),
                             config.max_spread)
 
 
@@ -314,6 +316,10 @@ def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
         "cost_ratio": cost_ratio,
         "iid_alpha": alpha,
         "theoretical_speedup": theoretical_speedup(alpha, config.gamma, cost_ratio),
+        # the same model with the measured tokens per step in place of the i.i.d. expectation: what the plausibility
+        # check compares the measured speedup with (pipeline/measure.py)
+        "predicted_speedup": (new_tokens / steps / (config.gamma * cost_ratio + 1)
+                              if steps and cost_ratio is not None and config.gamma else None),
         # full-γ verify steps (per row) that accepted k = 0..γ draft tokens, and from it the rate at which draft
         # position i is accepted once reached: P(accepted > i | accepted >= i)
         "accepted_histogram": totals.get("hist"),

@@ -62,23 +62,23 @@ def test_paired_speedup_is_the_median_of_per_repeat_ratios():
 
 def test_flags_a_wide_interval_and_an_implausible_speedup():
     tight = measure.median_ci([1.9, 2.0, 2.0, 2.1, 2.0, 2.05])
-    assert measure.flag_reasons(tight, "speedup", theoretical=2.2) == []
+    assert measure.flag_reasons(tight, "speedup", predicted=2.2) == []
     wide = measure.median_ci([0.5, 2.0, 2.0, 2.1, 2.0, 3.0])          # one stalled repeat each way
-    reasons = measure.flag_reasons(wide, "speedup", theoretical=2.2)
+    reasons = measure.flag_reasons(wide, "speedup", predicted=2.2)
     assert len(reasons) == 1 and reasons[0].startswith("spread:")
     # the issue's run: 9.31x measured against a theoretical 0.94x
     issue = measure.median_ci([9.2, 9.3, 9.31, 9.4, 9.35, 9.3])
-    reasons = measure.flag_reasons(issue, "speedup", theoretical=0.94)
+    reasons = measure.flag_reasons(issue, "speedup", predicted=0.94)
     assert len(reasons) == 1 and reasons[0].startswith("implausible:") and "0.94" in reasons[0]
     low = measure.median_ci([0.45] * 6)                               # and its 0.45x against 2.19x
-    assert measure.flag_reasons(low, "speedup", theoretical=2.19)[0].startswith("implausible:")
+    assert measure.flag_reasons(low, "speedup", predicted=2.19)[0].startswith("implausible:")
 
 
 def test_plausibility_bounds_are_inclusive_and_need_a_positive_theory():
     lo, hi = measure.PLAUSIBLE
     at_edges = [measure.median_ci([lo * 2.0] * 3), measure.median_ci([hi * 2.0] * 3)]
-    assert all(measure.flag_reasons(ci, "speedup", theoretical=2.0) == [] for ci in at_edges)
-    assert measure.flag_reasons(measure.median_ci([hi * 2.0 * 1.01] * 3), "speedup", theoretical=2.0)
+    assert all(measure.flag_reasons(ci, "speedup", predicted=2.0) == [] for ci in at_edges)
+    assert measure.flag_reasons(measure.median_ci([hi * 2.0 * 1.01] * 3), "speedup", predicted=2.0)
     assert measure.plausibility(2.0, None) is None and measure.plausibility(2.0, 0.0) is None
     assert measure.flag_reasons(measure.median_ci([50.0] * 3), "tokens/s") == []  # no theory: no check
 

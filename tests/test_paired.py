@@ -88,7 +88,7 @@ def test_a_flagged_run_says_why_on_stderr(pair, capsys):
     record = paired.summarize(
         {"speculative": {"seconds": [1.0, 4.0, 0.5], "tokens": [100, 100, 100]},
          "autoregressive": {"seconds": [2.0, 2.0, 2.0], "tokens": [100, 100, 100]}},
-        theoretical=1.8, load={"others_busy_cores": 1.4, "cores": 2}, threads={}, samples_per_repeat=4)
+        predicted=1.8, load={"others_busy_cores": 1.4, "cores": 2}, threads={}, samples_per_repeat=4)
     assert record["flagged"] and record["flags"][0].startswith("spread:")
     assert paired.metrics_of(record)["flagged"] is True
     paired.warn_if_flagged(record, "out.json")
