@@ -23,7 +23,7 @@ from pipeline.tune import QUALITY
 from . import figures
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
-from .recommend import GROUP, recommend, to_number, with_loss
+from .recommend import GROUP, flagged, recommend, to_number, with_loss
 from .theory import expected_tokens_iid, expected_tokens_positions, parse_rates
 
 TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
@@ -44,6 +44,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     written: dict[str, Path] = {"results.csv": write_text_atomic(out_dir / "results.csv", table.to_csv(index=False))}
     blocks = _header(table, max_quality_loss)
     blocks += _recommendations(table, max_quality_loss)
+    blocks += _flagged(table)
     blocks += _per_pair(table, fig_dir, max_quality_loss, written)
     blocks += _latency(table, fig_dir, written)
     blocks += _loops(table)
@@ -91,7 +92,13 @@ def _header(table, max_quality_loss: float) -> list:
     if "cpu_only" in measured.columns and len(measured) and measured["cpu_only"].fillna(True).astype(bool).all():
         blocks.append(Para("**CPU only:** every run, baseline and trial here was measured on a CPU. Speedups on a CPU "
                            "say little about a GPU, where the paper's kernels run.", note=True))
-    blocks.append(Para("Speedup = tokens/s over the AR baseline's (γ = 0, the same target and settings). Quality is "
+    blocks.append(Para("Speedup = the median over interleaved repeats of the per-repeat ratio of tokens/s, the "
+                       "speculative loop over the γ = 0 loop of the same engine and loaded target on the same samples "
+                       "(paired, in one process), with its order-statistic confidence interval in brackets. A "
+                       "measurement whose interval is too wide or whose speedup is implausible against the one its "
+                       "own tokens per step and cost ratio predict is flagged, and left out of the recommendation and "
+                       "the Pareto fronts "
+                       "(section **Flagged measurements**). Quality is "
                        "ROUGE-L (CNN/DailyMail, higher is better) or WER (LibriSpeech, lower is better). Quality "
                        "loss = 1 − quality ratio against the reference (the AR baseline of the same pair and dtype, "
                        "else the mean of the exact runs): ROUGE-L / reference, or (1 − WER) / (1 − reference WER); "
@@ -118,12 +125,30 @@ def _recommendations(table, max_quality_loss: float) -> list:
         if sig and r.get("preset") == "paper":
             alpha, beta = PAPER_PRESET
         rows.append([r["task"], r["target"], r["draft"], r["choice"], r["sampler"], r["backend"], _int(r["gamma"]),
-                     alpha, beta, r["dtype"], r["speedup"], _raw_quality(r), _pct(r["quality_loss"]),
+                     alpha, beta, r["dtype"], _speedup(r), _raw_quality(r), _pct(r["quality_loss"]),
                      _device(r), r["date"], r["source"]])
     blocks.append(Table(cols, rows))
     blocks.append(Para("Quality is the raw score (ROUGE-L, or WER); loss is relative to the reference named in "
                        "`results.csv` (`reference_source`). On few samples, quality differences of a few percent "
                        "are within sampling noise: confirm a sigmoid choice on more data."))
+    return blocks
+
+
+def _flagged(table) -> list:
+    """Runs, baselines and trials whose speed measurement is flagged, with the reasons: listed here and nowhere
+    in the recommendation or the Pareto fronts."""
+    blocks = [Heading(2, "Flagged measurements")]
+    rows = table[flagged(table)] if not table.empty else table
+    if rows.empty:
+        return [*blocks, Para("None: every measured run, baseline and trial passed the checks (interval width and "
+                              "measured against predicted speedup).")]
+    blocks.append(Para(f"{len(rows)} measurement(s) flagged, left out of the recommendation and the Pareto fronts. "
+                       "Re-run them on a quieter machine, or with more `--repeats`."))
+    blocks.append(Table(["run", "kind", "task", "sampler", "gamma", "speedup", "predicted speedup",
+                         "others' busy cores", "reasons", "source"],
+                        [[r["run"], r["kind"], r.get("task"), r.get("sampler"), _int(r.get("gamma")), _speedup(r),
+                          r.get("predicted_speedup"), r.get("others_busy_cores"), r.get("flag_reasons"),
+                          r.get("source")] for _, r in rows.iterrows()]))
     return blocks
 
 
@@ -176,7 +201,7 @@ def _quality_section(group, losses, task, target, draft, metric, name, slug, fig
     blocks.append(Table(["run", "kind", "sampler", "gamma", "alpha", "beta", "dtype", "speedup", METRIC_NAME[metric],
                          "quality loss", "acceptance", "device"],
                         [[r["run"], r["kind"], r["sampler"], _int(r["gamma"]), r["alpha_eff"], r["beta_eff"],
-                          r["dtype"], r["speedup"], r[metric], _pct(r["quality_loss"]), r["acceptance_rate"],
+                          r["dtype"], _speedup(r), r[metric], _pct(r["quality_loss"]), r["acceptance_rate"],
                           _device(r)] for _, r in front.iterrows()]))
     return blocks
 
@@ -328,6 +353,18 @@ def _device(r) -> str | None:
         return None
     cpu = bool(r.get("cpu_only")) and not str(name).startswith("CPU")
     return f"{name}{' (CPU only)' if cpu else ''}"
+
+
+def _speedup(r) -> str | None:
+    """'1.23x [1.10, 1.31]': the median speedup and its interval where recorded ('unpaired' for a speedup
+    against an external baseline file)."""
+    v = to_number(r.get("speedup"))
+    if v is None:
+        return None
+    lo, hi = to_number(r.get("speedup_ci_low")), to_number(r.get("speedup_ci_high"))
+    if lo is None or hi is None:
+        return f"{v:.2f}x (unpaired)"
+    return f"{v:.2f}x [{lo:.2f}, {hi:.2f}]"
 
 
 def _pct(v):

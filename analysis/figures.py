@@ -16,6 +16,7 @@ from matplotlib.lines import Line2D
 from pipeline.io import atomic_file
 
 from .pareto import front_order
+from .recommend import flagged
 from .theory import expected_tokens_iid, expected_tokens_positions, parse_rates
 
 STYLE = {"exact": ("tab:blue", "o"), "sigmoid": ("tab:orange", "^"), "greedy": ("tab:green", "s"),
@@ -61,13 +62,24 @@ def _cpu_tag(rows) -> str:
 def quality_vs_speedup(rows, metric: str, title: str, path, reference: float | None = None,
                        max_quality_loss: float | None = None) -> Path | None:
     """Quality (``metric``: rougeL or wer) against measured speedup: runs filled, Optuna trials hollow, the exact
-    (lossless) points ringed, the Pareto front (speedup and quality both maximised) drawn, the AR reference and the
+    (lossless) points ringed, speedup intervals as horizontal bars, the Pareto front (speedup and quality both
+    maximised, flagged measurements left out) drawn, flagged measurements as grey crosses, the AR reference and the
     allowed quality loss shaded."""
-    pts = rows[rows["kind"].isin(("run", "trial")) & rows["speedup"].notna() & rows[metric].notna()]
-    if pts.empty:
+    measured = rows[rows["kind"].isin(("run", "trial")) & rows["speedup"].notna() & rows[metric].notna()]
+    bad = flagged(measured)
+    pts, excluded = measured[~bad], measured[bad]
+    if pts.empty and excluded.empty:
         return None
     lower_better = metric == "wer"
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
+    if not excluded.empty:
+        ax.scatter(excluded["speedup"], excluded[metric], marker="x", color="gray", s=40,
+                   label="flagged measurement (excluded)", zorder=1)
+    if "speedup_ci_low" in pts.columns:
+        ci = pts[pts["speedup_ci_low"].notna() & pts["speedup_ci_high"].notna()]
+        ax.errorbar(ci["speedup"], ci[metric], xerr=[ci["speedup"] - ci["speedup_ci_low"],
+                                                     ci["speedup_ci_high"] - ci["speedup"]],
+                    fmt="none", ecolor="gray", elinewidth=0.8, alpha=0.7, zorder=1)
     for sampler, group in pts.groupby("sampler", sort=True):
         for g, kw in _marker_groups(sampler, group, size=46):
             ax.scatter(g["speedup"], g[metric], linewidths=1.3, **kw)

@@ -5,6 +5,8 @@ Quality loss is relative to the reference quality of the same task, model pair a
 1 - quality ratio, the ratio the project's ``tradeoff`` uses: ROUGE-L / reference ROUGE-L, or for WER
 (1 - WER) / (1 - reference WER). A negative loss means better than the reference (sampling noise, on few samples).
 
+Runs and trials whose speed measurement is flagged (:func:`flagged`) are never candidates.
+
 Lossless: the exact sampler (it samples the target's distribution exactly), and greedy at temperature 0 (it
 reproduces the target's greedy decoding; at T > 0 greedy is not lossless with respect to sampling).
 """
@@ -42,13 +44,23 @@ def reference_quality(table, task, target, draft, dtype) -> tuple[float | None, 
     return None, "no AR baseline or exact run"
 
 
+def flagged(table):
+    """bool Series: rows whose speed measurement is flagged (pipeline/measure.py); False where not recorded."""
+    import pandas as pd
+
+    if "flagged" not in table.columns:
+        return pd.Series(False, index=table.index)
+    return table["flagged"].map(lambda v: v is True or v == 1 or str(v).lower() == "true")
+
+
 def with_loss(table):
-    """Candidate rows (runs and completed trials with a speedup) with ``reference`` and ``quality_loss`` columns."""
+    """Candidate rows (runs and completed trials with a speedup and a measurement that is not flagged) with
+    ``reference`` and ``quality_loss`` columns. Flagged rows are left out: they are listed on their own."""
     import pandas as pd
 
     if table.empty or "speedup" not in table.columns:
         return pd.DataFrame()
-    cand = table[table["kind"].isin(CANDIDATE_KINDS) & table["speedup"].notna()].copy()
+    cand = table[table["kind"].isin(CANDIDATE_KINDS) & table["speedup"].notna() & ~flagged(table)].copy()
     if "trial_state" in cand.columns:
         cand = cand[cand["trial_state"].isna() | (cand["trial_state"] == "COMPLETE")]
     refs, losses, ref_src = [], [], []
@@ -96,7 +108,8 @@ def recommend(table, max_quality_loss: float = 0.01):
             best = rows.sort_values(["speedup", "quality_loss"], ascending=[False, True]).iloc[0]
             out.append({**base, **{k: best.get(k) for k in (
                 "run", "kind", "sampler", "backend", "gamma", "alpha", "beta", "preset", "dtype", "temperature",
-                "speedup", "quality", "quality_loss", "reference", "reference_source", "acceptance_rate",
+                "speedup", "speedup_ci_low", "speedup_ci_high", "quality", "quality_loss", "reference",
+                "reference_source", "acceptance_rate",
                 "source", "device_name", "date", "cpu_only")}, "note": ""})
     return pd.DataFrame(out)
 

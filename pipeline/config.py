@@ -48,6 +48,14 @@ class RunConfig:
     ignore_eos: bool = False
     verify_graphs: bool = False
     baseline: str | None = None
+    # Speed measurement (pipeline/paired.py): repeats of the speculative and the γ = 0 loop, interleaved, each on
+    # the first samples_per_repeat samples; torch's intra-op threads (None: half the usable cores, at most 8) and
+    # inter-op threads (the engine runs no inter-op parallel work: 1).
+    repeats: int = 6
+    samples_per_repeat: int = 4
+    max_spread: float = 1.0  # flag a measurement whose interval is wider than this x its median (pipeline/measure.py)
+    threads: int | None = None
+    interop_threads: int = 1
     out: str = "results/run.json"
     tags: dict = field(default_factory=dict)
     # Tracking (pipeline/tracking.py): where the run is logged, not what it computes. wandb_mode None means
@@ -74,6 +82,17 @@ class RunConfig:
         for name in ("batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise bad(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+        if self.repeats < 3:
+            raise bad(f"--repeats must be >= 3 (the speedup's interval needs several repeats; 6 gives a 97 % "
+                      f"interval); got {self.repeats}")
+        for name in ("samples_per_repeat", "interop_threads"):
+            if getattr(self, name) < 1:
+                raise bad(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+        if not self.max_spread > 0:
+            raise bad(f"--max-spread must be > 0 (the widest interval, relative to its median, that is not flagged; "
+                      f"default 1); got {self.max_spread}")
+        if self.threads is not None and self.threads < 1:
+            raise bad(f"--threads must be >= 1 (or leave it out: half the usable cores, at most 8); got {self.threads}")
         if self.limit is not None and self.limit < 1:
             raise bad(f"--limit must be >= 1; got {self.limit}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:

@@ -1,9 +1,13 @@
-"""Where a number came from: device, driver and library versions, recorded in every results file."""
+"""Where a number came from, recorded in every results file: device, driver and library versions (provenance), and
+how busy the machine was around a measurement and which thread settings it used (LoadProbe, ThreadSettings)."""
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
+import time
+from dataclasses import dataclass
 from importlib import metadata
 
 _PACKAGES = ("specsweep", "torch", "transformers", "tokenizers", "numpy", "scipy", "cupy-cuda13x", "cupy-cuda12x",
@@ -46,3 +50,130 @@ def provenance(device: str = "cpu") -> dict:
     """Everything a results file records about where and when it was measured."""
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "versions": versions(), "device": device_info(device)}
+
+
+# ---------------------------------------------------------------------------------------------- load and threads
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; the machine's count where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """torch's intra-op threads when the run does not set them: half the usable cores (at least 1, at most 8).
+
+    An intra-op pool as large as the machine stalls whenever other work takes a core: each parallel region waits
+    for its slowest worker, and a descheduled worker holds up all the others (README, "Speed measurements", has
+    the measurements). Half the cores leaves room for other work. ``--threads`` overrides it; the run records
+    what it used."""
+    return max(1, min(8, usable_cores() // 2))
+
+
+def passive_omp_wait() -> None:
+    """Let idle OpenMP workers sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE), unless a policy is set.
+
+    torch's OpenMP runtime (libgomp) reads the variable once, when it is loaded: this only works before torch
+    is imported, so the CLI calls it first thing. Spinning workers take CPU from the worker they wait for on
+    an oversubscribed machine (README, "Speed measurements")."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@dataclass
+class ThreadSettings:
+    """torch's thread pools for one run. intra/inter: int >= 1 (None = leave torch's choice)."""
+
+    intra: int | None
+    inter: int | None
+
+    def apply(self) -> dict:
+        """Set torch's intra-op (any time) and inter-op threads (only before the first parallel work: once per
+        process; a later different value is recorded as not applied); returns what is in force, with the
+        thread-related environment."""
+        import torch
+
+        applied_inter = True
+        if self.intra is not None:
+            torch.set_num_threads(self.intra)
+        if self.inter is not None and torch.get_num_interop_threads() != self.inter:
+            try:
+                torch.set_num_interop_threads(self.inter)
+            except RuntimeError:  # torch allows it once, before inter-op work has started
+                applied_inter = False
+        return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
+                "requested_intra_op": self.intra, "requested_inter_op": self.inter,
+                "inter_op_applied": applied_inter, "usable_cores": usable_cores(),
+                "env": {k: os.environ[k] for k in _THREAD_ENV if k in os.environ}}
+
+
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")
+
+
+class LoadProbe:
+    """How busy the machine is around a measurement: load average against cores at start and end, and the CPU
+    time other processes used in between (system-wide busy time minus this process's own, from psutil, so
+    processes that started or ended meanwhile count too), plus GPU utilisation and other processes on the GPU
+    where nvidia-smi can tell.
+
+    >>> probe = LoadProbe("cpu"); ...; record = probe.finish()
+    record: {"start": {...}, "end": {...}, "seconds", "others_cpu_s", "others_busy_cores", "cores"}
+    """
+
+    def __init__(self, device: str = "cpu") -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self.device = str(device)
+        self.start = self.snapshot()
+        self._t0, self._busy0, self._own0 = time.perf_counter(), self._busy_s(), self._own_s()
+
+    def _busy_s(self) -> float:
+        t = self._psutil.cpu_times()
+        return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+    def _own_s(self) -> float:
+        """This process's CPU seconds (its children count as other processes: a run starts none)."""
+        t = self._me.cpu_times()
+        return t.user + t.system
+
+    def snapshot(self) -> dict:
+        """Load averages (1, 5, 15 min), per usable core, and the GPU's state (None where unreadable)."""
+        try:
+            load = list(os.getloadavg())
+        except OSError:
+            load = None
+        cores = usable_cores()
+        return {"loadavg": load, "loadavg_per_core": load[0] / cores if load else None,
+                "gpu": gpu_activity(self.device)}
+
+    def finish(self) -> dict:
+        seconds = time.perf_counter() - self._t0
+        others = max(0.0, (self._busy_s() - self._busy0) - (self._own_s() - self._own0))
+        return {"start": self.start, "end": self.snapshot(), "seconds": seconds, "cores": usable_cores(),
+                "others_cpu_s": others, "others_busy_cores": others / seconds if seconds > 0 else None}
+
+
+def gpu_activity(device: str) -> dict | None:
+    """For a CUDA device: utilisation (%) and the compute processes on it other than this one (pids and MiB),
+    from nvidia-smi; None on a CPU or where nvidia-smi cannot tell."""
+    if not str(device).startswith("cuda"):
+        return None
+    import subprocess
+
+    def query(*args: str) -> list[list[str]]:
+        out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+        return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines() if line.strip()]
+
+    try:
+        gpus = query("--query-gpu=index,utilization.gpu,memory.used")
+        apps = query("--query-compute-apps=pid,used_memory")
+    except Exception:  # no nvidia-smi, no permission, a container that hides it
+        return None
+    me = os.getpid()
+    return {"utilization_pct": [float(g[1]) for g in gpus if g[1].replace(".", "").isdigit()],
+            "other_processes": [{"pid": int(a[0]), "used_mib": a[1]} for a in apps
+                                if a[0].isdigit() and int(a[0]) != me]}

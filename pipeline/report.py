@@ -17,8 +17,10 @@ from pipeline.io import write_text_atomic
 # Config columns first (what was run), then the metrics (what it measured), then quality scores.
 CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "dtype", "temperature", "alpha",
                   "beta", "preset", "engine", "batch_size", "max_new_tokens", "limit", "seed", "device")
-METRIC_COLUMNS = ("tokens_per_second", "speedup", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
-                  "theoretical_speedup", "cost_ratio", "wall_time_s", "new_tokens", "peak_memory_mb")
+METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",
+                  "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
+                  "theoretical_speedup", "predicted_speedup", "cost_ratio", "wall_time_s", "new_tokens",
+                  "peak_memory_mb")
 # Per-step detail, kept as JSON text so the table stays flat (and survives CSV).
 LIST_COLUMNS = ("accepted_histogram", "position_acceptance")
 
@@ -64,6 +66,11 @@ def result_row(result: dict, source: str | os.PathLike, name: str | None = None)
     row["samples"] = len(result.get("samples", [])) or result.get("resolved", {}).get("samples")
     row["kind"] = "baseline" if cfg.get("gamma") == 0 else "run"
     row.update({k: json.dumps(metrics.get(k)) if metrics.get(k) is not None else None for k in LIST_COLUMNS})
+    # a speed measurement not to trust (pipeline/measure.py): why, and how busy the machine was
+    measurement = result.get("measurement") or {}
+    row["flagged"] = bool(metrics.get("flagged", False))
+    row["flag_reasons"] = "; ".join(measurement.get("flags") or []) or None
+    row["others_busy_cores"] = (measurement.get("load") or {}).get("others_busy_cores")
     row["baseline"] = result.get("resolved", {}).get("baseline")
     row["source"] = str(source)
     row["date"] = prov.get("date")

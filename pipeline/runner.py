@@ -2,20 +2,30 @@
 score, and write the results JSON atomically. ``specsweep run``, DVC stages, W&B agents and Optuna trials all
 come through :func:`run`.
 
-Speed metrics:
-  tokens_per_second      new tokens / seconds inside the engine's generate calls (no loading, no scoring)
+Speed metrics (pipeline/paired.py: after the quality pass over every sample, the speculative loop and the
+γ = 0 loop of the same engine are timed on the first --samples-per-repeat samples in --repeats interleaved repeats):
+  tokens_per_second      median over the repeats of new tokens / seconds inside the engine's generate calls (no
+                         loading, no scoring); ``_ci_low``/``_ci_high`` its interval, ``pass_tokens_per_second``
+                         the quality pass's (one timing of every sample)
   acceptance_rate        accepted draft tokens / drafted tokens
   mean_accepted_tokens   new tokens per verify step, the corrected/bonus token included (Spec-Bench's MAT)
   cost_ratio             c = seconds per draft forward / seconds per target forward, measured in this run
   iid_alpha              per-token acceptance probability α of the i.i.d. model, estimated from the accepted
                          counts (see iid_alpha()); not the same as acceptance_rate
   theoretical_speedup    (1 - α^(γ+1)) / ((1 - α)(γc + 1))  (Leviathan et al. 2023)
-  speedup                tokens_per_second / the AR baseline's tokens_per_second; the baseline is a γ = 0 run
-                         of the same target, task, data, dtype, device and length settings (``--baseline``)
+  predicted_speedup      mean_accepted_tokens / (γc + 1): the same with the measured tokens per step; the
+                         measured speedup is checked against it
+  speedup                paired: the median over repeats of (speculative tokens/s) / (γ = 0 tokens/s) within
+                         the repeat, with an order-statistic interval (``speedup_ci_low``/``_high``)
+  unpaired_speedup       with ``--baseline`` (a γ = 0 run of the same target, task, data, dtype, device and length
+                         settings): tokens_per_second / the baseline's, timed in another process; for reference
+  flagged                True when the measurement should not be trusted (pipeline/measure.py): its reasons are in
+                         ``results["measurement"]["flags"]`` and on stderr
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -23,8 +33,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from pipeline import paired
 from pipeline.config import RunConfig
-from pipeline.env_info import provenance
+from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 
@@ -150,11 +161,30 @@ def _load_models(config: RunConfig, task, dtype, device: str):
 
 
 def run(config: RunConfig, progress: bool = True) -> dict:
-    """Run one configuration end to end; returns the results dict (also written to ``config.out``)."""
+    """Run one configuration end to end; returns the results dict (also written to ``config.out``).
+
+    torch's intra-op threads are set for the run (``--threads``, default :func:`default_threads`) and put back
+    afterwards; its inter-op threads can only be set once per process (see ThreadSettings)."""
+    config.validate()
+    previous = torch.get_num_threads()
+    try:
+        return _run(config, ThreadSettings(config.threads or default_threads(), config.interop_threads).apply(),
+                    progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _ar_engine(config: RunConfig, target, tokenizer, device: str):
+    """The γ = 0 loop of the run's engine around the same loaded target, sampling exactly from it (the AR
+    baseline's sampler), for the paired timing."""
+    ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", alpha=None, beta=None, preset=None)
+    return _build_engine(ar, _build_sampler(ar), target, None, tokenizer, device)
+
+
+def _run(config: RunConfig, threads: dict, progress: bool) -> dict:
     from pipeline.models import parse_dtype, resolve_device
     from pipeline.tasks import get_task
 
-    config.validate()
     dtype = parse_dtype(config.dtype)
     device = resolve_device(config.device, dtype)
     baseline = _load_baseline(config.baseline, config, device) if config.baseline else None
@@ -167,17 +197,20 @@ def run(config: RunConfig, progress: bool = True) -> dict:
     records = task.load(config.data, config.limit, config.seed if config.limit else None)
     target, draft, tokenizer, processor = _load_models(config, task, dtype, device)
     engine = _build_engine(config, sampler, target, draft, tokenizer, device)
+    loops = {paired.SPECULATIVE: engine, paired.AUTOREGRESSIVE: _ar_engine(config, target, tokenizer, device)} \
+        if config.gamma > 0 else {paired.AUTOREGRESSIVE: engine}
     encode_kwargs = {"processor": processor}
     if task.speech:
         encode_kwargs["prompt"] = task.decoder_prompt(target, tokenizer)
 
-    # Warm-up: one short, untimed generation of the first batch, so one-time costs (allocations, lazy
+    # Warm-up: one short, untimed generation of the first batch by each loop, so one-time costs (allocations, lazy
     # initialisation, kernel loading on a GPU) stay out of the measured tokens/s. Its own generator leaves the
     # run's random stream, and so its tokens, unchanged.
     first, _ = task.encode(records[: config.batch_size], tokenizer, config, **encode_kwargs)
-    engine.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
-                    torch.Generator(device=device).manual_seed(config.seed + 1),
-                    encoder_inputs=first.get("encoder_inputs"))
+    for loop in loops.values():
+        loop.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
+                      torch.Generator(device=device).manual_seed(config.seed + 1),
+                      encoder_inputs=first.get("encoder_inputs"))
     torch.manual_seed(config.seed)
     generator = torch.Generator(device=device).manual_seed(config.seed)
     samples, truncated = [], 0
@@ -211,13 +244,17 @@ def run(config: RunConfig, progress: bool = True) -> dict:
                    "window were cut to it; their WER compares the cut audio with the full transcript",
                    file=sys.stderr)
 
+    metrics = _summarize(samples, totals, config)
+    measurement = _measure(config, loops, records, tokenizer, encode_kwargs, device, metrics, threads, progress)
+    metrics.update(paired.metrics_of(measurement))
+    if baseline is not None:
+        metrics["baseline_tokens_per_second"] = baseline["tokens_per_second"]
+        metrics["unpaired_speedup"] = metrics["tokens_per_second"] / baseline["tokens_per_second"]
+    paired.warn_if_flagged(measurement, config.out)
+
     quality, per_sample = task.score([s["text"] for s in samples], records, tokenizer, config.seed)
     for s, q in zip(samples, per_sample):
         s["quality"] = q
-    metrics = _summarize(samples, totals, config)
-    if baseline is not None:
-        metrics["baseline_tokens_per_second"] = baseline["tokens_per_second"]
-        metrics["speedup"] = metrics["tokens_per_second"] / baseline["tokens_per_second"]
     resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
                 ("audio_truncated" if task.speech else "prompts_truncated"): truncated}
     results = {
@@ -226,11 +263,29 @@ def run(config: RunConfig, progress: bool = True) -> dict:
         "resolved": resolved,
         "provenance": provenance(device),
         "metrics": metrics,
+        "measurement": measurement,
         "quality": quality,
         "samples": samples,
     }
     write_json_atomic(config.out, results)
     return results
+
+
+def _measure(config: RunConfig, loops: dict, records: list[dict], tokenizer, encode_kwargs: dict, device: str,
+             metrics: dict, threads: dict, progress: bool) -> dict:
+    """The paired timing (pipeline/paired.py) on the first ``samples_per_repeat`` samples, with the machine's load
+    recorded around it; returns the measurement record."""
+    from pipeline.tasks import get_task
+
+    task = get_task(config.task)
+    subset = records[: config.samples_per_repeat]
+    batches = [task.encode(subset[i: i + config.batch_size], tokenizer, config, **encode_kwargs)[0]
+               for i in range(0, len(subset), config.batch_size)]
+    load = LoadProbe(device)
+    timings = paired.time_repeats(loops, batches, config.max_new_tokens, config.repeats, config.seed, device,
+                                  progress)
+    return paired.summarize(timings, metrics.get("predicted_speedup"), load.finish(), threads, len(subset),
+                            config.max_spread)
 
 
 def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
@@ -245,7 +300,7 @@ def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
     if totals["draft_forwards"] and calls.get("target"):
         cost_ratio = (t.get("draft", 0.0) / totals["draft_forwards"]) / (t["target"] / calls["target"])
     return {
-        "tokens_per_second": new_tokens / totals["wall"] if totals["wall"] > 0 else None,
+        "pass_tokens_per_second": new_tokens / totals["wall"] if totals["wall"] > 0 else None,
         "wall_time_s": totals["wall"],
         "new_tokens": new_tokens,
         "verify_steps": steps,
@@ -265,6 +320,10 @@ def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
         "cost_ratio": cost_ratio,
         "iid_alpha": alpha,
         "theoretical_speedup": theoretical_speedup(alpha, config.gamma, cost_ratio),
+        # the same model with the measured tokens per step in place of the i.i.d. expectation: what the plausibility
+        # check compares the measured speedup with (pipeline/measure.py)
+        "predicted_speedup": (new_tokens / steps / (config.gamma * cost_ratio + 1)
+                              if steps and cost_ratio is not None and config.gamma else None),
         # full-γ verify steps (per row) that accepted k = 0..γ draft tokens, and from it the rate at which draft
         # position i is accepted once reached: P(accepted > i | accepted >= i)
         "accepted_histogram": totals.get("hist"),

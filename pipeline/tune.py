@@ -4,8 +4,13 @@ Search space (a YAML file, by default sweeps/optuna_space.yaml): γ, sampler in 
 alpha and beta (sampled for sigmoid only), and optionally dtype. Each trial is one :func:`pipeline.runner.run`
 of the base RunConfig with the trial's settings; its objectives are
 
-    speedup   tokens/s over the AR baseline's tokens/s (the γ = 0 run of the same target and settings)
+    speedup   the paired median speedup: tokens/s over the γ = 0 loop's of the same engine and target, timed in
+              interleaved repeats inside the trial's run (pipeline/paired.py)
     quality   ROUGE-L (cnn_dailymail) or -WER (librispeech): both maximised
+
+A trial whose speed measurement is flagged (too wide an interval, or implausible against its theoretical
+speedup; pipeline/measure.py) is measured once more; if it stays flagged the trial fails with the reasons, so
+no flagged speedup reaches the study (:func:`measured_run`).
 
 Workers: any number of processes, on any number of machines, run the same command against one storage
 (SQLite in the study folder by default; any RDB URL through ``--storage`` or $OPTUNA_STORAGE). Trials are
@@ -16,7 +21,8 @@ gets one from the next worker to start (:func:`adopt_orphaned_trials`), and so g
 that raises is recorded as failed and the study goes on. ``--n-trials`` is the study's total number of completed
 trials, shared by all workers.
 
-AR baseline: one per (study, dtype). ``--baseline FILE`` reuses a γ = 0 results file (the DVC pipeline passes
+AR baseline (for the quality reference and ``tradeoff``; the speedup is paired inside each trial): one per
+(study, dtype). ``--baseline FILE`` reuses a γ = 0 results file (the DVC pipeline passes
 the shared one); otherwise the first worker that needs one measures it into the study folder
 (``baseline-<dtype>.json``, under a lock file) and every later trial and worker reuses it. Speedups are only
 comparable on one kind of machine: on many machines without a shared folder, each measures its own.
@@ -369,7 +375,8 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
             cfg = dataclasses.replace(base, **params, preset=None, baseline=baseline, out=str(results_path),
                                       wandb_mode="disabled").validate()
             trial.set_user_attr("results", str(results_path))
-            result = run(cfg, progress=False)
+            result = measured_run(cfg, run, f"trial {trial.number}")
+            trial.set_user_attr("remeasured", result["measurement"].get("remeasured", False))
             speedup = result["metrics"].get("speedup")
             quality = quality_value(base.task, result["quality"])
             if speedup is None or quality is None or not (math.isfinite(speedup) and math.isfinite(quality)):
@@ -388,8 +395,9 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
         def counted(trial) -> tuple[float, float]:
             try:
                 return objective(trial)
-            except Exception:
+            except Exception as e:
                 failed.append(trial.number)
+                trial.set_user_attr("fail_reason", " ".join(str(e).split())[:1000])
                 raise
 
         complete = (optuna.trial.TrialState.COMPLETE,)
@@ -410,6 +418,21 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
                                    "pareto_size": len(front["best_trials"])})
     front["worker"] = {"id": worker_id, "trials": ran}
     return front
+
+
+def measured_run(cfg: RunConfig, run, name: str) -> dict:
+    """``run(cfg)``, re-measured once when its speed measurement is flagged (pipeline/measure.py); a measurement
+    flagged twice raises SpecsweepError with the reasons, which fails the trial. The results record whether it
+    was re-measured (``measurement.remeasured``)."""
+    result = run(cfg, progress=False)
+    if not result["metrics"].get("flagged"):
+        return result
+    result = run(cfg, progress=False)
+    result["measurement"]["remeasured"] = True
+    if result["metrics"].get("flagged"):
+        raise SpecsweepError(f"{name}: speed measurement flagged twice ({'; '.join(result['measurement']['flags'])})")
+    write_json_atomic(cfg.out, result)
+    return result
 
 
 def _log_trial(wb, study, number: int, params: dict, speedup: float, quality: float, score) -> None:

@@ -205,6 +205,31 @@ def test_recommendation_picks_fastest_within_the_loss_and_best_lossless(tree):
     assert wide["run"] == "text-sigmoid-torch-g4-float32"
 
 
+def test_flagged_runs_are_left_out_of_recommendation_and_front_and_listed_on_their_own(tree, capsys):
+    """The issue's case: an exact run at 9.3x against a theoretical 0.94x, flagged by its run, must not win."""
+    runs = tree / "runs"
+    bad = result(gamma=5, speedup=9.31, score=0.401, baseline=str(runs / "text-ar-float32.json"))
+    bad["metrics"].update(flagged=True, theoretical_speedup=0.94, predicted_speedup=0.94, speedup_ci_low=9.2,
+                          speedup_ci_high=9.4)
+    reason = "implausible: measured speedup 9.31x is 9.90 times the 0.94x that the run's own acceptance and cost ratio"
+    bad["measurement"] = {"flags": [reason], "load": {"others_busy_cores": 1.7}}
+    write(runs / "text-exact-torch-g5-float32.json", bad)
+    table = load_all(load_runs(runs), tune=tree / "tune")
+    assert table.set_index("run").loc["text-exact-torch-g5-float32", "flagged"] == True  # noqa: E712
+    rec = recommend(table, 0.01).set_index("choice")
+    assert rec.loc["best lossless (exact, or greedy at T = 0)", "run"] == "text-exact-torch-g4-float32"
+    assert rec.loc["fastest within 1.0% quality loss", "run"] == "s-text#1"
+    out = tree / "reports"
+    assert main(["report", "--runs", str(runs), "--tune", str(tree / "tune"), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    flagged_section = md.split("## Flagged measurements")[1].split("\n## ")[0]
+    assert "text-exact-torch-g5-float32" in flagged_section and reason in flagged_section
+    front = md.split("Pareto front (")[1].split("\n### ")[0]
+    assert "text-exact-torch-g5-float32" not in front
+    assert "9.31x" not in md.split("## Recommendation")[1].split("## Flagged measurements")[0]
+    capsys.readouterr()
+
+
 def test_recommendation_on_wer_uses_word_accuracy_and_greedy_at_t0(tmp_path):
     runs = tmp_path / "runs"
     ar = str(write(runs / "asr-ar.json", result(task="librispeech", gamma=0, speedup=None, score=0.10,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import PROMPTS, save_pair, write_articles
+from tiny_models import PROMPTS, save_pair, write_articles, write_prompts
 
 from pipeline.cli import main
 from pipeline.engine import SpeculativeEngine
@@ -19,8 +19,7 @@ from pipeline.samplers import get_sampler
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     tp, dp = save_pair(root)
-    data = root / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    data = write_prompts(root / "prompts.jsonl")
     articles = root / "articles.jsonl"
     write_articles(articles, len(PROMPTS), 12)
     return root, tp, dp, data, articles
@@ -50,7 +49,9 @@ def test_run_writes_results_with_speedup_against_the_ar_baseline(setup, capsys, 
     if device == "cuda":  # the GPU is recorded, and peak memory is the CUDA allocator's
         assert res["provenance"]["device"]["gpu"] and m["peak_memory_mb"] < 2048
     ar = json.loads(ar_path.read_text())
-    assert m["speedup"] == pytest.approx(m["tokens_per_second"] / ar["metrics"]["tokens_per_second"])
+    # the speedup is paired inside the run (tests/test_paired.py); the one against --baseline is kept, unpaired
+    assert m["unpaired_speedup"] == pytest.approx(m["tokens_per_second"] / ar["metrics"]["tokens_per_second"])
+    assert m["speedup_paired"] and m["speedup_ci_low"] <= m["speedup"] <= m["speedup_ci_high"]
     assert res["config"]["gamma"] == 3 and res["config"]["sampler"] == "exact"
     assert res["provenance"]["versions"]["torch"].startswith("2.")
     tok = load_tokenizer(str(tp))
@@ -60,7 +61,7 @@ def test_run_writes_results_with_speedup_against_the_ar_baseline(setup, capsys, 
         assert s["text"] == tok.decode(s["token_ids"], skip_special_tokens=True)
     assert m["new_tokens"] == sum(s["new_tokens"] for s in res["samples"])
     assert m["acceptance_rate"] == pytest.approx(m["accepted_tokens"] / m["drafted_tokens"])
-    assert "speedup" in capsys.readouterr().out
+    assert "paired speedup" in capsys.readouterr().out
 
 
 @pytest.mark.gpu
@@ -115,6 +116,11 @@ def test_hf_engine_through_the_cli(setup):
     (["--alpha", "2"], "--alpha/--beta/--preset apply to --sampler sigmoid only"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--verify-graphs"], "--verify-graphs replays the CUDA kernels' verify step"),
+    (["--repeats", "2"], "--repeats must be >= 3"),
+    (["--samples-per-repeat", "0"], "--samples-per-repeat must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--max-spread", "0"], "--max-spread must be > 0"),
+    (["--interop-threads", "0"], "--interop-threads must be >= 1"),
 ])
 def test_bad_settings_are_one_line_errors_with_exit_code_2(setup, capsys, extra, message):
     root, tp, dp, data, _ = setup

@@ -13,6 +13,12 @@ PROMPTS = [
 ]
 
 
+def write_prompts(path):
+    """A prompts-task JSONL of PROMPTS: {id: p<i>, prompt}."""
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    return path
+
+
 def write_articles(path, n: int, repeat: int):
     """A CNN/DailyMail-schema JSONL of n rows: article = prompt i repeated ``repeat`` times, highlights = prompt i."""
     path.write_text("".join(json.dumps({"id": f"a{i}", "article": " ".join([p] * repeat), "highlights": p}) + "\n"

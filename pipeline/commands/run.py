@@ -57,7 +57,20 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--verify-graphs", action="store_true",
                    help="replay each verify step from a CUDA graph (--backend cupy on a GPU; same tokens)")
-    p.add_argument("--baseline", help="results JSON of a γ = 0 run with the same settings: adds `speedup`")
+    p.add_argument("--baseline", help="results JSON of a γ = 0 run with the same settings: its quality is the "
+                                      "reference, and it adds `unpaired_speedup` (the speedup itself is always "
+                                      "paired: measured against this run's own γ = 0 loop)")
+    p.add_argument("--repeats", type=int, default=6,
+                   help="timed repeats of the speculative and the γ = 0 loop, interleaved (default: 6, which gives "
+                        "a 97 %% interval for the median speedup)")
+    p.add_argument("--samples-per-repeat", type=int, default=4,
+                   help="samples each timed repeat decodes: the first N of the data (default: 4)")
+    p.add_argument("--max-spread", type=float, default=1.0,
+                   help="flag the speed measurement when its interval is wider than this times its median "
+                        "(default: 1)")
+    p.add_argument("--threads", type=int,
+                   help="torch intra-op threads (default: half the usable cores, at least 1, at most 8)")
+    p.add_argument("--interop-threads", type=int, default=1, help="torch inter-op threads (default: 1)")
     p.add_argument("--out", default="results/run.json", help="results JSON (written atomically)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--wandb-mode", choices=WANDB_MODES,
@@ -84,16 +97,24 @@ def main(args: argparse.Namespace) -> int:
     config = RunConfig(**values)
     result = run(config, progress=not args.no_progress)
     m = result["metrics"]
-    parts = [f"{m['new_tokens']} tokens in {m['wall_time_s']:.2f} s ({m['tokens_per_second']:.1f} tok/s)"]
+    meas = result["measurement"]
+    parts = [f"{m['new_tokens']} tokens in {m['wall_time_s']:.2f} s; median {m['tokens_per_second']:.1f} tok/s "
+             f"over {meas['repeats']} repeats [{m['tokens_per_second_ci_low']:.1f}, "
+             f"{m['tokens_per_second_ci_high']:.1f}]"]
     if m["acceptance_rate"] is not None:
         parts.append(f"acceptance {m['acceptance_rate']:.3f}, {m['mean_accepted_tokens']:.2f} tokens/step")
     if "speedup" in m:
-        parts.append(f"speedup {m['speedup']:.2f}x")
+        parts.append(f"paired speedup {m['speedup']:.2f}x [{m['speedup_ci_low']:.2f}, {m['speedup_ci_high']:.2f}] "
+                     f"({meas['speedup']['ci_coverage']:.0%} interval)")
+    if "unpaired_speedup" in m:
+        parts.append(f"unpaired {m['unpaired_speedup']:.2f}x against --baseline")
     if m.get("theoretical_speedup") is not None:
         parts.append(f"theoretical {m['theoretical_speedup']:.2f}x")
     for k, v in result["quality"].items():
         if isinstance(v, float):
             parts.append(f"{k} {v:.4f}")
+    if m["flagged"]:
+        parts.append("FLAGGED (see the warnings above)")
     print("; ".join(parts))
     print(f"wrote {config.out}")
     from pipeline.tracking import log_run
