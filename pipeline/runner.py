@@ -177,7 +177,8 @@ def run(config: RunConfig, progress: bool = True) -> dict:
 def _ar_engine(config: RunConfig, target, tokenizer, device: str):
     """The γ = 0 loop of the run's engine around the same loaded target, sampling exactly from it (the AR
     baseline's sampler), for the paired timing."""
-    ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", alpha=None, beta=None, preset=None)
+    ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", alpha=None, beta=None, preset=None,
+                             verify_graphs=False)
     return _build_engine(ar, _build_sampler(ar), target, None, tokenizer, device)
 
 
