@@ -37,7 +37,9 @@ import dataclasses
 import json
 import math
 import os
+import random
 import socket
+import time
 from pathlib import Path
 
 import yaml
@@ -198,16 +200,41 @@ def open_study(name: str, url: str, seed: int, heartbeat_interval: int = 30, gra
 
     url = _with_driver(url)
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    try:
-        storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
-                             grace_period=effective_grace(heartbeat_interval, grace_period),
-                             heartbeat_stale_trial_callback=retry_callback()(max_retry=max_retry))
-    except Exception as e:
-        raise SpecsweepError(f"cannot open the study storage {_redact(url)} "
-                             f"({' '.join(str(e).split())[:160]})") from None
+    for attempt in range(_SCHEMA_RACE_ATTEMPTS):
+        try:
+            storage = RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
+                                 grace_period=effective_grace(heartbeat_interval, grace_period),
+                                 heartbeat_stale_trial_callback=retry_callback()(max_retry=max_retry))
+            break
+        except Exception as e:
+            if _lost_schema_race(e) and attempt + 1 < _SCHEMA_RACE_ATTEMPTS:
+                time.sleep(0.2 + random.random() * 0.8 * (attempt + 1))  # the winner finishes creating it
+                continue
+            raise SpecsweepError(f"cannot open the study storage {_redact(url)} "
+                                 f"({' '.join(str(e).split())[:160]})") from None
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4)
     return optuna.create_study(study_name=name, storage=storage, directions=["maximize", "maximize"],
                                sampler=sampler, load_if_exists=True)
+
+
+_SCHEMA_RACE_ATTEMPTS = 6
+
+
+def _lost_schema_race(error: Exception) -> bool:
+    """True when opening a fresh database failed because another worker was creating its tables at that moment.
+
+    Optuna creates its schema (and Alembic's version table) on first use without a lock, so workers started
+    together on an empty PostgreSQL or SQLite database can collide: one gets "already exists" or a unique
+    violation on the catalogue (optuna/optuna#1092). The tables exist once the winner is done, so the loser
+    just opens the storage again.
+    """
+    import sqlalchemy.exc
+
+    if not isinstance(error, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError,
+                              sqlalchemy.exc.OperationalError)):
+        return False
+    text = str(error).lower()
+    return any(key in text for key in ("already exists", "duplicate key", "unique constraint"))
 
 
 def effective_grace(heartbeat_interval: int, grace_period: int | None) -> int:

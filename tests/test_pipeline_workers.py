@@ -129,6 +129,44 @@ def test_two_workers_on_one_postgres_study_neither_lose_nor_duplicate_trials(tin
         assert json.loads(Path(t.user_attrs["results"]).read_text())["config"]["gamma"] == t.params["gamma"]
 
 
+def _open_when_released(url: str, name: str, release_at: float) -> str:
+    from pipeline.errors import SpecsweepError
+    from pipeline.tune import open_study
+
+    time.sleep(max(0.0, release_at - time.time()))
+    try:
+        open_study(name, url, seed=0)
+        return "ok"
+    except SpecsweepError as e:
+        return str(e)
+
+
+def test_workers_started_together_on_an_empty_postgres_database_all_open_the_study():
+    """Optuna creates its tables on first use without a lock (optuna/optuna#1092): workers started at the same
+    moment on an empty database collide, and the losers must open the storage again rather than exit. Each run
+    uses a fresh schema (an empty database as far as Optuna can tell) and releases six processes at once."""
+    import multiprocessing
+
+    import psycopg2
+
+    base = postgres_url()
+    schema = f"race_{uuid.uuid4().hex[:8]}"
+    with psycopg2.connect(base) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE SCHEMA {schema}")
+    try:
+        url = f"{base}?options=-csearch_path%3D{schema}"
+        with multiprocessing.get_context("spawn").Pool(6) as pool:
+            release_at = time.time() + 4.0  # after every spawned interpreter has imported Optuna
+            outcomes = pool.starmap(_open_when_released, [(url, "race", release_at)] * 6)
+        assert outcomes == ["ok"] * 6, outcomes
+        with psycopg2.connect(base) as conn, conn.cursor() as cur:
+            cur.execute(f"SELECT count(*) FROM {schema}.studies")
+            assert cur.fetchone()[0] == 1
+    finally:
+        with psycopg2.connect(base) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_worker_killed_mid_trial_loses_nothing_and_a_restart_finishes(tiny, tmp_path, kind):
     import optuna
