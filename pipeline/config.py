@@ -47,6 +47,7 @@ class RunConfig:
     draft_decoder_only: bool = False
     ignore_eos: bool = False
     verify_graphs: bool = False
+    static_cache: bool = True  # the engine's static-cache forward where the model family has one (GPT-2)
     baseline: str | None = None
     # Speed measurement (pipeline/paired.py): repeats of the speculative and the γ = 0 loop, interleaved, each on
     # the first samples_per_repeat samples; torch's intra-op threads (None: half the usable cores, at most 8) and

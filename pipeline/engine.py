@@ -10,9 +10,10 @@ finished rows):
   4. both caches roll back to the accepted prefix; the emitted token is fed on.
 γ = 0 is plain autoregressive decoding through the same code (the draft is never called).
 
-Cache layout. Both models keep one transformers ``DynamicCache`` whose length is common to all rows, plus a
-per-row mask of which cache positions hold real tokens (:class:`CachedModel`). Rows accept different
-numbers of tokens: the cache is cropped to the longest accepted prefix and the positions a row rejected
+Cache layout. Both models keep one KV cache whose length is common to all rows, plus a per-row mask of which
+cache positions hold real tokens (:class:`CachedModel`): a static cache with the engine's own forward where the
+model's family has one (pipeline/static_cache.py: GPT-2), else a transformers ``DynamicCache``. Rows accept
+different numbers of tokens: the cache is cropped to the longest accepted prefix and the positions a row rejected
 stay in the cache as masked holes, with explicit ``position_ids`` counting only real tokens. At B = 1 there
 are never holes. Rows that finish (EOS or max_new_tokens) are dropped from both caches, so they stop costing
 target work.
@@ -142,6 +143,9 @@ class CachedModel:
     """A causal LM (or the decoder of an encoder-decoder), its KV cache, and which cache positions hold real
     tokens for each row.
 
+    static    the static-cache forward (pipeline/static_cache.py) when ``static`` is asked for and the model's
+              family has one; None: transformers' forward with a DynamicCache
+
     length    int                host: cache positions (common to all rows)
     mask      bool  [B, length]  True where cache position l of row b holds a real token; None while every
                                  position of every row does (always at B = 1), so the common case costs no mask
@@ -150,9 +154,12 @@ class CachedModel:
     encoder   (hidden [B, S, D],) encoder outputs the decoder attends to (kinds seq2seq, decoder_with_encoder)
     """
 
-    def __init__(self, model, kind: str = "causal") -> None:
+    def __init__(self, model, kind: str = "causal", static: bool = False) -> None:
+        from pipeline.static_cache import static_forward_for
+
         self.model = model
         self.kind = kind
+        self.static = static_forward_for(model) if static and kind == "causal" else None
         self._ids, self._mask, self._pos = _CALL_NAMES[kind]
         config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
             else model.config
@@ -179,10 +186,15 @@ class CachedModel:
         self.mask: torch.Tensor | None = None
         self.n_real: torch.Tensor | None = None
 
-    def reset(self, batch: int, device: torch.device, encoder_hidden: torch.Tensor | None = None) -> None:
+    def reset(self, batch: int, device: torch.device, encoder_hidden: torch.Tensor | None = None,
+              capacity: int = 0) -> None:
+        """An empty cache for ``batch`` rows; ``capacity``: the positions a static cache allocates up front."""
         from transformers import DynamicCache, EncoderDecoderCache
 
-        if self.kind != "causal":
+        if self.static is not None:
+            self.static.allocate(batch, max(capacity, 16), device)
+            self.cache = None
+        elif self.kind != "causal":
             self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
             self.encoder = (encoder_hidden,)
         elif self._plain_causal:
@@ -215,14 +227,31 @@ class CachedModel:
         """
         if holes:
             self._track_holes(input_ids.device)
-        kwargs = {"logits_to_keep": last} if last and self._keeps_logits else {}
+        mask = positions = None
         if self.has_holes:
             if valid is None:
                 valid = torch.ones_like(input_ids, dtype=torch.bool)
-            mask = torch.cat([self.mask, valid], dim=1)
+            mask = torch.cat([self.mask, valid], dim=1)                           # [B, length + k]
+            positions = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        if self.static is not None:
+            attend = None if mask is None else attention_mask_4d(mask, input_ids.shape[1], "bool", self._dtype)
+            logits = self.static(input_ids, self.length, attend, positions, last)
+        else:
+            logits = self._hf_forward(input_ids, mask, positions, last)
+        self.length += input_ids.shape[1]
+        if self.has_holes:
+            self.mask = mask
+            self.n_real = self.n_real + valid.sum(dim=1)
+        return logits
+
+    def _hf_forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None,
+                    last: int) -> torch.Tensor:
+        """transformers' forward over the DynamicCache; mask bool [B, length + k] or None (no holes)."""
+        kwargs = {"logits_to_keep": last} if last and self._keeps_logits else {}
+        if mask is not None:
             kwargs[self._mask] = (mask.long() if self._mask_format == "2d"
                                   else attention_mask_4d(mask, input_ids.shape[1], self._mask_format, self._dtype))
-            kwargs[self._pos] = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+            kwargs[self._pos] = positions
         if self.encoder is not None:
             kwargs["encoder_outputs"] = self.encoder
         kwargs[self._ids] = input_ids
@@ -233,10 +262,6 @@ class CachedModel:
         finally:
             for m in self._padding_warners:
                 del m.warn_if_padding_and_no_attention_mask
-        self.length += input_ids.shape[1]
-        if self.has_holes:
-            self.mask = mask
-            self.n_real = self.n_real + valid.sum(dim=1)
         return out.logits[:, -last:] if last else out.logits
 
     def retain(self, k: int, keep: torch.Tensor, max_keep: int, min_keep: int) -> None:
@@ -252,7 +277,7 @@ class CachedModel:
             recent = self.mask[:, start:] & (torch.arange(k, device=keep.device) < keep[:, None])
             self.mask = torch.cat([self.mask[:, :start], recent], dim=1)[:, : start + max_keep]
             self.n_real = self.mask.sum(dim=1)
-        if k > max_keep:
+        if k > max_keep and self.static is None:  # a static cache just moves its length
             self.cache.crop(-(k - max_keep))
         self.length = start + max_keep
 
@@ -262,8 +287,13 @@ class CachedModel:
         # index tensor must live on the indexed tensor's device: copy the rows to each (device to device, no
         # host sync), as HF's own cache reordering for beam search does.
         on_device = {rows.device: rows}
-        caches = (self.cache.self_attention_cache, self.cache.cross_attention_cache) \
-            if hasattr(self.cache, "self_attention_cache") else (self.cache,)
+        if self.static is not None:
+            self.static.select(rows)
+            caches = ()
+        elif hasattr(self.cache, "self_attention_cache"):
+            caches = (self.cache.self_attention_cache, self.cache.cross_attention_cache)
+        else:
+            caches = (self.cache,)
         for cache in caches:
             for layer in cache.layers:
                 keys = getattr(layer, "keys", None)  # None until the layer has seen a token
@@ -326,6 +356,8 @@ class SpeculativeEngine:
     pad_token_id      id fed at cache holes and left padding (never attended to)
     suppress_tokens   ids never emitted (their logits are -inf for draft and target), as Whisper's
                       generation config asks; begin_suppress_tokens: the same for the first new token only
+    static_cache      use the static-cache forward for models whose family has one (pipeline/static_cache.py);
+                      False: transformers' forward for every model
 
     Encoder-decoder targets (Whisper): ``generate`` takes the encoder inputs (``input_features``); the target's
     encoder runs once per batch; the draft uses its own encoder (a seq2seq draft) or the target's outputs (a
@@ -334,14 +366,14 @@ class SpeculativeEngine:
 
     def __init__(self, target, draft, sampler: Sampler, gamma: int, device: str, eos_token_ids: list[int],
                  pad_token_id: int = 0, suppress_tokens: list[int] = (),
-                 begin_suppress_tokens: list[int] = ()) -> None:
+                 begin_suppress_tokens: list[int] = (), static_cache: bool = True) -> None:
         if gamma < 0:
             raise SpecsweepError(f"gamma must be >= 0; got {gamma}")
         if gamma > 0 and draft is None:
             raise SpecsweepError("gamma > 0 needs a draft model")
-        self.target = CachedModel(target, model_kind(target))
+        self.target = CachedModel(target, model_kind(target), static_cache)
         seq2seq = self.target.kind == "seq2seq"
-        self.draft = CachedModel(draft, model_kind(draft, seq2seq)) if draft is not None else None
+        self.draft = CachedModel(draft, model_kind(draft, seq2seq), static_cache) if draft is not None else None
         # Suppressed ids, filtered once per vocabulary size (target and draft rows may differ): boolean-mask
         # indexing inside the step would be a host sync on a GPU.
         vocabs = {target.get_output_embeddings().weight.shape[0]}
@@ -412,13 +444,14 @@ class SpeculativeEngine:
         t_start = time.perf_counter()
 
         h_target, h_draft = self._encode(encoder_inputs or {}, timer)
-        self.target.reset(B, dev, h_target)
+        capacity = L + max_new_tokens + self.gamma + 2          # positions a static cache allocates up front
+        self.target.reset(B, dev, h_target, capacity)
         drafter = None
         if self.gamma > 0:
             drafter = Drafter(self.draft, self.draft_temperature, self._mask_logits if self.masked else None,
                               self.pad, self.draft_vocab_in)
             with timer.phase("prefill"):
-                drafter.start(input_ids, attention_mask, not unpadded, h_draft)
+                drafter.start(input_ids, attention_mask, not unpadded, h_draft, capacity)
         state = _Decoding.start(input_ids, attention_mask, not unpadded, max_new_tokens + self.gamma + 2,
                                 self.gamma)
 
@@ -624,9 +657,9 @@ class Drafter:
         return torch.where(ids < self.vocab_in, ids, self.pad)
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: bool,
-              encoder_hidden: torch.Tensor | None) -> None:
+              encoder_hidden: torch.Tensor | None, capacity: int = 0) -> None:
         B, dev = input_ids.shape[0], input_ids.device
-        self.model.reset(B, dev, encoder_hidden)
+        self.model.reset(B, dev, encoder_hidden, capacity)
         self.carry = self.model.forward(input_ids, attention_mask, last=1, holes=padded)[:, 0]
         self.backlog = torch.empty(B, 0, dtype=torch.int64, device=dev)
         self.backlog_valid = torch.ones_like(self.backlog, dtype=torch.bool)

@@ -121,7 +121,15 @@ def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: 
     gc = getattr(target, "generation_config", None)
     return SpeculativeEngine(target, draft, sampler, config.gamma, device, eos, pad,
                              suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
-                             begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or ())
+                             begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
+                             static_cache=config.static_cache)
+
+
+def _forwards(engine) -> dict:
+    """Which forward each model ran: "static" (pipeline/static_cache.py) or "transformers"."""
+    models = {"target": getattr(engine, "target", None), "draft": getattr(engine, "draft", None)}
+    return {name: ("static" if getattr(m, "static", None) is not None else "transformers")
+            for name, m in models.items() if m is not None}
 
 
 def _load_models(config: RunConfig, task, dtype, device: str):
@@ -257,6 +265,7 @@ def _run(config: RunConfig, threads: dict, progress: bool) -> dict:
     for s, q in zip(samples, per_sample):
         s["quality"] = q
     resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
+                "forward": _forwards(engine),
                 ("audio_truncated" if task.speech else "prompts_truncated"): truncated}
     results = {
         "specsweep_results": 1,

@@ -20,11 +20,13 @@ def test_engine_goals_compare_the_right_loops():
                 "model_forward_seconds": forward_seconds}
 
     rows = [row("ours_speculative", [1.0], [0.8]), row("hf_assisted", [2.0], [0.9]),
-            row("ours_autoregressive", [1.0]), row("hf_plain", [0.9])]
+            row("ours_autoregressive", [1.0]), row("hf_plain", [0.9]),
+            row("ours_speculative_hf_forward", [3.0]), row("ours_autoregressive_hf_forward", [1.5])]
     goal = _goals(rows)["T=1.0"]
     assert goal["speculative_over_hf_assisted"] == 2.0 and goal["speculative_goal_1.5x_met"]
     assert goal["autoregressive_over_hf_plain"] == 0.9 and not goal["autoregressive_goal_1x_met"]
     assert goal["speculative_ceiling_over_hf_assisted"] == 2.5  # HF's 2 s over our 0.8 s of forwards
+    assert goal["static_cache_speculative_speedup"] == 3.0 and goal["static_cache_autoregressive_speedup"] == 1.5
 
 
 def test_bench_engine_smoke_both_loops_draft_gamma_per_step(tmp_path, capsys):
@@ -37,8 +39,10 @@ def test_bench_engine_smoke_both_loops_draft_gamma_per_step(tmp_path, capsys):
     by = {(r["loop"], r["temperature"]): r for r in result["results"]}
     assert by[("ours_speculative", 0.0)]["identical_to_hf_assisted"]
     assert by[("ours_autoregressive", 0.0)]["identical_to_hf_plain"]
-    for temperature in (0.0, 1.0):
-        for loop in ("ours_speculative", "hf_assisted"):
+    for temperature in (0.0, 1.0):       # the static-cache forward emits what transformers' forward emits
+        assert by[("ours_speculative", temperature)]["identical_to_hf_forward"]
+        assert by[("ours_autoregressive", temperature)]["identical_to_hf_forward"]
+        for loop in ("ours_speculative", "hf_assisted", "ours_speculative_hf_forward"):
             r = by[(loop, temperature)]
             # 3 per step but the last few (cut at max_new_tokens)
             assert 2.5 <= r["drafted_per_step"] <= 3.0, (loop, temperature, r["drafted_per_step"])

@@ -11,6 +11,9 @@ all loops sample one distribution:
                      verify step
   ours_autoregressive  SpeculativeEngine with γ = 0
   hf_plain           target.generate()
+  ours_speculative_hf_forward, ours_autoregressive_hf_forward
+                     our two loops with transformers' forward and DynamicCache instead of the static-cache
+                     forward (pipeline/static_cache.py): what the static cache buys (same tokens)
 
 Tokens/s is total new tokens over total seconds; the loops are interleaved and repeated, and the median of
 the repeats is reported. The goals use paired ratios: within each repeat, ours over HF's, then the median over
@@ -98,12 +101,14 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
         with forward_timing(d_model, timer, "draft"), forward_timing(t_model, timer, "target"):
             yield timer
 
-    def ours(gam: int, temperature: float, seed: int) -> dict:
+    def ours(gam: int, temperature: float, seed: int, static: bool = True) -> dict:
         engine = SpeculativeEngine(t_model, d_model if gam else None, get_sampler("exact", temperature=temperature),
-                                   gam, device, eos_token_ids=[], pad_token_id=pad, suppress_tokens=masked)
+                                   gam, device, eos_token_ids=[], pad_token_id=pad, suppress_tokens=masked,
+                                   static_cache=static)
         g = torch.Generator(device=device).manual_seed(seed)
         run = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0, "hist": [0] * (gam + 1) if gam else None}
         with forwards() as timer:
+            _time_static_forwards(engine, timer)
             for ids in prompts:
                 r = engine.generate(ids, torch.ones_like(ids), max_new_tokens, g)
                 run["tokens"].append(r.tokens[0])
@@ -142,8 +147,13 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
         emitted = sum(len(t) for t in tokens)
         return {**run, "accepted": emitted - steps, "drafted": timer.counts["draft"], "hist": None}
 
+    def ours_hf_forward(gam: int, temperature: float, seed: int) -> dict:
+        return ours(gam, temperature, seed, static=False)
+
     loops = {"ours_speculative": (ours, gamma), "hf_assisted": (hf, gamma),
-             "ours_autoregressive": (ours, 0), "hf_plain": (hf, 0)}
+             "ours_autoregressive": (ours, 0), "hf_plain": (hf, 0),
+             "ours_speculative_hf_forward": (ours_hf_forward, gamma),
+             "ours_autoregressive_hf_forward": (ours_hf_forward, 0)}
     rows = []
     for temperature in temperatures:
         runs: dict[str, list[dict]] = {k: [] for k in loops}
@@ -172,11 +182,13 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                          # k = 0..γ drafts were accepted, and accepted/drafted over those steps alone
                          **_full_steps([r["hist"] for r in reps], gam),
                          "model_forward_seconds": fwd if cpu else None})
-        if temperature == 0.0:
-            rows[-4]["identical_to_hf_assisted"] = runs["ours_speculative"][0]["tokens"] == \
-                runs["hf_assisted"][0]["tokens"]
-            rows[-2]["identical_to_hf_plain"] = runs["ours_autoregressive"][0]["tokens"] == \
-                runs["hf_plain"][0]["tokens"]
+        by_loop = {r["loop"]: r for r in rows if r["temperature"] == temperature}
+        for name, other in (("ours_speculative", "hf_assisted"), ("ours_autoregressive", "hf_plain")):
+            # the static-cache forward emits the same tokens as transformers' forward, at every temperature
+            by_loop[name]["identical_to_hf_forward"] = runs[name][0]["tokens"] == \
+                runs[f"{name}_hf_forward"][0]["tokens"]
+            if temperature == 0.0:
+                by_loop[name][f"identical_to_{other}"] = runs[name][0]["tokens"] == runs[other][0]["tokens"]
     result = {"benchmark": "engine", "provenance": provenance(device),
               "settings": {"target": target if tmp is None else f"synthetic {SYNTHETIC}", "gamma": gamma,
                            "max_new_tokens": max_new_tokens, "repeats": repeats, "dtype": "float32",
@@ -188,6 +200,29 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
     if out is not None:
         write_json_atomic(out, result)
     return result
+
+
+class _TimedForward:
+    """A static-cache forward whose calls are timed as phase ``name`` (it bypasses the model's forward hooks)."""
+
+    def __init__(self, inner, timer: PhaseTimer, name: str) -> None:
+        self.inner, self.timer, self.name = inner, timer, name
+
+    def __call__(self, *args, **kwargs):
+        self.timer.start(self.name)
+        try:
+            return self.inner(*args, **kwargs)
+        finally:
+            self.timer.stop(self.name)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+def _time_static_forwards(engine: SpeculativeEngine, timer: PhaseTimer) -> None:
+    for name, cached in (("target", engine.target), ("draft", engine.draft)):
+        if cached is not None and cached.static is not None:
+            cached.static = _TimedForward(cached.static, timer, name)
 
 
 def _full_steps(hists: list, gamma: int) -> dict:
@@ -214,6 +249,9 @@ def _goals(rows: list[dict]) -> dict:
         out[f"T={temperature}"] = {"speculative_over_hf_assisted": round(spec, 3),
                                    "autoregressive_over_hf_plain": round(ar, 3),
                                    "speculative_goal_1.5x_met": spec >= 1.5, "autoregressive_goal_1x_met": ar >= 1.0}
+        for loop in ("speculative", "autoregressive"):   # paired: static-cache forward over transformers'
+            out[f"T={temperature}"][f"static_cache_{loop}_speedup"] = round(_paired_ratio(
+                by[(f"ours_{loop}", temperature)], by[(f"ours_{loop}_hf_forward", temperature)]), 3)
         ours = by[("ours_speculative", temperature)]
         if ours["model_forward_seconds"] is not None:
             # what a loop with no cost besides our forwards would reach: HF's seconds over our forward seconds
@@ -251,6 +289,9 @@ def print_table(result: dict) -> None:
               f"{'met' if g['speculative_goal_1.5x_met'] else 'NOT met'}), ours/HF autoregressive "
               f"{g['autoregressive_over_hf_plain']:.2f}x (goal >= 1x: "
               f"{'met' if g['autoregressive_goal_1x_met'] else 'NOT met'})")
+        print(f"{key}: static-cache forward over transformers' forward in our loop: speculative "
+              f"{g['static_cache_speculative_speedup']:.2f}x, "
+              f"autoregressive {g['static_cache_autoregressive_speedup']:.2f}x")
         if "speculative_ceiling_over_hf_assisted" in g:
             print(f"{key}: a loop costing only our model forwards would be "
                   f"{g['speculative_ceiling_over_hf_assisted']:.2f}x HF assisted")

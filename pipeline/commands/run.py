@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--verify-graphs", action="store_true",
                    help="replay each verify step from a CUDA graph (--backend cupy on a GPU; same tokens)")
+    p.add_argument("--no-static-cache", dest="static_cache", action="store_false",
+                   help="use transformers' forward and DynamicCache for every model (default: the engine's "
+                        "static-cache forward for model families that have one, GPT-2; same tokens, less overhead)")
     p.add_argument("--baseline", help="results JSON of a γ = 0 run with the same settings: its quality is the "
                                       "reference, and it adds `unpaired_speedup` (the speedup itself is always "
                                       "paired: measured against this run's own γ = 0 loop)")

@@ -1,0 +1,149 @@
+"""Static-KV-cache forwards: the engine's fast path for the model families it knows (GPT-2 today).
+
+Why. A speculative loop makes γ draft forwards and one target forward per step, each over a handful of tokens.
+At the toy pairs' sizes, and for any small draft on a GPU, such a forward is mostly fixed per-call cost, not
+arithmetic: transformers' module dispatch, its mask builder, the DynamicCache's concatenations. That makes a
+draft with 1/12 of the target's FLOPs cost 0.8 of its time (README, "Speed measurements"), and speculative
+decoding cannot win. gpt-fast answers with its own model code over a preallocated cache; so does this module,
+for one family at a time, over the transformers model's own parameters (nothing is copied, so a checkpoint
+loads once and both paths compute with the same weights).
+
+What it computes. Exactly the transformers forward of the same model in eval mode (the same operations in the
+same order: ``addmm`` for GPT-2's Conv1D, the model's own activation and layer-norm epsilons, sdpa with the
+model's scaling), so logits agree with transformers' to rounding and a seeded run emits the same tokens with
+and without it (tests/test_static_cache.py).
+
+The cache. Keys and values live in one buffer per kind, dtype [n_layer, B, H, capacity, D], allocated when a
+generation starts (capacity: prompt + new tokens + γ + 2, grown by doubling if a caller asks for more).
+Appending k tokens writes positions [length, length + k); rolling back is ``length -= n``: the stale
+positions past ``length`` are never attended (the causal mask ends at each query's own position) and the
+next append overwrites them. No allocation, no copy, no host sync per forward.
+
+:func:`static_forward_for` picks the implementation for a model, or None when the model's family (or one of
+its options) has none; the engine then uses transformers' forward with a DynamicCache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class _GPT2Block(NamedTuple):
+    ln_1: tuple            # (weight, bias, eps)
+    c_attn: tuple          # (bias, weight [d, 3d]): Conv1D is x @ weight + bias
+    scaling: float
+    c_proj: tuple
+    ln_2: tuple
+    c_fc: tuple
+    act: Callable          # the model's own activation (gelu_new for GPT-2)
+    mlp_proj: tuple
+
+
+class GPT2StaticForward:
+    """GPT-2 (``GPT2LMHeadModel``: gpt2, distilgpt2, gpt2-medium ... and the toy text pair) over a static cache.
+
+    model    a ``GPT2LMHeadModel`` in eval mode; its parameters are used in place
+    """
+
+    def __init__(self, model) -> None:
+        t = model.transformer
+        self.model = model
+        self.wte, self.wpe = t.wte.weight, t.wpe.weight
+        self.head = model.lm_head.weight
+        # per block, the tensors and callables its forward reads, looked up once: nn.Module attribute access
+        # costs about a microsecond each, and a block reads sixteen of them per token
+        self.blocks = [_GPT2Block(
+            ln_1=(b.ln_1.weight, b.ln_1.bias, b.ln_1.eps), c_attn=(b.attn.c_attn.bias, b.attn.c_attn.weight),
+            scaling=b.attn.scaling, c_proj=(b.attn.c_proj.bias, b.attn.c_proj.weight),
+            ln_2=(b.ln_2.weight, b.ln_2.bias, b.ln_2.eps), c_fc=(b.mlp.c_fc.bias, b.mlp.c_fc.weight),
+            act=b.mlp.act.forward, mlp_proj=(b.mlp.c_proj.bias, b.mlp.c_proj.weight)) for b in t.h]
+        self.ln_f = (t.ln_f.weight, t.ln_f.bias, t.ln_f.eps)
+        self.n_layer = len(self.blocks)
+        self.heads = model.config.n_head
+        self.d_model = model.config.n_embd
+        self.head_dim = self.d_model // self.heads
+        self.keys: torch.Tensor | None = None      # [n_layer, B, H, capacity, D]
+        self.values: torch.Tensor | None = None
+
+    @classmethod
+    def supports(cls, model) -> bool:
+        config = model.config
+        return (type(model).__name__ == "GPT2LMHeadModel" and not getattr(config, "add_cross_attention", False)
+                and not getattr(config, "reorder_and_upcast_attn", False)
+                and getattr(config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
+                and not model.training)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[3]
+
+    def allocate(self, batch: int, capacity: int, device: torch.device) -> None:
+        """Fresh buffers for ``batch`` rows and ``capacity`` positions (previous contents are dropped)."""
+        shape = (self.n_layer, batch, self.heads, capacity, self.head_dim)
+        self.keys = torch.empty(shape, dtype=self.wte.dtype, device=device)
+        self.values = torch.empty_like(self.keys)
+
+    def grow(self, capacity: int) -> None:
+        """At least ``capacity`` positions, keeping what is cached (doubling, so appends stay amortised O(1))."""
+        if capacity <= self.capacity:
+            return
+        new = max(capacity, 2 * self.capacity)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            buf = old.new_empty((*old.shape[:3], new, old.shape[4]))
+            buf[:, :, :, : old.shape[3]] = old
+            setattr(self, name, buf)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (int64 indices on the cache's device)."""
+        self.keys, self.values = self.keys[:, rows], self.values[:, rows]
+
+    def __call__(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
+                 positions: torch.Tensor | None, last: int) -> torch.Tensor:
+        """Append input_ids int64 [B, q] at cache positions [length, length + q) and return logits [B, q, V] (or
+        the last ``last`` positions' [B, last, V]).
+
+        attend     bool [B, 1, q, length + q] (True = attend), or None: plain causal over every position
+        positions  int64 [B, q] position ids, or None: length, length + 1, ...
+        """
+        B, q = input_ids.shape
+        end = length + q
+        self.grow(end)
+        pos = self.wpe[length:end] if positions is None else F.embedding(positions, self.wpe)
+        x = F.embedding(input_ids, self.wte) + pos
+        if attend is None and q > 1:      # causal among the new tokens, everything cached before them
+            key = torch.arange(end, device=input_ids.device)
+            attend = key <= torch.arange(length, end, device=input_ids.device)[:, None]
+        d = self.d_model
+        shape = (B, q, self.heads, self.head_dim)
+        for i, blk in enumerate(self.blocks):
+            h = torch.layer_norm(x, (d,), *blk.ln_1)
+            qkv = torch.addmm(blk.c_attn[0], h.view(-1, d), blk.c_attn[1]).view(B, q, -1)   # GPT-2's Conv1D
+            query, key, value = qkv.split(d, dim=2)
+            self.keys[i, :, :, length:end] = key.view(shape).transpose(1, 2)
+            self.values[i, :, :, length:end] = value.view(shape).transpose(1, 2)
+            a = F.scaled_dot_product_attention(query.view(shape).transpose(1, 2), self.keys[i, :, :, :end],
+                                               self.values[i, :, :, :end], attn_mask=attend, scale=blk.scaling)
+            x = torch.addmm(blk.c_proj[0], a.transpose(1, 2).reshape(B * q, d), blk.c_proj[1]).view(B, q, d) + x
+            h = torch.layer_norm(x, (d,), *blk.ln_2)
+            h = blk.act(torch.addmm(blk.c_fc[0], h.view(-1, d), blk.c_fc[1]))
+            x = x + torch.addmm(blk.mlp_proj[0], h, blk.mlp_proj[1]).view(B, q, d)
+        if last:
+            x = x[:, -last:]
+        return F.linear(torch.layer_norm(x, (d,), *self.ln_f), self.head)
+
+
+# model families with a static forward, tried in order
+STATIC_FORWARDS = (GPT2StaticForward,)
+
+
+def static_forward_for(model):
+    """The static forward for ``model``, or None when its family or configuration has none."""
+    for impl in STATIC_FORWARDS:
+        if impl.supports(model):
+            return impl(model)
+    return None
