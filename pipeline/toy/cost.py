@@ -6,7 +6,8 @@ for attention scores and values over ``n_ctx`` cached positions (and, for an enc
 the same again for cross-attention over the encoder's positions).
 
 Time is the median wall time of single-token forwards with a KV cache after a prefill, batch 1, on the
-current device and thread count: what a draft step costs in a speculative loop on this machine. On a CPU
+current device and thread count, through the forward the engine runs (pipeline/engine.py's CachedModel): what a
+draft step costs in a speculative loop on this machine. On a CPU
 and at these tiny sizes fixed per-call overheads (Python, kernel launches) weigh much more than on a GPU,
 so the time ratio is far closer to 1 than the FLOP ratio.
 """
@@ -51,14 +52,18 @@ def median_step_seconds(step: Callable[[], None], warmup: int = 3, repeats: int 
 
 @torch.inference_mode()
 def causal_lm_step_seconds(model, prompt_ids: torch.Tensor, repeats: int = 30) -> float:
-    """Median seconds of one cached decode step of a causal LM. ``prompt_ids``: int64 [1, T]."""
+    """Median seconds of one cached decode step of a causal LM, through the forward the engine runs for it
+    (its static-cache forward where the family has one, else transformers'). ``prompt_ids``: int64 [1, T]."""
+    from pipeline.engine import CachedModel
+
     model.eval()
-    out = model(prompt_ids, use_cache=True)
-    cache = out.past_key_values
-    token = out.logits[:, -1:].argmax(-1)
+    cached = CachedModel(model, static=True)
+    cached.reset(1, prompt_ids.device, capacity=prompt_ids.shape[1] + 1)
+    token = cached.forward(prompt_ids, last=1).argmax(-1)        # [1, 1]
+    keep_none = torch.zeros(1, dtype=torch.int64, device=prompt_ids.device)
 
     def step():
-        model(token, past_key_values=cache, use_cache=True)
-        cache.crop(-1)  # drop the new position again: the context length stays fixed
+        cached.forward(token, last=1)
+        cached.retain(1, keep_none, 0, 0)  # drop the new position again: the context length stays fixed
 
     return median_step_seconds(step, repeats=repeats)
