@@ -8,10 +8,10 @@ decoding cannot win. gpt-fast answers with its own model code over a preallocate
 for one family at a time, over the transformers model's own parameters (nothing is copied, so a checkpoint
 loads once and both paths compute with the same weights).
 
-What it computes. Exactly the transformers forward of the same model in eval mode (the same operations in the
-same order: ``addmm`` for GPT-2's Conv1D, the model's own activation and layer-norm epsilons, sdpa with the
-model's scaling), so logits agree with transformers' to rounding and a seeded run emits the same tokens with
-and without it (tests/test_static_cache.py).
+What it computes. Exactly the transformers forward of the same model in eval mode with sdpa attention (the
+same operations in the same order: ``addmm`` for GPT-2's Conv1D, the model's own activation and layer-norm
+epsilons, sdpa with the model's scaling), so logits agree with transformers' to rounding and a seeded run
+emits the same tokens with and without it (tests/test_static_cache.py).
 
 The cache. Keys and values live in one buffer per kind, dtype [n_layer, B, H, capacity, D], allocated when a
 generation starts (capacity: prompt + new tokens + γ + 2, grown by doubling if a caller asks for more).
@@ -71,11 +71,13 @@ class GPT2StaticForward:
 
     @classmethod
     def supports(cls, model) -> bool:
+        """GPT-2 in eval mode with sdpa attention (what this forward reproduces), on one device: a model that
+        accelerate spread over several GPUs (``hf_device_map``) moves activations between them in hooks that a
+        forward of its own would bypass."""
         config = model.config
         return (type(model).__name__ == "GPT2LMHeadModel" and not getattr(config, "add_cross_attention", False)
-                and not getattr(config, "reorder_and_upcast_attn", False)
-                and getattr(config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
-                and not model.training)
+                and getattr(config, "_attn_implementation", None) == "sdpa"
+                and not getattr(model, "hf_device_map", None) and not model.training)
 
     @property
     def capacity(self) -> int:

@@ -70,3 +70,20 @@ def test_bench_samplers_quick_writes_a_row_per_sampler_and_hf(tmp_path, capsys):
     assert {("exact", "torch"), ("sigmoid", "torch"), ("greedy", "torch"), ("hf", "transformers")} <= names
     assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in result["results"])
     assert result["provenance"]["device"]["device"] == "cpu" and "HF / this" in capsys.readouterr().out
+
+
+def test_bench_forward_smoke_times_both_forwards_and_writes_json(tmp_path):
+    """A tiny run of `python -m pipeline.benchmarks.forward` without torch.compile (its compile takes 20 s)."""
+    import torch
+
+    from pipeline.benchmarks.forward import run
+
+    out = tmp_path / "f.json"
+    threads = torch.get_num_threads()
+    result = run(context=16, rounds=2, calls=3, compile=False, out=out)
+    assert torch.get_num_threads() == threads
+    assert json.loads(out.read_text())["results"] == result["results"]
+    assert [r["forward"] for r in result["results"]] == ["transformers", "static"]
+    for r in result["results"]:
+        assert len(r["rounds_ms"]) == 2 and 0 < r["min_round_ms"] <= r["median_ms"] <= r["max_round_ms"]
+    assert result["compile_seconds"] is None

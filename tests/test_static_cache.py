@@ -103,8 +103,11 @@ def test_models_without_a_static_forward_use_transformers():
     assert CachedModel(llama, static=True).static is None
     gpt2 = build_model("gpt2", V, layers=1, width=32, seed=0).eval()
     assert static_forward_for(gpt2) is not None
-    gpt2.config.reorder_and_upcast_attn = True          # an option the static forward does not implement
+    gpt2.config._attn_implementation = "eager"          # eager attention rounds differently from sdpa
     assert static_forward_for(gpt2) is None
-    gpt2.config.reorder_and_upcast_attn = False
+    gpt2.config._attn_implementation = "sdpa"
+    gpt2.hf_device_map = {"transformer.h.0": 0, "lm_head": 1}   # spread over two GPUs by accelerate
+    assert static_forward_for(gpt2) is None
+    del gpt2.hf_device_map
     gpt2.train()
     assert static_forward_for(gpt2) is None             # dropout is active in training mode
