@@ -55,6 +55,7 @@ class RunConfig:
     repeats: int = 6
     samples_per_repeat: int = 4
     max_spread: float = 1.0  # flag a measurement whose interval is wider than this x its median (pipeline/measure.py)
+    max_cpu_wait: float = 0.1  # flag it when its threads waited for a CPU more than this part of their ready time
     threads: int | None = None
     interop_threads: int = 1
     out: str = "results/run.json"
@@ -92,6 +93,10 @@ class RunConfig:
         if not self.max_spread > 0:
             raise bad(f"--max-spread must be > 0 (the widest interval, relative to its median, that is not flagged; "
                       f"default 1); got {self.max_spread}")
+        if not 0 < self.max_cpu_wait <= 1:
+            raise bad(f"--max-cpu-wait must be in (0, 1] (the part of its threads' ready time a measurement may spend "
+                      f"waiting for a CPU before it is flagged; default 0.1, 1 turns the check off); got "
+                      f"{self.max_cpu_wait}")
         if self.threads is not None and self.threads < 1:
             raise bad(f"--threads must be >= 1 (or leave it out: half the usable cores, at most 8); got {self.threads}")
         if self.limit is not None and self.limit < 1:

@@ -111,14 +111,50 @@ class ThreadSettings:
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")
 
 
+def thread_schedstats() -> dict[str, tuple[int, int]] | None:
+    """{thread id: (ns on a CPU, ns runnable but waiting for a CPU)} for every thread of this process, from the
+    Linux scheduler's /proc/self/task/<tid>/schedstat; None where the kernel does not provide it (not Linux, or
+    built without scheduler statistics)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                on_cpu, waiting = f.read().split()[:2]
+        except (OSError, ValueError):  # the thread ended meanwhile, or no scheduler statistics
+            continue
+        out[tid] = (int(on_cpu), int(waiting))
+    return out or None
+
+
+def runqueue_wait(before: dict[str, tuple[int, int]] | None,
+                  after: dict[str, tuple[int, int]] | None) -> dict | None:
+    """Of the time this process's threads were ready to run between two :func:`thread_schedstats`, the part they
+    spent waiting for a CPU: {"on_cpu_s", "waiting_s", "wait_fraction" = waiting / (on CPU + waiting)}. Threads
+    that started in between count from zero; None where either snapshot is missing or nothing ran."""
+    if before is None or after is None:
+        return None
+    on_cpu = sum(a[0] - before.get(tid, (0, 0))[0] for tid, a in after.items())
+    waiting = sum(a[1] - before.get(tid, (0, 0))[1] for tid, a in after.items())
+    ready = on_cpu + waiting
+    if ready <= 0:
+        return None
+    return {"on_cpu_s": on_cpu / 1e9, "waiting_s": waiting / 1e9, "wait_fraction": waiting / ready}
+
+
 class LoadProbe:
-    """How busy the machine is around a measurement: load average against cores at start and end, and the CPU
+    """How busy the machine is around a measurement: load average against cores at start and end, the CPU
     time other processes used in between (system-wide busy time minus this process's own, from psutil, so
-    processes that started or ended meanwhile count too), plus GPU utilisation and other processes on the GPU
-    where nvidia-smi can tell.
+    processes that started or ended meanwhile count too), how long this process's own threads waited for a CPU
+    while ready to run (the Linux scheduler's run-queue wait: the direct sign that the measurement competed for
+    cores), plus GPU utilisation and other processes on the GPU where nvidia-smi can tell.
 
     >>> probe = LoadProbe("cpu"); ...; record = probe.finish()
-    record: {"start": {...}, "end": {...}, "seconds", "others_cpu_s", "others_busy_cores", "cores"}
+    record: {"start": {...}, "end": {...}, "seconds", "others_cpu_s", "others_busy_cores", "cores",
+             "runqueue_wait": {"on_cpu_s", "waiting_s", "wait_fraction"} or None}
     """
 
     def __init__(self, device: str = "cpu") -> None:
@@ -128,6 +164,7 @@ class LoadProbe:
         self._me = psutil.Process()
         self.device = str(device)
         self.start = self.snapshot()
+        self._sched0 = thread_schedstats()
         self._t0, self._busy0, self._own0 = time.perf_counter(), self._busy_s(), self._own_s()
 
     def _busy_s(self) -> float:
@@ -152,8 +189,10 @@ class LoadProbe:
     def finish(self) -> dict:
         seconds = time.perf_counter() - self._t0
         others = max(0.0, (self._busy_s() - self._busy0) - (self._own_s() - self._own0))
+        wait = runqueue_wait(self._sched0, thread_schedstats())
         return {"start": self.start, "end": self.snapshot(), "seconds": seconds, "cores": usable_cores(),
-                "others_cpu_s": others, "others_busy_cores": others / seconds if seconds > 0 else None}
+                "others_cpu_s": others, "others_busy_cores": others / seconds if seconds > 0 else None,
+                "runqueue_wait": wait}
 
 
 def gpu_activity(device: str) -> dict | None:

@@ -20,7 +20,13 @@ A measurement is flagged (see :func:`flag_reasons`) when
     when outputs end at EOS after a few tokens); a measured speedup far from it is more likely a broken timing
     than a discovery. The bounds are wide on purpose: the formula ignores the verify step and per-step overheads
     (a loop that takes fewer steps saves overhead the formula does not see; a verify forward of γ + 1 tokens
-    costs more than one token's on a CPU).
+    costs more than one token's on a CPU), or
+  - the run's own threads spent more than ``max_cpu_wait`` of the time they were ready to run waiting for a CPU
+    (the Linux scheduler's run-queue wait, pipeline.env_info.LoadProbe): other processes held the cores it
+    needed, so its timings are those of a contended machine. Such contention need not widen the interval (it can
+    slow both loops alike for the whole run) yet it shifts the ratio, because the two loops do not use the CPU
+    alike: measured beside CPU-burning processes, the tiny test pair's paired speedup moved from 0.62 to 0.72
+    with both intervals tight. Where the kernel gives no scheduler statistics this check is skipped.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from scipy import stats
 CONFIDENCE = 0.95
 MAX_RELATIVE_WIDTH = 1.0           # flag when the interval is wider than its median (RunConfig.max_spread)
 PLAUSIBLE = (1 / 3, 3.0)           # measured / predicted speedup outside this is flagged
+MAX_CPU_WAIT = 0.1                 # flag when the run's threads waited for a CPU > 10 % of their ready time
 
 
 @dataclass(frozen=True)
@@ -113,12 +120,15 @@ def plausibility(measured: float | None, predicted: float | None) -> float | Non
 
 def flag_reasons(interval: MedianCI, what: str, predicted: float | None = None,
                  max_relative_width: float = MAX_RELATIVE_WIDTH,
-                 plausible: tuple[float, float] = PLAUSIBLE) -> list[str]:
+                 plausible: tuple[float, float] = PLAUSIBLE, cpu_wait: float | None = None,
+                 max_cpu_wait: float = MAX_CPU_WAIT) -> list[str]:
     """Why a measurement should not be trusted (empty: no reason found).
 
     interval    the median and interval of the measured figure (a speedup, or tokens/s for γ = 0)
     what        its name in the message ("speedup", "tokens/s")
     predicted   the speedup the run's own tokens per step and cost ratio predict (None: no plausibility check)
+    cpu_wait    the part of its threads' ready time the measurement spent waiting for a CPU, in [0, 1]
+                (None: unknown, no contention check)
     """
     reasons = []
     if interval.relative_width > max_relative_width:
@@ -130,4 +140,8 @@ def flag_reasons(interval: MedianCI, what: str, predicted: float | None = None,
         reasons.append(f"implausible: measured {what} {interval.median:.3g}x is {ratio:.2f} times the {predicted:.3g}x "
                        f"that the run's own acceptance and cost ratio predict (plausible: {plausible[0]:.2f} to "
                        f"{plausible[1]:.2f} times)")
+    if cpu_wait is not None and cpu_wait > max_cpu_wait:
+        reasons.append(f"contended: the run's threads waited for a CPU {cpu_wait:.0%} of the time they were ready to "
+                       f"run (more than {max_cpu_wait:.0%}): other processes held the cores it needed, so its "
+                       f"{what} is that of a busy machine")
     return reasons

@@ -55,10 +55,12 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
 
 
 def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load: dict, threads: dict,
-              samples_per_repeat: int, max_spread: float = measure.MAX_RELATIVE_WIDTH) -> dict:
+              samples_per_repeat: int, max_spread: float = measure.MAX_RELATIVE_WIDTH,
+              max_cpu_wait: float = measure.MAX_CPU_WAIT) -> dict:
     """The measurement record of :func:`time_repeats`'s timings, with flags (see pipeline.measure: an interval
-    wider than ``max_spread`` x its median, or a speedup far from ``predicted``, the speedup the run's tokens per
-    step and cost ratio predict, is flagged)."""
+    wider than ``max_spread`` x its median, a speedup far from ``predicted``, the speedup the run's tokens per
+    step and cost ratio predict, or threads that waited for a CPU more than ``max_cpu_wait`` of their ready time
+    (``load["runqueue_wait"]``, from :class:`pipeline.env_info.LoadProbe`) is flagged)."""
     tps = {name: measure.rates(t["tokens"], t["seconds"]) for name, t in timings.items()}
     record = {"method": "paired" if SPECULATIVE in timings else "repeated", "repeats": len(next(iter(tps.values()))),
               "samples_per_repeat": samples_per_repeat,
@@ -67,7 +69,8 @@ def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load
               "tokens_per_second": {name: {**measure.spread(v), "ci": measure.median_ci(v).to_dict()}
                                     for name, v in tps.items()},
               "load": load, "threads": threads, "confidence": measure.CONFIDENCE,
-              "max_relative_width": max_spread, "plausible": list(measure.PLAUSIBLE)}
+              "max_relative_width": max_spread, "max_cpu_wait": max_cpu_wait, "plausible": list(measure.PLAUSIBLE)}
+    wait = (load.get("runqueue_wait") or {}).get("wait_fraction")
     if SPECULATIVE in timings:
         a, b = timings[SPECULATIVE], timings[AUTOREGRESSIVE]
         interval, ratios = measure.paired_speedup(a["tokens"], a["seconds"], b["tokens"], b["seconds"])
@@ -75,9 +78,11 @@ def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load
         record["speedup"] = interval.to_dict()
         record["predicted_speedup"] = predicted
         record["measured_over_predicted"] = measure.plausibility(interval.median, predicted)
-        reasons = measure.flag_reasons(interval, "speedup", predicted, max_spread)
+        reasons = measure.flag_reasons(interval, "speedup", predicted, max_spread, cpu_wait=wait,
+                                       max_cpu_wait=max_cpu_wait)
     else:
-        reasons = measure.flag_reasons(measure.median_ci(tps[AUTOREGRESSIVE]), "tokens/s", None, max_spread)
+        reasons = measure.flag_reasons(measure.median_ci(tps[AUTOREGRESSIVE]), "tokens/s", None, max_spread,
+                                       cpu_wait=wait, max_cpu_wait=max_cpu_wait)
     record["flags"] = reasons
     record["flagged"] = bool(reasons)
     return record

@@ -295,7 +295,7 @@ def _measure(config: RunConfig, loops: dict, records: list[dict], tokenizer, enc
     timings = paired.time_repeats(loops, batches, config.max_new_tokens, config.repeats, config.seed, device,
                                   progress)
     return paired.summarize(timings, metrics.get("predicted_speedup"), load.finish(), threads, len(subset),
-                            config.max_spread)
+                            config.max_spread, config.max_cpu_wait)
 
 
 def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:

@@ -8,9 +8,9 @@ of the base RunConfig with the trial's settings; its objectives are
               interleaved repeats inside the trial's run (pipeline/paired.py)
     quality   ROUGE-L (cnn_dailymail) or -WER (librispeech): both maximised
 
-A trial whose speed measurement is flagged (too wide an interval, or implausible against its theoretical
-speedup; pipeline/measure.py) is measured once more; if it stays flagged the trial fails with the reasons, so
-no flagged speedup reaches the study (:func:`measured_run`).
+A trial whose speed measurement is flagged (too wide an interval, implausible against its theoretical
+speedup, or contended for the CPU; pipeline/measure.py) is measured once more; if it stays flagged the trial
+fails with the reasons, so no flagged speedup reaches the study (:func:`measured_run`).
 
 Workers: any number of processes, on any number of machines, run the same command against one storage
 (SQLite in the study folder by default; any RDB URL through ``--storage`` or $OPTUNA_STORAGE). Trials are

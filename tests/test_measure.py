@@ -83,6 +83,15 @@ def test_plausibility_bounds_are_inclusive_and_need_a_positive_theory():
     assert measure.flag_reasons(measure.median_ci([50.0] * 3), "tokens/s") == []  # no theory: no check
 
 
+def test_a_measurement_whose_threads_waited_for_a_cpu_is_flagged_as_contended_even_when_tight():
+    tight = measure.median_ci([0.70, 0.72, 0.72, 0.73, 0.71, 0.72])     # the contended run of tests/test_paired.py
+    assert measure.flag_reasons(tight, "speedup", predicted=0.8, cpu_wait=measure.MAX_CPU_WAIT) == []
+    assert measure.flag_reasons(tight, "speedup", predicted=0.8, cpu_wait=None) == []   # unknown: not checked
+    reasons = measure.flag_reasons(tight, "speedup", predicted=0.8, cpu_wait=0.37)
+    assert len(reasons) == 1 and reasons[0].startswith("contended:") and "37%" in reasons[0]
+    assert measure.flag_reasons(tight, "tokens/s", cpu_wait=0.37, max_cpu_wait=0.5) == []
+
+
 def test_spread_reports_quartiles_and_relative_iqr():
     s = measure.spread([1.0, 2.0, 3.0, 4.0, 5.0])
     assert (s["median"], s["min"], s["max"], s["q25"], s["q75"]) == (3.0, 1.0, 5.0, 2.0, 4.0)

@@ -43,8 +43,9 @@ def tiny(tmp_path_factory):
     base = ["--target", str(tp), "--draft", str(dp), "--data", str(data), "--task", "cnn_dailymail",
             "--device", "cpu", "--max-new-tokens", "6", "--no-progress", "--wandb-mode", "disabled",
             # these tests are about the study's bookkeeping, not speed: repeats of a few milliseconds on a shared
-            # CPU vary widely, and a flagged trial would fail (tests/test_paired.py tests that)
-            "--max-spread", "1e9"]
+            # CPU vary widely, workers started together compete for the cores, and a flagged trial would fail
+            # (tests/test_paired.py tests that)
+            "--max-spread", "1e9", "--max-cpu-wait", "1"]
     baseline = root / "ar.json"
     assert main(["run", *base, "--gamma", "0", "--out", str(baseline)]) == 0
     space = root / "space.yaml"

@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
     p.add_argument("--max-spread", type=float, default=1.0,
                    help="flag the speed measurement when its interval is wider than this times its median "
                         "(default: 1)")
+    p.add_argument("--max-cpu-wait", type=float, default=0.1,
+                   help="flag the speed measurement when its threads spent more than this part of their ready time "
+                        "waiting for a CPU that other processes held (default: 0.1; 1 turns the check off)")
     p.add_argument("--threads", type=int,
                    help="torch intra-op threads (default: half the usable cores, at least 1, at most 8)")
     p.add_argument("--interop-threads", type=int, default=1, help="torch inter-op threads (default: 1)")
