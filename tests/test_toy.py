@@ -3,6 +3,7 @@ training that learns, and quick pairs that reload with from_pretrained and decod
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -168,6 +169,29 @@ def test_text_training_steps_decrease_the_loss():
     assert log["final_loss"] < 0.8 * log["first_loss"]
 
 
+def test_growing_a_model_deeper_keeps_its_outputs_and_the_new_blocks_then_train():
+    rng = random.Random(0)
+    records = [text_data.make_example(rng, f"x{i}") for i in range(16)]
+    tok = text_tokenizer(text_data.vocabulary())
+    spec = train_text.TextModelSpec(n_layer=2, n_embd=32, n_head=2, steps=10, batch_size=8, lr=3e-3)
+    shallow = train_text.build_model(spec, tok, seed=0)
+    data = train_text.encode(tok, records)
+    train_text.train(shallow, data, spec, tok.pad_token_id, seed=0, desc="t", progress=False)
+    grown = train_text.grow_deeper(shallow, 5).eval()
+    assert grown.config.n_layer == 5 and shallow.config.n_layer == 2
+    ids = torch.tensor([data[0][0]])
+    with torch.no_grad():
+        assert torch.equal(grown(ids).logits, shallow(ids).logits)  # the new blocks add exact zeros
+    new_block = grown.transformer.h[3]
+    assert torch.equal(new_block.attn.c_attn.weight, shallow.transformer.h[1].attn.c_attn.weight)
+    assert not new_block.mlp.c_proj.weight.any()
+    fine = dataclasses.replace(spec, n_layer=5, steps=3, lr=1e-3)
+    train_text.train(grown, data, fine, tok.pad_token_id, seed=1, desc="t", progress=False)
+    assert new_block.mlp.c_proj.weight.any() and new_block.attn.c_proj.weight.any()
+    with pytest.raises(ValueError, match="n_layer must exceed"):
+        train_text.grow_deeper(shallow, 2)
+
+
 def test_quick_text_pair_reloads_and_runs_through_specsweep_run(toy_data, tmp_path, capsys):
     models = tmp_path / "models"
     assert main(["toy", "train", "--task", "text", "--data", str(toy_data), "--out", str(models), "--quick",
@@ -176,6 +200,10 @@ def test_quick_text_pair_reloads_and_runs_through_specsweep_run(toy_data, tmp_pa
     assert record["models"]["draft"]["parameters"] < record["models"]["target"]["parameters"]
     assert 0 < record["cost"]["flop_ratio"] < 1 and record["cost"]["time_ratio"] > 0
     assert len(record["models"]["target"]["training"]["losses"]) == train_text.QUICK_TARGET.steps
+    growth = record["target_growth"]
+    assert record["models"]["target"]["n_layer"] == train_text.QUICK_TARGET_GROWTH.n_layer
+    assert growth["max_abs_logit_change_at_growth"] < 1e-5
+    assert len(growth["fine_tune"]["losses"]) == train_text.QUICK_TARGET_GROWTH.steps
     out = tmp_path / "run.json"
     assert main(["run", "--task", "cnn_dailymail", "--target", str(models / "text" / "target"), "--draft",
                  str(models / "text" / "draft"), "--data", str(toy_data / "text" / "test.jsonl"), "--gamma", "2",

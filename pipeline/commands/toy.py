@@ -29,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                        "(default: data/toy)")
     t.add_argument("--out", type=Path, default=Path("models/toy"), help="output folder (default: models/toy)")
     t.add_argument("--seed", type=int, default=0, help="initialisation and batch-order seed (default: 0)")
-    t.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default: 1; these models are too small to gain from more, and extra "
-                        "threads lose badly when other jobs share the CPU)")
+    t.add_argument("--threads", type=int,
+                   help="torch CPU threads (default: the usable cores, at most 8: training is a batch job that "
+                        "runs alone in the pipeline, and 2 threads train the text target 1.7x and the speech target "
+                        "1.5x faster than 1 on 2 cores)")
     t.add_argument("--quick", action="store_true", help="tiny models, a few steps (for tests)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -63,9 +64,12 @@ def _data(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import torch
 
-    if args.threads < 1:
-        raise SpecsweepError(f"--threads must be >= 1; got {args.threads}")
-    torch.set_num_threads(args.threads)
+    from pipeline.env_info import usable_cores
+
+    threads = min(8, usable_cores()) if args.threads is None else args.threads
+    if threads < 1:
+        raise SpecsweepError(f"--threads must be >= 1; got {threads}")
+    torch.set_num_threads(threads)
     if args.task == "text":
         from pipeline.toy import train_text as trainer
 
@@ -84,6 +88,10 @@ def _train(args: argparse.Namespace) -> int:
             f"params (loss {m['target']['training']['final_loss']:.3f}), draft {m['draft']['parameters']:,} params "
             f"(loss {m['draft']['training']['final_loss']:.3f}); draft/target per-token cost: "
             f"{cost['flop_ratio']:.3f} in FLOPs, {cost['time_ratio']:.3f} in time")
+    if "target_growth" in record:
+        grown = record["target_growth"]
+        line += (f"; target grown from {grown['from_layers']} to {m['target']['n_layer']} layers "
+                 f"(fine-tune loss {grown['fine_tune']['final_loss']:.3f})")
     if "eval_greedy" in record:
         ev = record["eval_greedy"]
         line += f"; greedy WER target {_pct(ev['target']['wer'])}, draft {_pct(ev['draft']['wer'])}"

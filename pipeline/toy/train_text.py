@@ -5,6 +5,14 @@ the next-token cross-entropy on the highlights and ``<eos>`` only (the article's
 predicting them teaches nothing). Given the prompt a ``cnn_dailymail`` run builds (article + " Summary:",
 see :mod:`pipeline.tasks`) the target writes the highlights and stops.
 
+The target is trained shallow (2 layers, which learn this task quickly) and then grown to 12 layers by a
+function-preserving expansion (:func:`grow_deeper`: the new blocks' output projections start at zero, so the grown
+model computes exactly what the shallow one did, as in Net2Net's "deeper" operator) and fine-tuned briefly as a
+12-layer model. Why: on a CPU at these sizes a forward costs about the same per layer whatever its width, so the
+draft/target cost ratio follows depth; a 12-layer target costs about 10x the 2-layer draft per token, as a large
+target costs against a small draft on a GPU, where a 2-layer target cost 0.8x (speculative decoding could not pay).
+Training 12 layers from scratch does not fit the pipeline's time budget on 2 cores (README, "The toy pairs").
+
 Both models share one word-level tokenizer (:func:`pipeline.toy.vocab.text_tokenizer`) and are saved with
 ``save_pretrained`` (model, generation config with ``<eos>``, tokenizer) so that
 ``AutoModelForCausalLM.from_pretrained`` loads them as it loads hub models. The draft is trained on the same
@@ -14,6 +22,7 @@ data as the target, independently, for a fixed number of steps that leaves it pa
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -46,6 +55,22 @@ class TextModelSpec:
 TARGET = TextModelSpec(n_layer=2, n_embd=128, n_head=4, steps=1200, batch_size=16, lr=2e-3)
 DRAFT = TextModelSpec(n_layer=2, n_embd=32, n_head=2, steps=1850, batch_size=16, lr=3e-3)
 QUICK_TARGET = TextModelSpec(n_layer=2, n_embd=32, n_head=2, steps=4, batch_size=4, lr=1e-3)
+
+
+@dataclass(frozen=True)
+class GrowthSpec:
+    """Grow a trained model to ``n_layer`` layers (:func:`grow_deeper`), then fine-tune it for ``steps``."""
+
+    n_layer: int
+    steps: int
+    batch_size: int
+    lr: float
+
+
+# The target after its shallow training: 12 layers, fine-tuned at a low rate so the new blocks learn without
+# undoing what the first two know.
+TARGET_GROWTH = GrowthSpec(n_layer=12, steps=40, batch_size=16, lr=3e-4)
+QUICK_TARGET_GROWTH = GrowthSpec(n_layer=3, steps=2, batch_size=4, lr=1e-4)
 QUICK_DRAFT = TextModelSpec(n_layer=1, n_embd=16, n_head=2, steps=4, batch_size=4, lr=1e-3)
 N_POSITIONS = 256
 
@@ -88,6 +113,29 @@ def build_model(spec: TextModelSpec, tokenizer, seed: int):
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def grow_deeper(model, n_layer: int):
+    """A ``GPT2LMHeadModel`` with ``n_layer`` blocks that computes exactly what ``model`` (k < n_layer blocks)
+    computes: blocks 0..k-1 are ``model``'s; block i >= k copies block i mod k but with its attention and MLP output
+    projections (weight and bias) set to zero, so it adds nothing to the residual stream until trained. Embeddings,
+    the final layer norm and the head are ``model``'s. Returns the new model (``model`` is left as it is)."""
+    from transformers import GPT2LMHeadModel
+
+    k = model.config.n_layer
+    if not n_layer > k:
+        raise ValueError(f"grow_deeper: n_layer must exceed the model's {k} layers; got {n_layer}")
+    config = copy.deepcopy(model.config)
+    config.n_layer = n_layer
+    grown = GPT2LMHeadModel(config)
+    state = dict(model.state_dict())
+    for i in range(k, n_layer):
+        for name, tensor in model.transformer.h[i % k].state_dict().items():
+            zero = name.startswith(("attn.c_proj.", "mlp.c_proj."))
+            state[f"transformer.h.{i}.{name}"] = torch.zeros_like(tensor) if zero else tensor.clone()
+    grown.load_state_dict(state, strict=True)
+    grown.generation_config = copy.deepcopy(model.generation_config)
+    return grown
 
 
 def optimizer_step(opt, loss: torch.Tensor, params, losses: list[float], bar) -> None:
@@ -174,10 +222,17 @@ def run(data_dir: Path, out_dir: Path, seed: int = 0, quick: bool = False, progr
     data = encode(tokenizer, records)
     unknown = sum(ids.count(tokenizer.unk_token_id) for ids, _ in data)
     target_spec, draft_spec = (QUICK_TARGET, QUICK_DRAFT) if quick else (TARGET, DRAFT)
+    growth = QUICK_TARGET_GROWTH if quick else TARGET_GROWTH
     t0 = time.perf_counter()
-    target = build_model(target_spec, tokenizer, seed)
+    shallow = build_model(target_spec, tokenizer, seed)
     draft = build_model(draft_spec, tokenizer, seed + 1)
-    target_log = train(target, data, target_spec, tokenizer.pad_token_id, seed, "train text target", progress)
+    target_log = train(shallow, data, target_spec, tokenizer.pad_token_id, seed, "train text target", progress)
+    target = grow_deeper(shallow, growth.n_layer)
+    growth_log = _grow_check(shallow, target, data)
+    fine_tune = TextModelSpec(n_layer=growth.n_layer, n_embd=target_spec.n_embd, n_head=target_spec.n_head,
+                              steps=growth.steps, batch_size=growth.batch_size, lr=growth.lr)
+    growth_log["fine_tune"] = train(target, data, fine_tune, tokenizer.pad_token_id, seed + 2,
+                                    f"fine-tune text target at {growth.n_layer} layers", progress)
     draft_log = train(draft, data, draft_spec, tokenizer.pad_token_id, seed + 1, "train text draft", progress)
     train_seconds = time.perf_counter() - t0
     root = Path(out_dir) / "text"
@@ -196,15 +251,29 @@ def run(data_dir: Path, out_dir: Path, seed: int = 0, quick: bool = False, progr
         "threads": torch.get_num_threads(),
         "models": {
             name: {"path": str(root / name), "architecture": "GPT2LMHeadModel", "spec": asdict(spec),
-                   "parameters": sum(p.numel() for p in m.parameters()), "matrix_parameters": _matrix(m),
-                   "training": {k: v for k, v in log.items()}}
+                   "n_layer": m.config.n_layer, "parameters": sum(p.numel() for p in m.parameters()),
+                   "matrix_parameters": _matrix(m), "training": {k: v for k, v in log.items()}}
             for name, m, spec, log in (("target", target, target_spec, target_log),
                                        ("draft", draft, draft_spec, draft_log))
         },
+        "target_growth": {"spec": asdict(growth), **growth_log},
         "cost": cost,
     }
     write_json_atomic(root / "training.json", record)
     return record
+
+
+@torch.inference_mode()
+def _grow_check(shallow, grown, data: list[tuple[list[int], int]]) -> dict:
+    """How far the grown model's logits are from the shallow one's on the first training sequence, right after
+    growing (float32 round-off only: the new blocks add exact zeros)."""
+    ids = torch.tensor([data[0][0]])
+    shallow.eval()
+    grown.eval()
+    diff = (grown(ids).logits - shallow(ids).logits).abs().max().item()
+    if diff > 1e-3:
+        raise RuntimeError(f"grow_deeper changed the model's output (max |Δlogit| {diff:.3g}); it must not")
+    return {"from_layers": shallow.config.n_layer, "max_abs_logit_change_at_growth": diff}
 
 
 def _matrix(model) -> int:
