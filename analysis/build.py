@@ -129,6 +129,9 @@ def _recommendations(table, max_quality_loss: float) -> list:
                      alpha, beta, r["dtype"], _speedup(r), _raw_quality(r), _pct(r["quality_loss"]),
                      _device(r), r["date"], r["source"]])
     blocks.append(Table(cols, rows))
+    for _, r in rec.iterrows():
+        if r.get("note") and isinstance(r.get("run"), str):
+            blocks.append(Para(f"**{r['task']}, {r['choice']}** (`{r['run']}`): {r['note']}."))
     blocks.append(Para("Quality is the raw score (ROUGE-L, or WER); loss is relative to the reference named in "
                        "`results.csv` (`reference_source`). On few samples, quality differences of a few percent "
                        "are within sampling noise: confirm a sigmoid choice on more data."))

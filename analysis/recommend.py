@@ -84,7 +84,9 @@ def with_loss(table):
 def recommend(table, max_quality_loss: float = 0.01):
     """One or two rows per (task, target, draft): ``choice`` = 'fastest within loss' and 'best lossless'.
 
-    A group with nothing eligible gets a row whose ``run`` is None and whose ``note`` says why."""
+    A group with nothing eligible gets a row whose ``run`` is None and whose ``note`` says why. A choice that is
+    slower than decoding with the target alone (its speedup interval, or its speedup where it has none, lies
+    below 1) keeps its row, and its ``note`` says so: the best setting of a pair can still lose to no drafting."""
     import pandas as pd
 
     if not (max_quality_loss >= 0 and math.isfinite(max_quality_loss)):
@@ -110,8 +112,18 @@ def recommend(table, max_quality_loss: float = 0.01):
                 "run", "kind", "sampler", "backend", "gamma", "alpha", "beta", "preset", "dtype", "temperature",
                 "speedup", "speedup_ci_low", "speedup_ci_high", "quality", "quality_loss", "reference",
                 "reference_source", "acceptance_rate",
-                "source", "device_name", "date", "cpu_only")}, "note": ""})
+                "source", "device_name", "date", "cpu_only")}, "note": _slower_note(best)})
     return pd.DataFrame(out)
+
+
+def _slower_note(row) -> str:
+    """A note when ``row``'s speedup (its interval's upper end where it has one) is below 1, else ''."""
+    high = to_number(row.get("speedup_ci_high"))
+    top = high if high is not None else to_number(row.get("speedup"))
+    if top is None or top >= 1:
+        return ""
+    return (f"slower than the target alone (speedup {to_number(row.get('speedup')):.2f}x, interval below 1x): "
+            "with this pair on this machine, decode without a draft")
 
 
 def to_number(v) -> float | None:

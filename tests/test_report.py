@@ -343,3 +343,26 @@ def test_unreadable_json_is_an_error(tree, capsys):
     assert main(["report", "--runs", str(tree / "runs"), "--bench", str(tree / "bench"), "--out",
                  str(tree / "r")]) == 2
     assert "samplers-broken.json: not readable JSON" in capsys.readouterr().err
+
+
+def test_a_recommendation_slower_than_the_target_alone_says_so(tmp_path):
+    """The toy speech pair on a CPU: its best setting still loses to decoding without a draft; the report says so
+    instead of presenting 0.87x as a choice like any other."""
+    runs = tmp_path / "runs"
+    ar = str(write(runs / "asr-ar.json", result(task="librispeech", gamma=0, speedup=None, score=0.0,
+                                                  temperature=0.0)))
+    for name, sampler, speedup in (("a", "greedy", 0.87), ("b", "exact", 0.56)):
+        r = result(task="librispeech", sampler=sampler, speedup=speedup, score=0.0, temperature=0.0, baseline=ar)
+        r["metrics"].update(speedup_ci_low=speedup - 0.1, speedup_ci_high=speedup + 0.05)
+        write(runs / f"asr-{name}.json", r)
+    ok = result(speedup=1.5, score=0.4)
+    ok["metrics"].update(speedup_ci_low=0.9, speedup_ci_high=1.8)   # interval reaching above 1: no note
+    write(runs / "text-ok.json", ok)
+    rec = recommend(load_runs(runs), 0.01).set_index(["task", "choice"])
+    fast = rec.loc[("librispeech", "fastest within 1.0% quality loss")]
+    assert fast["run"] == "asr-a" and fast["note"].startswith("slower than the target alone (speedup 0.87x")
+    assert rec.loc[("cnn_dailymail", "best lossless (exact, or greedy at T = 0)"), "note"] == ""
+    out = tmp_path / "reports"
+    assert main(["report", "--runs", str(runs), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text().split("## Recommendation")[1]
+    assert "(`asr-a`): slower than the target alone" in md and "(`text-ok`)" not in md
