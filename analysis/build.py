@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
-from pipeline.tune import QUALITY
+from pipeline.objectives import QUALITY
 
 from . import figures
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown

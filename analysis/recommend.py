@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.tune import QUALITY, quality_ratio
+from pipeline.objectives import QUALITY, quality_ratio
 
 GROUP = ("task", "target", "draft")
 CANDIDATE_KINDS = ("run", "trial")

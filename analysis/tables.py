@@ -1,7 +1,7 @@
 """Every results file the pipeline writes, in one tidy pandas table (one row per run, trial or timing).
 
 ``kind`` says what a row is:
-  run        a results/runs JSON with γ > 0                       (pipeline.report.result_row)
+  run        a results/runs JSON with γ > 0                       (pipeline.results_table.result_row)
   baseline   an AR (γ = 0) results JSON: results/runs, or a study's own baseline-<dtype>.json
   trial      an Optuna trial: its results JSON when the file is there, else the values the study stored
   latency    one timing row of a verify-step benchmark: ``specsweep bench kernels`` (kernels/results/*.json,
@@ -21,14 +21,14 @@ import os
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
-from pipeline.report import device_label, read_results, result_row
+from pipeline.results_table import device_label, read_results, result_row
 
 LATENCY_COLUMNS = ("benchmark", "impl", "B", "V", "median_s", "floor_s")
 
 
 def load_all(runs_table, tune: str | os.PathLike | None = None, kernels: str | os.PathLike | None = None,
              bench: str | os.PathLike | None = None):
-    """The runs table (from :func:`pipeline.report.load_runs`) plus trials and benchmark timings, one table.
+    """The runs table (from :func:`pipeline.results_table.load_runs`) plus trials and benchmark timings, one table.
 
     Missing folders are fine (nothing to add); a folder that exists but holds unreadable JSON is an error."""
     import pandas as pd
@@ -104,7 +104,7 @@ def _trials_from_db(db: Path, study_name: str | None) -> list[dict] | None:
 def _fill_from_siblings(rows: list[dict]) -> None:
     """A trial known only from the study (no results file) takes task, pair and device from a sibling trial that
     has one, and its raw quality score (ROUGE-L, or WER = -quality) from its stored objective."""
-    from pipeline.tune import QUALITY
+    from pipeline.objectives import QUALITY
 
     full = next((r for r in rows if r.get("task") is not None), None)
     for r in rows:

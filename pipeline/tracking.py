@@ -81,7 +81,7 @@ def wandb_run(*, mode: str | None, project: str, group: str | None, job_type: st
 
 def run_summary(result: dict) -> dict:
     """The numbers of a results dict, flat: every metric, every numeric quality score, and the trade-off."""
-    from pipeline.tune import tradeoff
+    from pipeline.objectives import tradeoff
 
     summary = {k: v for k, v in result["metrics"].items() if isinstance(v, (int, float)) and v is not None}
     summary.update({k: v for k, v in result.get("quality", {}).items() if isinstance(v, (int, float))})

@@ -47,56 +47,10 @@ import yaml
 from pipeline.config import DTYPES, RunConfig
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
+from pipeline.objectives import QUALITY, quality_value, tradeoff
 
 OBJECTIVES = ("speedup", "quality")
 TUNABLE_SAMPLERS = ("exact", "sigmoid")
-QUALITY = {"cnn_dailymail": ("rougeL", 1.0), "librispeech": ("wer", -1.0)}  # task -> (score key, sign)
-
-
-# ---------------------------------------------------------------------------------------------- objectives
-
-def quality_value(task: str, quality: dict) -> float | None:
-    """The quality objective of a run (higher is better): ROUGE-L, or -WER; None for a task without one."""
-    if task not in QUALITY:
-        return None
-    key, sign = QUALITY[task]
-    value = quality.get(key)
-    return None if value is None else sign * float(value)
-
-
-def quality_ratio(task: str, quality: dict, baseline_quality: dict) -> float | None:
-    """Quality relative to the AR baseline (exact sampling from the target): ROUGE-L / baseline ROUGE-L, or
-    word accuracy (1 - WER, floored at 0) / the baseline's. 1.0 = as good as the target alone."""
-    if task not in QUALITY:
-        return None
-    key, _ = QUALITY[task]
-    ours, base = quality.get(key), baseline_quality.get(key)
-    if ours is None or base is None:
-        return None
-    if task == "librispeech":
-        ours, base = max(0.0, 1.0 - ours), max(0.0, 1.0 - base)
-    return ours / base if base > 0 else None
-
-
-def tradeoff(result: dict) -> float | None:
-    """The single speed/quality metric the W&B Bayesian sweep maximises: speedup x quality ratio vs the AR
-    baseline (see :func:`quality_ratio`). A task without a quality metric scores its speedup. None without a
-    baseline."""
-    speedup = result.get("metrics", {}).get("speedup")
-    if speedup is None:
-        return None
-    task = result.get("config", {}).get("task")
-    if task not in QUALITY:
-        return float(speedup)
-    baseline_path = result.get("resolved", {}).get("baseline")
-    try:
-        baseline = json.loads(Path(baseline_path).read_text(encoding="utf-8"))
-    except (OSError, TypeError, ValueError):
-        return None
-    ratio = quality_ratio(task, result.get("quality", {}), baseline.get("quality", {}))
-    return None if ratio is None else float(speedup) * ratio
-
-
 # ---------------------------------------------------------------------------------------------- search space
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ from pipeline.analysis.recommend import recommend
 from pipeline.analysis.tables import load_all
 from pipeline.analysis.theory import expected_tokens_iid, expected_tokens_positions
 from pipeline.cli import main
-from pipeline.report import CONFIG_COLUMNS, METRIC_COLUMNS, load_runs
+from pipeline.results_table import CONFIG_COLUMNS, METRIC_COLUMNS, load_runs
 from pipeline.runner import position_acceptance
 
 PNG = b"\x89PNG\r\n\x1a\n"

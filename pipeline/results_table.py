@@ -1,0 +1,94 @@
+"""The runs table: every results JSON under a folder, one tidy row per run (pandas).
+
+:func:`result_row` turns one results dict into a row (config, metrics, quality, and where the numbers came from);
+:func:`load_runs` reads a folder of them. ``specsweep report`` (pipeline/report.py) writes this table to
+reports/runs.csv and reports/summary.md, and the analysis report (pipeline.analysis, from analysis/) builds on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pipeline.errors import SpecsweepError
+
+# Config columns first (what was run), then the metrics (what it measured), then quality scores.
+CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "dtype", "temperature", "alpha",
+                  "beta", "preset", "engine", "batch_size", "max_new_tokens", "limit", "seed", "device")
+METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",
+                  "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
+                  "theoretical_speedup", "predicted_speedup", "cost_ratio", "wall_time_s", "new_tokens",
+                  "peak_memory_mb")
+# Per-step detail, kept as JSON text so the table stays flat (and survives CSV).
+LIST_COLUMNS = ("accepted_histogram", "position_acceptance")
+
+
+def read_results(path: str | os.PathLike) -> dict | None:
+    """A specsweep results dict from ``path``; None for another kind of JSON. Unreadable JSON is an error."""
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SpecsweepError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
+    if not isinstance(result, dict) or result.get("specsweep_results") != 1:
+        return None
+    return result
+
+
+def device_label(device: dict | None, fallback: str | None = None) -> str:
+    """A short human name for a provenance device record: the GPU's name, else ``CPU (arch, N threads)``."""
+    device = device or {}
+    if device.get("gpu"):
+        return str(device["gpu"])
+    name = str(device.get("device") or fallback or "unknown")
+    if name.startswith("cuda"):
+        return name
+    threads = device.get("cpu_threads")
+    detail = ", ".join(x for x in (device.get("cpu"), f"{threads} threads" if threads else None) if x)
+    return f"CPU ({detail})" if detail else "CPU"
+
+
+def result_row(result: dict, source: str | os.PathLike, name: str | None = None) -> dict:
+    """One tidy row for a results dict: config, resolved device, metrics, quality, provenance."""
+    from pipeline.objectives import quality_value, tradeoff
+
+    cfg, metrics, quality = result["config"], result["metrics"], result.get("quality", {})
+    prov = result.get("provenance", {})
+    row = {"run": name or Path(source).stem}
+    row.update({k: cfg.get(k) for k in CONFIG_COLUMNS})
+    row["resolved_device"] = result.get("resolved", {}).get("device")
+    row.update({k: metrics.get(k) for k in METRIC_COLUMNS})
+    row.update({k: v for k, v in quality.items() if isinstance(v, (int, float))})
+    row["quality"] = quality_value(cfg.get("task"), quality)
+    row["tradeoff"] = tradeoff(result)
+    row["samples"] = len(result.get("samples", [])) or result.get("resolved", {}).get("samples")
+    row["kind"] = "baseline" if cfg.get("gamma") == 0 else "run"
+    row.update({k: json.dumps(metrics.get(k)) if metrics.get(k) is not None else None for k in LIST_COLUMNS})
+    # a speed measurement not to trust (pipeline/measure.py): why, and how busy the machine was
+    measurement = result.get("measurement") or {}
+    row["flagged"] = bool(metrics.get("flagged", False))
+    row["flag_reasons"] = "; ".join(measurement.get("flags") or []) or None
+    row["others_busy_cores"] = (measurement.get("load") or {}).get("others_busy_cores")
+    row["baseline"] = result.get("resolved", {}).get("baseline")
+    row["source"] = str(source)
+    row["date"] = prov.get("date")
+    row["host"] = prov.get("host")
+    row["device_name"] = device_label(prov.get("device"), row["resolved_device"])
+    row["cpu_only"] = not str(row["resolved_device"] or cfg.get("device") or "").startswith("cuda")
+    return row
+
+
+def load_runs(folder: str | os.PathLike):
+    """A DataFrame with one row per ``*.json`` specsweep results file in ``folder`` (sorted by file name)."""
+    import pandas as pd
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SpecsweepError(f"--runs {folder} is not a folder: run `dvc repro` or `specsweep run --out` first")
+    rows = []
+    for path in sorted(folder.glob("*.json")):
+        result = read_results(path)
+        if result is not None:  # else another kind of JSON in the folder
+            rows.append(result_row(result, path))
+    return pd.DataFrame(rows)
