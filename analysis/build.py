@@ -18,13 +18,13 @@ from pathlib import Path
 
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
-from pipeline.objectives import QUALITY
+from pipeline.objectives import QUALITY, expected_tokens_iid, expected_tokens_positions
 
 from . import figures
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
 from .recommend import GROUP, flagged, recommend, to_number, with_loss
-from .theory import expected_tokens_iid, expected_tokens_positions, parse_rates
+from .theory import parse_rates
 
 TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
 DEFAULT_SIGMOID = (1.0, -20.0)     # SigmoidSampler's defaults (pipeline/samplers/torch_ref.py)

@@ -14,10 +14,11 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
 from pipeline.io import atomic_file
+from pipeline.objectives import expected_tokens_iid, expected_tokens_positions
 
 from .pareto import front_order
 from .recommend import flagged
-from .theory import expected_tokens_iid, expected_tokens_positions, parse_rates
+from .theory import parse_rates
 
 STYLE = {"exact": ("tab:blue", "o"), "sigmoid": ("tab:orange", "^"), "greedy": ("tab:green", "s"),
          "hf": ("tab:red", "D"), "flashinfer+softmax": ("tab:purple", "P")}

@@ -1,10 +1,22 @@
-"""What a run is scored by: its quality objective, its quality against the AR baseline, and the single
-speed/quality trade-off. One definition, read by the Optuna study (pipeline/tune.py), W&B logging
-(pipeline/tracking.py), the runs table (pipeline/results_table.py) and the report (analysis/)."""
+"""What a run is scored by, and what theory predicts for it. One definition each, read by the runner
+(pipeline/runner.py), the Optuna study (pipeline/tune.py), W&B logging (pipeline/tracking.py), the runs table
+(pipeline/results_table.py) and the report (analysis/):
+
+- quality: the quality objective (ROUGE-L, or -WER), its ratio to the AR baseline's, and the speed/quality
+  ``tradeoff``;
+- acceptance: the i.i.d. per-token acceptance α (Leviathan et al. 2023) from a histogram of accepted counts,
+  and the per-position acceptance rates;
+- theory: expected tokens per verify step (the corrected or bonus token included). With draft position i
+  accepted at rate r_i once reached (P(accepted > i | accepted >= i)), a step with γ drafts emits
+  1 + Σ_{k=1..γ} Π_{i<k} r_i tokens on average; with one rate a for every position (i.i.d.) that is
+  (1 - a^(γ+1)) / (1 - a); the theoretical speedup divides it by γc + 1 for a draft/target cost ratio c.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 QUALITY = {"cnn_dailymail": ("rougeL", 1.0), "librispeech": ("wer", -1.0)}  # task -> (score key, sign)
@@ -36,17 +48,74 @@ def quality_ratio(task: str, quality: dict, baseline_quality: dict) -> float | N
 def tradeoff(result: dict) -> float | None:
     """The single speed/quality metric the W&B Bayesian sweep maximises: speedup x quality ratio vs the AR
     baseline (see :func:`quality_ratio`). A task without a quality metric scores its speedup. None without a
-    baseline."""
+    baseline. The baseline's quality is the one the run recorded (``resolved.baseline_quality``) when it read its
+    ``--baseline``; results written before it recorded one fall back to reading the baseline file."""
     speedup = result.get("metrics", {}).get("speedup")
     if speedup is None:
         return None
     task = result.get("config", {}).get("task")
     if task not in QUALITY:
         return float(speedup)
-    baseline_path = result.get("resolved", {}).get("baseline")
-    try:
-        baseline = json.loads(Path(baseline_path).read_text(encoding="utf-8"))
-    except (OSError, TypeError, ValueError):
-        return None
-    ratio = quality_ratio(task, result.get("quality", {}), baseline.get("quality", {}))
+    resolved = result.get("resolved", {})
+    baseline_quality = resolved.get("baseline_quality")
+    if baseline_quality is None:
+        try:
+            baseline_quality = json.loads(Path(resolved.get("baseline")).read_text(encoding="utf-8")).get("quality")
+        except (OSError, TypeError, ValueError):
+            return None
+    ratio = quality_ratio(task, result.get("quality", {}), baseline_quality or {})
     return None if ratio is None else float(speedup) * ratio
+
+
+# ---------------------------------------------------------------------------------------------- acceptance and theory
+
+def expected_tokens_iid(a: float, gamma: int) -> float:
+    """(1 - a^(γ+1)) / (1 - a): tokens per step when every draft token is accepted with probability a."""
+    if not 0.0 <= a <= 1.0 or gamma < 0:
+        raise ValueError(f"need 0 <= a <= 1 and γ >= 0; got a={a}, γ={gamma}")
+    return float(gamma + 1) if a == 1.0 else (1.0 - a ** (gamma + 1)) / (1.0 - a)
+
+
+def expected_tokens_positions(rates: Sequence[float | None], gamma: int) -> float | None:
+    """Tokens per step for γ <= len(rates) drafts from per-position rates; None if a needed rate is unknown."""
+    if gamma > len(rates):
+        return None
+    total, reach = 1.0, 1.0
+    for r in rates[:gamma]:
+        if r is None or not math.isfinite(r):
+            return None
+        reach *= r
+        total += reach
+    return total
+
+
+def theoretical_speedup(acceptance: float | None, gamma: int, cost_ratio: float | None) -> float | None:
+    """Expected speedup over autoregressive decoding for i.i.d. acceptance ``acceptance`` (Leviathan et al.)."""
+    if gamma == 0:
+        return 1.0
+    if acceptance is None or cost_ratio is None:
+        return None
+    return expected_tokens_iid(min(max(acceptance, 0.0), 1.0), gamma) / (gamma * cost_ratio + 1)
+
+
+def iid_alpha(histogram: list[int] | None) -> float | None:
+    """Per-token acceptance probability α of Leviathan et al.'s i.i.d. model, estimated by maximum likelihood
+    from the histogram of accepted counts of full-γ steps: each step gives k accepted tokens and, if k < γ, one
+    rejection, so α = accepted / (accepted + rejections). (accepted / drafted is not α: it undercounts, since
+    positions after a rejection are never tried.)"""
+    if not histogram:
+        return None
+    accepted = sum(k * n for k, n in enumerate(histogram))
+    rejections = sum(histogram[:-1])
+    return accepted / (accepted + rejections) if accepted + rejections else None
+
+
+def position_acceptance(histogram: list[int] | None) -> list[float | None] | None:
+    """[γ+1] counts of steps accepting k tokens -> [γ] rates P(accepted > i | accepted >= i) (None: never reached)."""
+    if not histogram:
+        return None
+    rates = []
+    for i in range(len(histogram) - 1):
+        reached = sum(histogram[i:])
+        rates.append(sum(histogram[i + 1:]) / reached if reached else None)
+    return rates

@@ -38,44 +38,11 @@ from pipeline.config import RunConfig
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
+from pipeline.objectives import iid_alpha, position_acceptance, theoretical_speedup
 
 # Settings that must match between a run and the AR baseline its speedup is measured against.
 BASELINE_KEYS = ("target", "task", "data", "dtype", "max_new_tokens", "max_prompt_tokens", "limit", "seed",
                  "temperature", "batch_size", "ignore_eos", "chat_template")
-
-
-def theoretical_speedup(acceptance: float | None, gamma: int, cost_ratio: float | None) -> float | None:
-    """Expected speedup over autoregressive decoding for i.i.d. acceptance ``acceptance`` (Leviathan et al.)."""
-    if gamma == 0:
-        return 1.0
-    if acceptance is None or cost_ratio is None:
-        return None
-    a = min(max(acceptance, 0.0), 1.0)
-    tokens_per_step = gamma + 1 if a == 1.0 else (1 - a ** (gamma + 1)) / (1 - a)
-    return tokens_per_step / (gamma * cost_ratio + 1)
-
-
-def iid_alpha(histogram: list[int] | None) -> float | None:
-    """Per-token acceptance probability α of Leviathan et al.'s i.i.d. model, estimated by maximum likelihood
-    from the histogram of accepted counts of full-γ steps: each step gives k accepted tokens and, if k < γ, one
-    rejection, so α = accepted / (accepted + rejections). (accepted / drafted is not α: it undercounts, since
-    positions after a rejection are never tried.)"""
-    if not histogram:
-        return None
-    accepted = sum(k * n for k, n in enumerate(histogram))
-    rejections = sum(histogram[:-1])
-    return accepted / (accepted + rejections) if accepted + rejections else None
-
-
-def position_acceptance(histogram: list[int] | None) -> list[float | None] | None:
-    """[γ+1] counts of steps accepting k tokens -> [γ] rates P(accepted > i | accepted >= i) (None: never reached)."""
-    if not histogram:
-        return None
-    rates = []
-    for i in range(len(histogram) - 1):
-        reached = sum(histogram[i:])
-        rates.append(sum(histogram[i + 1:]) / reached if reached else None)
-    return rates
 
 
 def _load_baseline(path: str, config: RunConfig, device: str) -> dict:
@@ -93,7 +60,7 @@ def _load_baseline(path: str, config: RunConfig, device: str) -> dict:
     if differ:
         raise SpecsweepError(f"--baseline {path} differs from this run in {differ}: the AR baseline must use the "
                              "same settings")
-    return {"path": path, "tokens_per_second": tps}
+    return {"path": path, "tokens_per_second": tps, "quality": baseline.get("quality")}
 
 
 def _build_sampler(config: RunConfig):
@@ -265,6 +232,7 @@ def _run(config: RunConfig, threads: dict, progress: bool) -> dict:
     for s, q in zip(samples, per_sample):
         s["quality"] = q
     resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
+                "baseline_quality": baseline["quality"] if baseline else None,
                 "forward": _forwards(engine),
                 ("audio_truncated" if task.speech else "prompts_truncated"): truncated}
     results = {

@@ -316,7 +316,7 @@ def test_refuses_different_tokenizers_and_overlong_requests(pair):
 
 
 def test_accepted_histogram_and_position_acceptance(pair):
-    from pipeline.runner import position_acceptance
+    from pipeline.objectives import position_acceptance
 
     target, draft, tok, dev = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
@@ -333,7 +333,7 @@ def test_accepted_histogram_and_position_acceptance(pair):
 def test_iid_alpha_recovers_the_per_token_rate_that_accepted_over_drafted_does_not():
     """For an i.i.d. per-token acceptance α, a full-γ step accepts k < γ tokens with probability α^k (1 - α) and
     all γ with probability α^γ. The estimator must return α from those (scaled) counts; accepted/drafted is lower."""
-    from pipeline.runner import iid_alpha, theoretical_speedup
+    from pipeline.objectives import iid_alpha, theoretical_speedup
 
     for alpha, gamma in ((0.7, 4), (0.3, 6), (0.95, 8)):
         hist = [round(1e6 * alpha**k * (1 - alpha)) for k in range(gamma)] + [round(1e6 * alpha**gamma)]

@@ -13,10 +13,9 @@ import pytest
 from pipeline.analysis.pareto import pareto_mask
 from pipeline.analysis.recommend import recommend
 from pipeline.analysis.tables import load_all
-from pipeline.analysis.theory import expected_tokens_iid, expected_tokens_positions
 from pipeline.cli import main
+from pipeline.objectives import expected_tokens_iid, expected_tokens_positions, position_acceptance
 from pipeline.results_table import CONFIG_COLUMNS, METRIC_COLUMNS, load_runs
-from pipeline.runner import position_acceptance
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
