@@ -387,8 +387,8 @@ class SpeculativeEngine:
         self.device = torch.device(device)
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.int64, device=self.device)
         self.pad = pad_token_id
-        # The draft proposes what the verify step expects: argmax for greedy verification.
-        self.draft_temperature = 0.0 if sampler.name == "greedy" else sampler.temperature
+        # The draft proposes at the temperature the verify rule assumes (its argmax for greedy verification).
+        self.draft_temperature = sampler.draft_temperature
         self.v_draft = draft.get_output_embeddings().weight.shape[0] if draft is not None else None
         # The target may emit ids the draft cannot embed (rows of a padded target vocabulary). They reach the
         # draft as the pad id: that only changes what the draft proposes (acceptance), never the output

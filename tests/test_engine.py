@@ -107,6 +107,13 @@ def test_sliding_window_models_keep_hfs_own_masks():
     assert 0 < res.row_stats[0]["accepted"] < res.row_stats[0]["drafted"]  # rollbacks happened
 
 
+def test_the_engine_drafts_at_the_temperature_its_verify_rule_asks_for(pair):
+    target, draft, _, dev = pair
+    for name, temperature, expected in (("greedy", 1.0, 0.0), ("exact", 0.7, 0.7), ("sigmoid", 0.0, 0.0)):
+        engine = SpeculativeEngine(target, draft, get_sampler(name, temperature=temperature), 2, dev, [EOS], 0)
+        assert engine.draft_temperature == expected, name
+
+
 def test_sampler_sees_fresh_forward_distributions_at_every_step(pair):
     """Both caches, after every rollback: at each step of sampled decoding (T = 1, so rejections at varied
     positions), the draft logits [1, γ, V_d] and target logits [1, γ+1, V_t] handed to the sampler equal

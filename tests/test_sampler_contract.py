@@ -319,3 +319,13 @@ def test_hf_sampler_passes_not_done_to_releases_that_take_is_done_candidate(monk
     dt, dl, tl = random_inputs(B=1, gamma=3)
     res = get_sampler("hf")(dt, dl, tl, generator=torch.Generator().manual_seed(0))
     assert seen == [False] and int(res.accepted[0]) == 0 and int(res.tokens[0, 0]) == int(tl[0, 0].argmax())
+
+
+@pytest.mark.parametrize("name,temperature,draft_t,argmax", [
+    ("exact", 0.7, 0.7, False), ("exact", 0.0, 0.0, True), ("sigmoid", 1.0, 1.0, False), ("hf", 1.0, 1.0, False),
+    ("greedy", 1.0, 0.0, True), ("greedy", 0.0, 0.0, True)])
+def test_each_rule_says_what_its_draft_should_propose_at(name, temperature, draft_t, argmax):
+    """The engine drafts at ``sampler.draft_temperature`` (no branch on the rule's name): greedy verification
+    accepts only the target's argmax, so its draft proposes argmax whatever the run's temperature."""
+    sampler = get_sampler(name, backend="torch", temperature=temperature)
+    assert sampler.draft_temperature == draft_t and sampler.verifies_by_argmax is argmax

@@ -47,6 +47,7 @@ class GraphedVerify:
         self.sampler = sampler
         self.name, self.backend = sampler.name, sampler.backend
         self.temperature = sampler.temperature
+        self.draft_temperature = sampler.draft_temperature
         self._graphs: dict[tuple, _Captured] = {}
 
     @property
@@ -59,7 +60,7 @@ class GraphedVerify:
         return len(self._graphs)
 
     def _greedy(self) -> bool:
-        return self.name == "greedy" or self.temperature == 0.0
+        return self.sampler.verifies_by_argmax
 
     def _step(self, draft_tokens, draft_logits, target_logits, u) -> SamplerResult:
         from pipeline.samplers import cupy_backend as kernels

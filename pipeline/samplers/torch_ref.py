@@ -52,6 +52,17 @@ class Sampler:
     def params(self) -> dict:
         return {"temperature": self.temperature}
 
+    @property
+    def draft_temperature(self) -> float:
+        """The temperature the draft should propose at: the one this rule's acceptance is computed for (0 means
+        the draft proposes its argmax)."""
+        return self.temperature
+
+    @property
+    def verifies_by_argmax(self) -> bool:
+        """True when this rule accepts a draft token iff it is the target's argmax (temperature 0, or greedy)."""
+        return self.temperature == 0.0
+
     def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor,
                  generator: torch.Generator | None = None) -> SamplerResult:
         validate_inputs(draft_tokens, draft_logits, target_logits)
@@ -272,6 +283,15 @@ class GreedySampler(Sampler):
 
     def __init__(self, temperature: float = 0.0) -> None:
         super().__init__(temperature)
+
+    @property
+    def draft_temperature(self) -> float:
+        """Greedy verification accepts only the target's argmax, so the draft proposes its own argmax."""
+        return 0.0
+
+    @property
+    def verifies_by_argmax(self) -> bool:
+        return True
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator):
         return greedy_verify(draft_tokens, draft_logits, target_logits)
