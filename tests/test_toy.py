@@ -157,26 +157,28 @@ def test_whisper_tokenizer_has_one_token_per_word_and_whisper_specials():
 
 # -------------------------------------------------------------------------------------------------- training
 
-def test_text_training_steps_decrease_the_loss():
+def _trained_text_model(n_examples: int, spec):
+    """A toy text model of shape ``spec`` trained on ``n_examples`` generated examples: (model, training log,
+    encoded data, tokenizer)."""
     rng = random.Random(0)
-    records = [text_data.make_example(rng, f"x{i}") for i in range(32)]
+    records = [text_data.make_example(rng, f"x{i}") for i in range(n_examples)]
     tok = text_tokenizer(text_data.vocabulary())
-    spec = train_text.TextModelSpec(n_layer=1, n_embd=32, n_head=2, steps=25, batch_size=8, lr=3e-3)
     model = train_text.build_model(spec, tok, seed=0)
-    log = train_text.train(model, train_text.encode(tok, records), spec, tok.pad_token_id, seed=0, desc="t",
-                           progress=False)
+    data = train_text.encode(tok, records)
+    log = train_text.train(model, data, spec, tok.pad_token_id, seed=0, desc="t", progress=False)
+    return model, log, data, tok
+
+
+def test_text_training_steps_decrease_the_loss():
+    spec = train_text.TextModelSpec(n_layer=1, n_embd=32, n_head=2, steps=25, batch_size=8, lr=3e-3)
+    _, log, _, _ = _trained_text_model(32, spec)
     assert len(log["losses"]) == 25
     assert log["final_loss"] < 0.8 * log["first_loss"]
 
 
 def test_growing_a_model_deeper_keeps_its_outputs_and_the_new_blocks_then_train():
-    rng = random.Random(0)
-    records = [text_data.make_example(rng, f"x{i}") for i in range(16)]
-    tok = text_tokenizer(text_data.vocabulary())
     spec = train_text.TextModelSpec(n_layer=2, n_embd=32, n_head=2, steps=10, batch_size=8, lr=3e-3)
-    shallow = train_text.build_model(spec, tok, seed=0)
-    data = train_text.encode(tok, records)
-    train_text.train(shallow, data, spec, tok.pad_token_id, seed=0, desc="t", progress=False)
+    shallow, _, data, tok = _trained_text_model(16, spec)
     grown = train_text.grow_deeper(shallow, 5).eval()
     assert grown.config.n_layer == 5 and shallow.config.n_layer == 2
     ids = torch.tensor([data[0][0]])
@@ -201,9 +203,9 @@ def test_quick_text_pair_reloads_and_runs_through_specsweep_run(toy_data, tmp_pa
     assert 0 < record["cost"]["flop_ratio"] < 1 and record["cost"]["time_ratio"] > 0
     assert len(record["models"]["target"]["training"]["losses"]) == train_text.QUICK_TARGET.steps
     growth = record["target_growth"]
-    assert record["models"]["target"]["n_layer"] == train_text.QUICK_TARGET_GROWTH.n_layer
+    assert record["models"]["target"]["n_layer"] == train_text.QUICK_TARGET_GROWN.n_layer
     assert growth["max_abs_logit_change_at_growth"] < 1e-5
-    assert len(growth["fine_tune"]["losses"]) == train_text.QUICK_TARGET_GROWTH.steps
+    assert len(growth["fine_tune"]["losses"]) == train_text.QUICK_TARGET_GROWN.steps
     out = tmp_path / "run.json"
     assert main(["run", "--task", "cnn_dailymail", "--target", str(models / "text" / "target"), "--draft",
                  str(models / "text" / "draft"), "--data", str(toy_data / "text" / "test.jsonl"), "--gamma", "2",

@@ -9,9 +9,10 @@ The target is trained shallow (2 layers, which learn this task quickly) and then
 function-preserving expansion (:func:`grow_deeper`: the new blocks' output projections start at zero, so the grown
 model computes exactly what the shallow one did, as in Net2Net's "deeper" operator) and fine-tuned briefly as a
 12-layer model. Why: on a CPU at these sizes a forward costs about the same per layer whatever its width, so the
-draft/target cost ratio follows depth; a 12-layer target costs about 10x the 2-layer draft per token, as a large
-target costs against a small draft on a GPU, where a 2-layer target cost 0.8x (speculative decoding could not pay).
-Training 12 layers from scratch does not fit the pipeline's time budget on 2 cores (README, "The toy pairs").
+draft/target cost ratio follows depth: the 12-layer target costs 7-10x the 2-layer draft per token (cost ratio
+0.10-0.15 in the runs), as a large target costs against a small draft on a GPU, where the 2-layer target cost
+1.3-2x (speculative decoding could not pay). Training 12 layers from scratch does not fit the pipeline's time
+budget on 2 cores (README, "The toy text pair").
 
 Both models share one word-level tokenizer (:func:`pipeline.toy.vocab.text_tokenizer`) and are saved with
 ``save_pretrained`` (model, generation config with ``<eos>``, tokenizer) so that
@@ -55,23 +56,11 @@ class TextModelSpec:
 TARGET = TextModelSpec(n_layer=2, n_embd=128, n_head=4, steps=1200, batch_size=16, lr=2e-3)
 DRAFT = TextModelSpec(n_layer=2, n_embd=32, n_head=2, steps=1850, batch_size=16, lr=3e-3)
 QUICK_TARGET = TextModelSpec(n_layer=2, n_embd=32, n_head=2, steps=4, batch_size=4, lr=1e-3)
-
-
-@dataclass(frozen=True)
-class GrowthSpec:
-    """Grow a trained model to ``n_layer`` layers (:func:`grow_deeper`), then fine-tune it for ``steps``."""
-
-    n_layer: int
-    steps: int
-    batch_size: int
-    lr: float
-
-
-# The target after its shallow training: 12 layers, fine-tuned at a low rate so the new blocks learn without
-# undoing what the first two know.
-TARGET_GROWTH = GrowthSpec(n_layer=12, steps=40, batch_size=16, lr=3e-4)
-QUICK_TARGET_GROWTH = GrowthSpec(n_layer=3, steps=2, batch_size=4, lr=1e-4)
 QUICK_DRAFT = TextModelSpec(n_layer=1, n_embd=16, n_head=2, steps=4, batch_size=4, lr=1e-3)
+# The target once grown (:func:`grow_deeper`; same width and heads as TARGET) and its fine-tune schedule: a low
+# rate, so the new blocks learn without undoing what the first two know.
+TARGET_GROWN = TextModelSpec(n_layer=12, n_embd=128, n_head=4, steps=40, batch_size=16, lr=3e-4)
+QUICK_TARGET_GROWN = TextModelSpec(n_layer=3, n_embd=32, n_head=2, steps=2, batch_size=4, lr=1e-4)
 N_POSITIONS = 256
 
 
@@ -221,18 +210,19 @@ def run(data_dir: Path, out_dir: Path, seed: int = 0, quick: bool = False, progr
     tokenizer = text_tokenizer(text_data.vocabulary())
     data = encode(tokenizer, records)
     unknown = sum(ids.count(tokenizer.unk_token_id) for ids, _ in data)
-    target_spec, draft_spec = (QUICK_TARGET, QUICK_DRAFT) if quick else (TARGET, DRAFT)
-    growth = QUICK_TARGET_GROWTH if quick else TARGET_GROWTH
+    target_spec, draft_spec, grown_spec = ((QUICK_TARGET, QUICK_DRAFT, QUICK_TARGET_GROWN) if quick
+                                           else (TARGET, DRAFT, TARGET_GROWN))
     t0 = time.perf_counter()
     shallow = build_model(target_spec, tokenizer, seed)
     draft = build_model(draft_spec, tokenizer, seed + 1)
     target_log = train(shallow, data, target_spec, tokenizer.pad_token_id, seed, "train text target", progress)
-    target = grow_deeper(shallow, growth.n_layer)
+    if (grown_spec.n_embd, grown_spec.n_head) != (target_spec.n_embd, target_spec.n_head):
+        raise ValueError(f"the grown target's width and heads must be the trained one's: {grown_spec} against "
+                         f"{target_spec}")
+    target = grow_deeper(shallow, grown_spec.n_layer)
     growth_log = _grow_check(shallow, target, data)
-    fine_tune = TextModelSpec(n_layer=growth.n_layer, n_embd=target_spec.n_embd, n_head=target_spec.n_head,
-                              steps=growth.steps, batch_size=growth.batch_size, lr=growth.lr)
-    growth_log["fine_tune"] = train(target, data, fine_tune, tokenizer.pad_token_id, seed + 2,
-                                    f"fine-tune text target at {growth.n_layer} layers", progress)
+    growth_log["fine_tune"] = train(target, data, grown_spec, tokenizer.pad_token_id, seed + 2,
+                                    f"fine-tune text target at {grown_spec.n_layer} layers", progress)
     draft_log = train(draft, data, draft_spec, tokenizer.pad_token_id, seed + 1, "train text draft", progress)
     train_seconds = time.perf_counter() - t0
     root = Path(out_dir) / "text"
@@ -256,7 +246,7 @@ def run(data_dir: Path, out_dir: Path, seed: int = 0, quick: bool = False, progr
             for name, m, spec, log in (("target", target, target_spec, target_log),
                                        ("draft", draft, draft_spec, draft_log))
         },
-        "target_growth": {"spec": asdict(growth), **growth_log},
+        "target_growth": {"spec": asdict(grown_spec), **growth_log},
         "cost": cost,
     }
     write_json_atomic(root / "training.json", record)
