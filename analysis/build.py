@@ -19,6 +19,8 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
 from pipeline.objectives import QUALITY, expected_tokens_iid, expected_tokens_positions
+from pipeline.rules import RULES, param_names
+from pipeline.tasks import TASK_NAMES, quality_metric
 
 from . import figures
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
@@ -27,9 +29,7 @@ from .recommend import GROUP, flagged, recommend, to_number, with_loss
 from .theory import parse_rates
 
 TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
-DEFAULT_SIGMOID = (1.0, -20.0)     # SigmoidSampler's defaults (pipeline/samplers/torch_ref.py)
-PAPER_PRESET = (1.0 / 2e4, 0.5)    # --preset paper: sigmoid((z + 1e4) / 2e4)
-METRIC_NAME = {"rougeL": "ROUGE-L", "wer": "WER"}
+METRIC_NAME = {m.key: m.display for m in map(quality_metric, TASK_NAMES) if m is not None}  # metric key -> name
 
 
 def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.01) -> dict[str, Path]:
@@ -40,7 +40,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
                              f"got {max_quality_loss}")
     out_dir = Path(out_dir)
     fig_dir = out_dir / "figures"
-    table = add_effective_sigmoid(table)
+    table = add_effective_params(table)
     written: dict[str, Path] = {"results.csv": write_text_atomic(out_dir / "results.csv", table.to_csv(index=False))}
     blocks = _header(table, max_quality_loss)
     blocks += _recommendations(table, max_quality_loss)
@@ -58,24 +58,24 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     return written
 
 
-def add_effective_sigmoid(table):
-    """``alpha_eff``/``beta_eff``: the sigmoid parameters a run actually used (defaults and preset resolved)."""
+def add_effective_params(table):
+    """``<param>_eff`` (e.g. ``alpha_eff``, ``beta_eff``): the rule parameters a run actually used, its own or
+    else its preset's or the rule's defaults (pipeline/rules.py); None where the run's rule has no such one."""
     table = table.copy()
-    for col in ("sampler", "alpha", "beta", "preset", "kind"):
+    for col in ("sampler", "preset", "kind", *param_names()):
         if col not in table.columns:
             table[col] = None
-    alphas, betas = [], []
-    for s, a, b, p in zip(table["sampler"], table["alpha"], table["beta"], table["preset"]):
-        if s != "sigmoid":
-            alphas.append(None)
-            betas.append(None)
-            continue
-        base = PAPER_PRESET if p == "paper" else DEFAULT_SIGMOID
-        alphas.append(float(a) if to_number(a) is not None else base[0])
-        betas.append(float(b) if to_number(b) is not None else base[1])
-    table["alpha_eff"] = alphas
-    table["beta_eff"] = betas
+    for name in param_names():
+        table[f"{name}_eff"] = [_effective(row, name) for _, row in table.iterrows()]
     return table
+
+
+def _effective(row, name: str):
+    rule = RULES.get(row["sampler"])
+    if rule is None or name not in rule.param_names:
+        return None
+    preset = row["preset"] if isinstance(row["preset"], str) else None
+    return rule.effective({k: to_number(row[k]) for k in rule.param_names}, preset)[name]
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -113,20 +113,17 @@ def _recommendations(table, max_quality_loss: float) -> list:
     rec = recommend(table, max_quality_loss)
     if rec.empty:
         return [*blocks, Para("No run or trial with a measured speedup: nothing to recommend yet.")]
-    cols = ["task", "target", "draft", "choice", "sampler", "backend", "gamma", "alpha", "beta", "dtype", "speedup",
+    cols = ["task", "target", "draft", "choice", "sampler", "backend", "gamma", *param_names(), "dtype", "speedup",
             "quality", "quality loss", "device", "date", "source"]
     rows = []
     for _, r in rec.iterrows():
         if r.get("run") is None or (isinstance(r.get("run"), float) and math.isnan(r["run"])):
-            rows.append([r["task"], r["target"], r["draft"], r["choice"], f"none ({r['note']})"] + [None] * 11)
+            rows.append([r["task"], r["target"], r["draft"], r["choice"], f"none ({r['note']})"]
+                        + [None] * (len(cols) - 5))
             continue
-        sig = r["sampler"] == "sigmoid"
-        alpha = r["alpha"] if sig and to_number(r["alpha"]) is not None else (DEFAULT_SIGMOID[0] if sig else None)
-        beta = r["beta"] if sig and to_number(r["beta"]) is not None else (DEFAULT_SIGMOID[1] if sig else None)
-        if sig and r.get("preset") == "paper":
-            alpha, beta = PAPER_PRESET
         rows.append([r["task"], r["target"], r["draft"], r["choice"], r["sampler"], r["backend"], _int(r["gamma"]),
-                     alpha, beta, r["dtype"], _speedup(r), _raw_quality(r), _pct(r["quality_loss"]),
+                     *(_effective(r, n) for n in param_names()), r["dtype"], _speedup(r), _raw_quality(r),
+                     _pct(r["quality_loss"]),
                      _device(r), r["date"], r["source"]])
     blocks.append(Table(cols, rows))
     for _, r in rec.iterrows():
@@ -189,15 +186,15 @@ def _quality_section(group, losses, task, target, draft, metric, name, slug, fig
     written[path.name] = path
     blocks.append(Figure(f"figures/{path.name}",
                          f"{METRIC_NAME[metric]} against measured speedup (all measured): runs filled, Optuna trials "
-                         "hollow, exact (lossless) points ringed, the Pareto front as a line, the AR reference "
-                         f"dotted and the {max_quality_loss:.1%} loss band shaded. The paper's numbers (note under "
-                         "the plot) are verify-step times and are not drawn on these axes."))
+                         "hollow, lossless points (exact, or greedy at T = 0) ringed, the Pareto front as a line, "
+                         f"the AR reference dotted and the {max_quality_loss:.1%} loss band shaded. The paper's "
+                         "numbers (note under the plot) are verify-step times and are not drawn on these axes."))
     sel = losses[(losses["task"] == task) & (losses["target"] == target) & (losses["draft"] == draft)] \
         if not losses.empty else losses
     sel = sel[sel[metric].notna()] if not sel.empty else sel
     if sel.empty:
         return blocks
-    sign = -1.0 if metric == "wer" else 1.0
+    sign = QUALITY[task][1]
     mask = pareto_mask([float(v) for v in sel["speedup"]], [sign * float(v) for v in sel[metric]])
     front = sel[mask].sort_values("speedup")
     blocks.append(Para(f"Pareto front ({len(front)} of {len(sel)} runs and trials; speedup and quality both "
@@ -250,7 +247,7 @@ def _sigmoid_section(group, metric, name, slug, fig_dir, written) -> list:
     blocks.append(Figure(f"figures/{path.name}",
                          "Each sigmoid run (circles) and Optuna trial (triangles) at its (alpha, beta), coloured by "
                          "quality and by acceptance rate, labelled with γ. Runs without alpha/beta used the defaults "
-                         f"α = {DEFAULT_SIGMOID[0]:g}, β = {DEFAULT_SIGMOID[1]:g}."))
+                         f"α = {RULES['sigmoid'].defaults()['alpha']:g}, β = {RULES['sigmoid'].defaults()['beta']:g}."))
     return blocks
 
 

@@ -17,7 +17,7 @@ from pipeline.io import atomic_file
 from pipeline.objectives import expected_tokens_iid, expected_tokens_positions
 
 from .pareto import front_order
-from .recommend import flagged
+from .recommend import flagged, is_lossless
 from .theory import parse_rates
 
 STYLE = {"exact": ("tab:blue", "o"), "sigmoid": ("tab:orange", "^"), "greedy": ("tab:green", "s"),
@@ -62,10 +62,10 @@ def _cpu_tag(rows) -> str:
 
 def quality_vs_speedup(rows, metric: str, title: str, path, reference: float | None = None,
                        max_quality_loss: float | None = None) -> Path | None:
-    """Quality (``metric``: rougeL or wer) against measured speedup: runs filled, Optuna trials hollow, the exact
-    (lossless) points ringed, speedup intervals as horizontal bars, the Pareto front (speedup and quality both
-    maximised, flagged measurements left out) drawn, flagged measurements as grey crosses, the AR reference and the
-    allowed quality loss shaded."""
+    """Quality (``metric``: rougeL or wer) against measured speedup: runs filled, Optuna trials hollow, lossless
+    points (pipeline/rules.py: exact, or greedy at T = 0) ringed, speedup intervals as horizontal bars, the Pareto
+    front (speedup and quality both maximised, flagged measurements left out) drawn, flagged measurements as grey
+    crosses, the AR reference and the allowed quality loss shaded."""
     measured = rows[rows["kind"].isin(("run", "trial")) & rows["speedup"].notna() & rows[metric].notna()]
     bad = flagged(measured)
     pts, excluded = measured[~bad], measured[bad]
@@ -84,10 +84,11 @@ def quality_vs_speedup(rows, metric: str, title: str, path, reference: float | N
     for sampler, group in pts.groupby("sampler", sort=True):
         for g, kw in _marker_groups(sampler, group, size=46):
             ax.scatter(g["speedup"], g[metric], linewidths=1.3, **kw)
-    exact = pts[pts["sampler"] == "exact"]
-    if not exact.empty:
-        ax.scatter(exact["speedup"], exact[metric], s=150, facecolors="none", edgecolors="black", linewidths=0.8,
-                   label="exact = lossless", zorder=2)
+    temperatures = pts["temperature"] if "temperature" in pts.columns else [None] * len(pts)
+    lossless = pts[[is_lossless(s, t) for s, t in zip(pts["sampler"], temperatures)]]
+    if not lossless.empty:
+        ax.scatter(lossless["speedup"], lossless[metric], s=150, facecolors="none", edgecolors="black",
+                   linewidths=0.8, label="lossless (ringed)", zorder=2)
     xs = [float(v) for v in pts["speedup"]]
     ys = [(-1.0 if lower_better else 1.0) * float(v) for v in pts[metric]]
     order = front_order(xs, ys)

@@ -7,8 +7,9 @@ Quality loss is relative to the reference quality of the same task, model pair a
 
 Runs and trials whose speed measurement is flagged (:func:`flagged`) are never candidates.
 
-Lossless: the exact sampler (it samples the target's distribution exactly), and greedy at temperature 0 (it
-reproduces the target's greedy decoding; at T > 0 greedy is not lossless with respect to sampling).
+Lossless: what the acceptance-rule registry says (pipeline/rules.py): exact and hf at any temperature (they
+sample the target's distribution exactly), greedy at temperature 0 only (it reproduces the target's greedy
+decoding; at T > 0 it is not lossless with respect to sampling).
 """
 
 from __future__ import annotations
@@ -16,14 +17,10 @@ from __future__ import annotations
 import math
 
 from pipeline.objectives import QUALITY, quality_ratio
+from pipeline.rules import is_lossless
 
 GROUP = ("task", "target", "draft")
 CANDIDATE_KINDS = ("run", "trial")
-
-
-def is_lossless(sampler, temperature) -> bool:
-    """Exact at any temperature; greedy only at temperature 0."""
-    return sampler == "exact" or (sampler == "greedy" and to_number(temperature) == 0.0)
 
 
 def reference_quality(table, task, target, draft, dtype) -> tuple[float | None, str]:
@@ -101,7 +98,7 @@ def recommend(table, max_quality_loss: float = 0.01):
         choices = ((f"fastest within {max_quality_loss:.1%} quality loss", within,
                     "no run with a known quality loss this small" if task in QUALITY else "task has no quality "
                     "metric"),
-                   ("best lossless (exact, or greedy at T = 0)", lossless, "no lossless run"))
+                   ("best lossless", lossless, "no lossless run"))
         for label, rows, why in choices:
             base = {"task": task, "target": target, "draft": draft, "choice": label}
             if rows.empty:

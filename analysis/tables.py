@@ -21,7 +21,9 @@ import os
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
-from pipeline.results_table import device_label, read_results, result_row
+from pipeline.result import read_result
+from pipeline.results_table import device_label, result_row
+from pipeline.rules import param_names
 
 LATENCY_COLUMNS = ("benchmark", "impl", "B", "V", "median_s", "floor_s")
 
@@ -71,7 +73,7 @@ def load_trials(tune_dir: str | os.PathLike):
         _fill_from_siblings(study_rows)
         rows += study_rows
         for path in sorted(study_dir.glob("baseline-*.json")):  # a baseline the study measured itself
-            result = read_results(path)
+            result = read_result(path)
             if result is not None:
                 rows.append({**result_row(result, path, f"{name}/{path.stem}"), "study": front.get("study")})
     return pd.DataFrame(rows)
@@ -126,7 +128,7 @@ def _trial_row(trial: dict, front: dict, front_path: Path, study_dir: Path, best
     candidates = [Path(p) for p in (trial.get("results"),) if p]
     candidates.append(study_dir / "trials" / f"{number:05d}.json")
     path = next((p for p in candidates if p.is_file()), None)
-    result = read_results(path) if path is not None and trial["state"] == "COMPLETE" else None
+    result = read_result(path) if path is not None and trial["state"] == "COMPLETE" else None
     name = f"{front.get('study') or study_dir.name}#{number}"
     if result is not None:
         row = result_row(result, path, name)
@@ -134,7 +136,7 @@ def _trial_row(trial: dict, front: dict, front_path: Path, study_dir: Path, best
     else:
         params, values = trial.get("params", {}), trial.get("values", {})
         row = {"run": name, "kind": "trial", "sampler": params.get("sampler"), "gamma": params.get("gamma"),
-               "dtype": params.get("dtype"), "alpha": params.get("alpha"), "beta": params.get("beta"),
+               "dtype": params.get("dtype"), **{k: params.get(k) for k in param_names()},
                "speedup": values.get("speedup"), "quality": values.get("quality"), "source": str(front_path)}
     row.update({"study": front.get("study"), "trial": number, "trial_state": trial["state"],
                 "on_study_front": number in best})

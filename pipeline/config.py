@@ -11,70 +11,98 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
+from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
+from pipeline.tasks import LONG_INPUTS, TASK_NAMES
 
-SAMPLERS = ("exact", "sigmoid", "greedy", "hf")
-BACKENDS = ("torch", "cupy")
-TASKS = ("prompts", "cnn_dailymail", "librispeech")
 ENGINES = ("specsweep", "hf")
 DTYPES = ("float32", "float16", "bfloat16")
 WANDB_MODES = ("online", "offline", "disabled")
 
 
+def setting(default=dataclasses.MISSING, help: str = "", *, choices=None, flag: str | None = None):
+    """A run setting and its CLI flag (``specsweep run`` derives its flags from these fields, so each default
+    and help text exists once). ``flag`` overrides the flag's name (e.g. ``--no-static-cache`` for a setting
+    that is on by default); ``help=""`` means the setting has no flag."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
+
+
 @dataclass
 class RunConfig:
-    """Everything that determines a run's outputs (plus where they go)."""
+    """Everything that determines a run's outputs (plus where they go). Each field's help is its CLI flag's."""
 
-    target: str
-    data: str
-    draft: str | None = None
-    task: str = "prompts"
-    sampler: str = "exact"
-    backend: str = "torch"
-    alpha: float | None = None
-    beta: float | None = None
-    preset: str | None = None
-    gamma: int = 4
-    temperature: float = 1.0
-    dtype: str = "float32"
-    device: str = "auto"
-    batch_size: int = 1
-    max_new_tokens: int = 64
-    max_prompt_tokens: int | None = None
-    chat_template: bool = False
-    limit: int | None = None
-    seed: int = 0
-    engine: str = "specsweep"
-    draft_decoder_only: bool = False
-    ignore_eos: bool = False
-    verify_graphs: bool = False
-    static_cache: bool = True  # the engine's static-cache forward where the model family has one (GPT-2)
-    baseline: str | None = None
-    # Speed measurement (pipeline/paired.py): repeats of the speculative and the γ = 0 loop, interleaved, each on
-    # the first samples_per_repeat samples; torch's intra-op threads (None: half the usable cores, at most 8) and
-    # inter-op threads (the engine runs no inter-op parallel work: 1).
-    repeats: int = 6
-    samples_per_repeat: int = 4
-    max_spread: float = 1.0  # flag a measurement whose interval is wider than this x its median (pipeline/measure.py)
-    max_cpu_wait: float = 0.1  # flag it when its threads waited for a CPU more than this part of their ready time
-    threads: int | None = None
-    interop_threads: int = 1
-    out: str = "results/run.json"
-    tags: dict = field(default_factory=dict)
-    # Tracking (pipeline/tracking.py): where the run is logged, not what it computes. wandb_mode None means
-    # $WANDB_MODE, else "offline" (no account needed; `wandb sync wandb/offline-run-*` uploads later).
-    wandb_mode: str | None = None
-    wandb_project: str = "specsweep"
-    wandb_group: str | None = None
+    target: str = setting(help="target model: hub id or local directory (save_pretrained)")
+    data: str = setting(help="JSONL file, or a folder written by `specsweep fetch`")
+    draft: str | None = setting(None, "draft model sharing the target's tokenizer (needed when --gamma > 0)")
+    task: str = setting("prompts", "prompts: JSONL of {id, prompt}; cnn_dailymail: article + ' Summary:', scored "
+                                   "with ROUGE; librispeech: Whisper ASR from a manifest of audio files, scored "
+                                   "with WER", choices=TASK_NAMES)
+    sampler: str = setting("exact", "verify step (acceptance rule; pipeline/rules.py)", choices=RULE_NAMES)
+    backend: str = setting("torch", "sampler backend: torch (reference) or cupy (CUDA kernels)",
+                           choices=tuple(BACKENDS))
+    # The rule's own parameters (e.g. sigmoid's alpha and beta), by name; unset ones take the rule's defaults.
+    # Flat outside this class: one flag per parameter name, and flat keys in to_dict()/from_dict().
+    rule_params: dict = field(default_factory=dict)
+    preset: str | None = setting(None, "a rule's preset parameters (sigmoid: paper, the constants of the paper's "
+                                       "kernels, sigmoid((z + 1e4) / 2e4))", choices=preset_names())
+    gamma: int = setting(4, "draft tokens per step; 0 = autoregressive")
+    temperature: float = setting(1.0, "sampling temperature; 0 = greedy")
+    dtype: str = setting("float32", "model dtype", choices=DTYPES)
+    device: str = setting("auto", "cpu, cuda (one GPU), cuda:N or auto (CUDA when present; with several GPUs the "
+                                  "target is spread over all of them)")
+    batch_size: int = setting(1, "prompts decoded together")
+    max_new_tokens: int = setting(64, "new tokens per sample at most")
+    max_prompt_tokens: int | None = setting(None, "truncate longer prompts/articles from the end")
+    long_inputs: str = setting("truncate", "inputs too long for the model (an article beyond the target's "
+                                           "positions, a clip beyond Whisper's 30 s window): truncate = cut them to "
+                                           "fit, warn once and count them in the results; error = stop the run",
+                               choices=LONG_INPUTS)
+    chat_template: bool = setting(False, "wrap prompts in the tokenizer's chat template")
+    limit: int | None = setting(None, "use N samples (a seeded subset when the data has more)")
+    seed: int = setting(0, "seed for sampling and subset selection")
+    engine: str = setting("specsweep", "specsweep: our loop; hf: transformers' generate(assistant_model=...) with "
+                                       "our sampler", choices=ENGINES)
+    draft_decoder_only: bool = setting(False, "librispeech: the draft is a decoder-only assistant "
+                                              "(WhisperForCausalLM, as distil-large-v2) that reads the target's "
+                                              "encoder outputs")
+    ignore_eos: bool = setting(False, "always generate --max-new-tokens tokens")
+    verify_graphs: bool = setting(False, "replay each verify step from a CUDA graph (--backend cupy on a GPU; same "
+                                         "tokens)")
+    static_cache: bool = setting(True, "use transformers' forward and DynamicCache for every model (default: the "
+                                       "engine's static-cache forward for model families that have one, GPT-2; "
+                                       "same tokens, less overhead)", flag="--no-static-cache")
+    baseline: str | None = setting(None, "results JSON of a γ = 0 run with the same settings: its quality is the "
+                                         "reference, and it adds `unpaired_speedup` (the speedup itself is always "
+                                         "paired: measured against this run's own γ = 0 loop)")
+    # Speed measurement (pipeline/paired.py, pipeline/measure.py).
+    repeats: int = setting(6, "timed repeats of the speculative and the γ = 0 loop, interleaved (6 gives a 97 % "
+                              "interval for the median speedup)")
+    samples_per_repeat: int = setting(4, "samples each timed repeat decodes: the first N of the data")
+    max_spread: float = setting(1.0, "flag the speed measurement when its interval is wider than this times its "
+                                     "median")
+    max_cpu_wait: float = setting(0.1, "flag the speed measurement when its threads spent more than this part of "
+                                       "their ready time waiting for a CPU that other processes held (1 turns "
+                                       "the check off)")
+    threads: int | None = setting(None, "torch intra-op threads (default: half the usable cores, at least 1, at "
+                                        "most 8)")
+    interop_threads: int = setting(1, "torch inter-op threads (the engine runs no inter-op parallel work)")
+    out: str = setting("results/run.json", "results JSON (written atomically)")
+    # Tracking (pipeline/tracking.py): where the run is logged, not what it computes.
+    wandb_mode: str | None = setting(None, "W&B mode for this run's log (default: $WANDB_MODE, else offline: no "
+                                           "account needed; `wandb sync wandb/offline-run-*` uploads later)",
+                                     choices=WANDB_MODES)
+    wandb_project: str = setting("specsweep", "W&B project")
+    wandb_group: str | None = setting(None, "W&B group, e.g. the DVC profile or sweep name")
 
     def validate(self) -> RunConfig:
         """Raise SpecsweepError (one line: what is wrong, what to do) for the first problem found."""
         def bad(msg: str) -> SpecsweepError:
             return SpecsweepError(msg)
 
-        choices = {"sampler": SAMPLERS, "backend": BACKENDS, "task": TASKS, "engine": ENGINES, "dtype": DTYPES}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise bad(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of {list(allowed)}")
+        for f in dataclasses.fields(self):
+            allowed = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if allowed and value is not None and value not in allowed:
+                raise bad(f"--{f.name.replace('_', '-')} {value!r} is not one of {list(allowed)}")
         if self.gamma < 0:
             raise bad(f"--gamma must be >= 0 (0 = autoregressive decoding); got {self.gamma}")
         if not self.temperature >= 0:
@@ -103,23 +131,14 @@ class RunConfig:
             raise bad(f"--limit must be >= 1; got {self.limit}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise bad(f"--max-prompt-tokens must be >= 1; got {self.max_prompt_tokens}")
-        if self.sampler != "sigmoid" and (self.alpha is not None or self.beta is not None or self.preset):
-            raise bad("--alpha/--beta/--preset apply to --sampler sigmoid only")
-        if self.sampler == "hf":
-            if self.backend != "torch":
-                raise bad("--sampler hf is transformers' own code: use --backend torch")
-            if self.temperature == 0:
-                raise bad("--sampler hf needs --temperature > 0 (HF verifies by token matching at T = 0): "
-                          "use --sampler greedy")
-            if self.engine == "specsweep" and self.batch_size != 1:
-                raise bad("--sampler hf runs batch 1, as HF does: use --batch-size 1")
+        get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
+                                         batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
+                                         preset=self.preset)
         if self.verify_graphs and (self.backend != "cupy" or self.engine != "specsweep" or self.device == "cpu"):
             raise bad("--verify-graphs replays the CUDA kernels' verify step from CUDA graphs: use it with "
                       "--backend cupy, --engine specsweep and a CUDA device")
         if self.engine == "hf" and self.batch_size != 1:
             raise bad("--engine hf runs HF's assisted generation, which is batch 1: use --batch-size 1")
-        if self.wandb_mode is not None and self.wandb_mode not in WANDB_MODES:
-            raise bad(f"--wandb-mode {self.wandb_mode!r} is not one of {list(WANDB_MODES)}")
         if not Path(self.data).exists():
             raise bad(f"--data {self.data} does not exist: give a JSONL file or a folder written by specsweep fetch")
         if self.baseline is not None and not Path(self.baseline).is_file():
@@ -127,25 +146,32 @@ class RunConfig:
         return self
 
     def sampler_params(self) -> dict:
-        params: dict = {"temperature": self.temperature}
-        if self.sampler == "greedy":
-            params = {}
-        if self.sampler == "sigmoid":
-            if self.preset:
-                params["preset"] = self.preset
-            for k in ("alpha", "beta"):
-                if getattr(self, k) is not None:
-                    params[k] = getattr(self, k)
+        """Keyword arguments of :func:`pipeline.samplers.get_sampler` besides name and backend."""
+        params = dict(self.rule_params)
+        if self.preset:
+            params["preset"] = self.preset
+        if get_rule(self.sampler).uses_temperature:
+            params["temperature"] = self.temperature
         return params
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Flat settings: rule parameters appear under their own names (every rule's, None where unset)."""
+        out = {}
+        for key, value in dataclasses.asdict(self).items():
+            if key == "rule_params":
+                out.update({name: self.rule_params.get(name) for name in param_names()})
+            else:
+                out[key] = value
+        return out
 
     @classmethod
     def from_dict(cls, values: dict) -> RunConfig:
-        """Build from a mapping (params.yaml, wandb.config); unknown keys are an error, not silently dropped."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
+        """Build from flat settings (CLI flags, params.yaml, wandb.config, a results file's ``config``); rule
+        parameters by their own names. Unknown keys are an error, not silently dropped."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"rule_params"}
+        rule_keys = set(param_names())
+        unknown = sorted(set(values) - names - rule_keys)
         if unknown:
-            raise SpecsweepError(f"unknown run settings {unknown}: known settings are {sorted(names)}")
-        return cls(**values)
+            raise SpecsweepError(f"unknown run settings {unknown}: known settings are {sorted(names | rule_keys)}")
+        rule_params = {k: v for k, v in values.items() if k in rule_keys and v is not None}
+        return cls(**{k: v for k, v in values.items() if k in names}, rule_params=rule_params)

@@ -1,31 +1,20 @@
-"""The paper's two tasks' data: fetch once (Hugging Face Hub or a local file), then read offline for runs.
+"""Task data: fetch once (Hugging Face Hub or a local file), then read offline for runs.
 
-Tasks and their records (what :func:`load_task_data` returns, one dict per example):
-
-* ``cnn_dailymail`` (``abisee/cnn_dailymail``, config ``3.0.0``):
-  ``{"id": str, "article": str, "highlights": str}``. ``highlights`` keeps the dataset's newlines between
-  reference sentences (ROUGE-Lsum splits on them, see :mod:`pipeline.metrics`).
-* ``librispeech`` (``openslr/librispeech_asr``, config ``clean``):
-  ``{"id": str, "text": str, "audio": numpy.float32 [N], "duration": float}``: mono samples at
-  :data:`SAMPLE_RATE` (16 kHz) in [-1, 1], ``duration = N / SAMPLE_RATE`` seconds. Whisper reads at most
-  30 s: :func:`truncate_audio` cuts longer clips and says that it did.
+Generic over tasks: each task (pipeline/tasks/) says where its data lives on the Hub, what a ``--source`` JSONL
+line holds, how a Hub row or a source line becomes a record, and how records become a Parquet table and back;
+its module documents its records. This module reads, picks the subset, writes and keeps the manifest.
 
 Where data comes from:
 
-* the Hub: ``datasets.load_dataset(..., streaming=True)``, so only the rows read are downloaded. Audio is
-  read undecoded (``datasets.Audio(decode=False)``) and decoded here with soundfile (libsndfile ships in its
-  wheel, so no FFmpeg or torchcodec is needed), downmixed to mono and resampled to 16 kHz with
-  ``scipy.signal.resample_poly``. Before streaming, one metadata request (:data:`HUB_PROBE_TIMEOUT_S`)
-  checks that the Hub answers and pins the dataset commit, so that no network fails in seconds with one
-  line, not in a retry loop.
-* a local file (``--source``): for ``cnn_dailymail`` a JSONL file of ``{"id", "article", "highlights"}``
-  objects; for ``librispeech`` a JSONL manifest of ``{"id", "file", "text"}`` objects whose ``file`` (WAV,
-  FLAC or anything else libsndfile reads) is relative to the manifest's folder (or absolute). ``id`` is
-  optional in both (default: ``line-<n>`` / the file name's stem).
+* the Hub: ``datasets.load_dataset(..., streaming=True)``, so only the rows read are downloaded (the task may
+  prepare the stream, e.g. leave audio undecoded). Before streaming, one metadata request
+  (:data:`HUB_PROBE_TIMEOUT_S`) checks that the Hub answers and pins the dataset commit, so that no network
+  fails in seconds with one line, not in a retry loop.
+* a local file (``--source``): a JSONL file of the task's ``source_fields`` (``id`` optional in each line).
 
-:func:`fetch` writes ``<out>/data.parquet`` (the records above; audio as a list<float32> column) and
-``<out>/manifest.json`` (task, origin, selection rule, chosen ids), both atomically. :func:`load_task_data`
-reads such a folder, the Parquet file itself, or a ``--source`` file directly.
+:func:`fetch` writes ``<out>/data.parquet`` (the records) and ``<out>/manifest.json`` (task, origin, selection
+rule, chosen ids), both atomically. :func:`load_task_data` reads such a folder, the Parquet file itself, or a
+``--source`` file directly (a task without Hub data, such as ``prompts``, reads its JSONL file only).
 
 Deterministic subsets (``limit`` with ``seed``): every candidate row gets the key
 ``sha256(f"{seed}:{id}")`` (first 8 bytes, big-endian); the ``limit`` rows with the smallest keys are kept
@@ -42,62 +31,23 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import heapq
-import io
 import json
-import math
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import numpy as np
+from typing import Any
 
 from pipeline.env_info import versions
 from pipeline.errors import SpecsweepError
 from pipeline.io import atomic_file, write_json_atomic
-
-SAMPLE_RATE = 16_000
-"""Sample rate (Hz) of every decoded audio array."""
-
-MAX_AUDIO_SECONDS = 30.0
-"""Whisper's input window: :func:`truncate_audio` cuts clips to this by default."""
+from pipeline.tasks import Task, get_task
 
 HUB_PROBE_TIMEOUT_S = 5.0
 """Timeout of the one metadata request made before streaming from the Hub."""
 
 DATA_FILE = "data.parquet"
 MANIFEST_FILE = "manifest.json"
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Where a task's data lives on the Hub and which fields its records carry."""
-
-    name: str
-    repo_id: str
-    config: str
-    hub_columns: tuple[str, ...]       # columns read from the Hub
-    source_fields: tuple[str, ...]     # required keys of a --source JSONL line
-    source_hint: str                   # the --source shape, for error messages
-
-
-TASKS: dict[str, TaskSpec] = {
-    "cnn_dailymail": TaskSpec("cnn_dailymail", "abisee/cnn_dailymail", "3.0.0", ("id", "article", "highlights"),
-                              ("article", "highlights"), 'a JSONL file of {"id", "article", "highlights"} lines'),
-    "librispeech": TaskSpec("librispeech", "openslr/librispeech_asr", "clean", ("id", "audio", "text"),
-                            ("file", "text"), 'a JSONL manifest of {"id", "file", "text"} lines, audio files '
-                                              'relative to it'),
-}
-
-
-def task_spec(task: str) -> TaskSpec:
-    """The :class:`TaskSpec` of ``task``; a :class:`SpecsweepError` naming the known tasks otherwise."""
-    try:
-        return TASKS[task]
-    except KeyError:
-        raise SpecsweepError(f"unknown task {task!r}; known: {', '.join(TASKS)}") from None
 
 
 # ---------------------------------------------------------------------------------------------- subsets
@@ -144,56 +94,6 @@ def select_subset(items: Iterable[tuple[str, Any]], limit: int | None, seed: int
     return kept, seen
 
 
-# ------------------------------------------------------------------------------------------------ audio
-
-def decode_audio(data: bytes | str | os.PathLike, *, name: str | None = None) -> np.ndarray:
-    """Decode an audio file (path or its bytes) to mono float32 [N] at :data:`SAMPLE_RATE`.
-
-    Channels are averaged; any other rate is resampled with ``scipy.signal.resample_poly`` (polyphase
-    FIR, the exact rational ratio). ``name`` is used in error messages. An unreadable or empty file is a
-    :class:`SpecsweepError`.
-    """
-    import soundfile as sf
-
-    label = name or (str(data) if not isinstance(data, bytes) else "audio bytes")
-    try:
-        samples, rate = sf.read(io.BytesIO(data) if isinstance(data, bytes) else os.fspath(data),
-                                dtype="float32", always_2d=True)
-    except (sf.SoundFileError, RuntimeError, OSError) as e:
-        raise SpecsweepError(f"{label}: cannot read audio ({_one_line(e)})") from None
-    if samples.shape[0] == 0:
-        raise SpecsweepError(f"{label}: audio file is empty (0 samples)")
-    mono = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
-    if rate != SAMPLE_RATE:
-        from scipy.signal import resample_poly
-
-        g = math.gcd(int(rate), SAMPLE_RATE)
-        mono = resample_poly(mono, SAMPLE_RATE // g, int(rate) // g).astype(np.float32, copy=False)
-    return np.ascontiguousarray(mono, dtype=np.float32)
-
-
-class TruncatedAudio(NamedTuple):
-    """What :func:`truncate_audio` returns."""
-
-    audio: np.ndarray         # float32 [min(N, max_seconds * sample_rate)]
-    truncated: bool           # True when samples were cut off
-    original_seconds: float   # duration before truncation
-
-
-def truncate_audio(audio: np.ndarray, max_seconds: float = MAX_AUDIO_SECONDS,
-                   sample_rate: int = SAMPLE_RATE) -> TruncatedAudio:
-    """Cut ``audio`` (float32 [N]) to its first ``max_seconds`` (Whisper's 30 s window by default).
-
-    Returns the (possibly shortened) array, whether it was cut, and the original duration, so the
-    caller can count and report truncated examples. A clip of at most ``max_seconds`` is returned as is.
-    """
-    max_samples = round(max_seconds * sample_rate)
-    original = audio.shape[0] / sample_rate
-    if audio.shape[0] <= max_samples:
-        return TruncatedAudio(audio, False, original)
-    return TruncatedAudio(audio[:max_samples], True, original)
-
-
 # -------------------------------------------------------------------------------------- local sources
 
 def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
@@ -226,38 +126,11 @@ def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dic
             raise SpecsweepError(f"{path}: not UTF-8 text ({_one_line(e)})") from None
 
 
-def _source_candidates(spec: TaskSpec, path: Path) -> Iterator[tuple[str, dict]]:
-    """(id, undecoded row) for each line of a --source file. Audio rows carry ``audio_path``, checked to exist."""
-    for n, obj in read_jsonl(path, spec.source_fields):
-        if spec.name == "cnn_dailymail":
-            example_id = obj.get("id", f"line-{n}")
-            yield example_id, {"id": example_id, "article": obj["article"], "highlights": obj["highlights"]}
-        else:
-            audio_path = Path(obj["file"])
-            if not audio_path.is_absolute():
-                audio_path = path.parent / audio_path
-            if not audio_path.is_file():
-                raise SpecsweepError(f"{path} line {n}: audio file {obj['file']!r} does not exist "
-                                     f"(looked for {audio_path})")
-            example_id = obj.get("id", audio_path.stem)
-            yield example_id, {"id": example_id, "text": obj["text"], "audio_path": audio_path}
-
-
-def _finish_rows(spec: TaskSpec, rows: list[dict], progress: bool) -> list[dict]:
-    """Undecoded rows -> records (decodes audio: ``audio_path`` or ``audio_bytes``)."""
-    if spec.name != "librispeech":
-        return rows
-    from tqdm.auto import tqdm
-
-    records = []
-    for row in tqdm(rows, desc="decoding audio", unit="clip", disable=not progress or None, leave=False):
-        if "audio_path" in row:
-            audio = decode_audio(row["audio_path"])
-        else:
-            audio = decode_audio(row["audio_bytes"], name=f"audio of example {row['id']!r}")
-        records.append({"id": row["id"], "text": row["text"], "audio": audio,
-                        "duration": audio.shape[0] / SAMPLE_RATE})
-    return records
+def _source_candidates(task: Task, path: Path) -> Iterator[tuple[str, dict]]:
+    """(id, undecoded row) for each line of a --source file (the task's ``source_row``)."""
+    for n, obj in read_jsonl(path, task.source_fields):
+        row = task.source_row(obj, n, path)
+        yield row["id"], row
 
 
 # ------------------------------------------------------------------------------------------------- hub
@@ -301,17 +174,16 @@ def hub_probe(repo_id: str, *, timeout: float = HUB_PROBE_TIMEOUT_S) -> str:
     return info.sha or "main"
 
 
-def _hub_candidates(spec: TaskSpec, split: str, revision: str) -> tuple[Iterable[dict], int | None]:
-    """The split streamed from the Hub (rows with :attr:`TaskSpec.hub_columns`) and its size when known."""
+def _hub_candidates(task: Task, split: str, revision: str) -> tuple[Iterable[dict], int | None]:
+    """The split streamed from the Hub (rows with the task's Hub columns) and its size when known."""
     import datasets
 
+    hub = task.hub
     try:
-        ds = datasets.load_dataset(spec.repo_id, spec.config, split=split, streaming=True, revision=revision)
-        if spec.name == "librispeech":
-            ds = ds.cast_column("audio", datasets.Audio(decode=False))
-        ds = ds.select_columns(list(spec.hub_columns))
+        ds = datasets.load_dataset(hub.repo_id, hub.config, split=split, streaming=True, revision=revision)
+        ds = task.hub_stream(ds).select_columns(list(hub.columns))
     except Exception as e:
-        raise SpecsweepError(f"cannot open {spec.repo_id} ({spec.config}, split {split!r}) on the Hub "
+        raise SpecsweepError(f"cannot open {hub.repo_id} ({hub.config}, split {split!r}) on the Hub "
                              f"({type(e).__name__}: {_one_line(e)}); use --source PATH for local data") from None
     total = None
     with contextlib.suppress(AttributeError, KeyError, TypeError):
@@ -319,8 +191,9 @@ def _hub_candidates(spec: TaskSpec, split: str, revision: str) -> tuple[Iterable
     return ds, total
 
 
-def _hub_rows(spec: TaskSpec, rows: Iterable[dict]) -> Iterator[tuple[str, dict]]:
-    """Hub rows -> (id, undecoded row); a dropped connection mid-stream becomes one line."""
+def _hub_rows(task: Task, rows: Iterable[dict]) -> Iterator[tuple[str, dict]]:
+    """Hub rows -> (id, undecoded row) (the task's ``hub_row``); a dropped connection mid-stream becomes one
+    line."""
     iterator = iter(rows)
     while True:
         try:
@@ -328,19 +201,10 @@ def _hub_rows(spec: TaskSpec, rows: Iterable[dict]) -> Iterator[tuple[str, dict]
         except StopIteration:
             return
         except Exception as e:
-            raise SpecsweepError(f"lost the Hub while streaming {spec.repo_id} ({type(e).__name__}: "
+            raise SpecsweepError(f"lost the Hub while streaming {task.hub.repo_id} ({type(e).__name__}: "
                                  f"{_one_line(e)}); use --source PATH for local data") from None
-        example_id = str(row["id"])
-        if spec.name == "cnn_dailymail":
-            yield example_id, {"id": example_id, "article": row["article"], "highlights": row["highlights"]}
-        else:
-            audio = row["audio"] or {}
-            data = audio.get("bytes")
-            if data is None and audio.get("path") and Path(audio["path"]).is_file():
-                data = Path(audio["path"]).read_bytes()
-            if not data:
-                raise SpecsweepError(f"{spec.repo_id}: example {example_id!r} has no audio bytes")
-            yield example_id, {"id": example_id, "text": row["text"], "audio_bytes": data}
+        row = task.hub_row(row)
+        yield row["id"], row
 
 
 # ----------------------------------------------------------------------------------------------- fetch
@@ -355,7 +219,9 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
     "created", "versions", ...}`` (``positions``: each chosen row's 0-based position among the candidates).
     See the module docstring for the subset rule.
     """
-    spec = task_spec(task)
+    spec = get_task(task)
+    if spec.hub is None:
+        raise SpecsweepError(f"task {task!r} has no data to fetch: it reads {spec.source_hint} directly")
     out_dir = Path(out_dir)
     if source is not None:
         source = Path(source)
@@ -364,8 +230,8 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
         origin = {"kind": "local", "path": str(source.resolve()), "sha256": _sha256_file(source)}
         candidates, total = _source_candidates(spec, source), None
     else:
-        revision = hub_probe(spec.repo_id)
-        origin = {"kind": "hub", "repo_id": spec.repo_id, "config": spec.config, "split": split,
+        revision = hub_probe(spec.hub.repo_id)
+        origin = {"kind": "hub", "repo_id": spec.hub.repo_id, "config": spec.hub.config, "split": split,
                   "revision": revision, "endpoint": _hub_endpoint()}
         rows, total = _hub_candidates(spec, split, revision)
         candidates = _hub_rows(spec, rows)
@@ -377,9 +243,9 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
     kept, seen = select_subset(bar, limit, seed, pool)
     bar.close()
     if not kept:
-        raise SpecsweepError(f"{source or spec.repo_id}: no examples found (empty data file?)")
-    records = _finish_rows(spec, [row for _, _, row in kept], progress)
-    _write_parquet_atomic(out_dir / DATA_FILE, _records_to_table(spec, records))
+        raise SpecsweepError(f"{source or spec.hub.repo_id}: no examples found (empty data file?)")
+    records = spec.finish([row for _, _, row in kept], progress)
+    _write_parquet_atomic(out_dir / DATA_FILE, spec.to_table(records))
     manifest = {
         "task": task,
         "split": split,
@@ -395,12 +261,8 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
         "data_file": DATA_FILE,
+        **spec.manifest_extra(records),
     }
-    if spec.name == "librispeech":
-        durations = [r["duration"] for r in records]
-        manifest.update(sample_rate=SAMPLE_RATE, total_seconds=round(sum(durations), 3),
-                        max_seconds=round(max(durations), 3),
-                        n_over_max_seconds=sum(d > MAX_AUDIO_SECONDS for d in durations))
     write_json_atomic(out_dir / MANIFEST_FILE, manifest)
     return manifest
 
@@ -409,19 +271,21 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
 
 def load_task_data(task: str, path: str | os.PathLike, limit: int | None = None, seed: int | None = None,
                    *, progress: bool = False) -> list[dict]:
-    """The records of ``task`` (see the module docstring for their fields) read without a network from:
+    """The records of ``task`` (its module in pipeline/tasks/ documents their fields) read without a network from:
 
     * a folder written by :func:`fetch` (its ``data.parquet``; its ``manifest.json`` must name ``task``),
     * a ``.parquet`` file written by :func:`fetch`,
-    * a ``--source`` JSONL file / manifest (``.jsonl`` or ``.json``).
+    * a ``--source`` JSONL file / manifest (``.jsonl`` or ``.json``), the only input of a task without Hub data.
 
     ``limit``/``seed`` pick a subset by the same rule as :func:`fetch` (``seed=None``: the first ``limit``).
     Records come in the file's order. Bad or empty input is a one-line :class:`SpecsweepError`.
     """
-    spec = task_spec(task)
+    spec = get_task(task)
     path = Path(path)
     if not path.exists():
         raise SpecsweepError(f"{path} does not exist")
+    if spec.hub is None and (path.is_dir() or path.suffix not in (".jsonl", ".json")):
+        raise SpecsweepError(f"--task {task} reads {spec.source_hint}; got {path}")
     if path.is_dir():
         manifest_path = path / MANIFEST_FILE
         if manifest_path.is_file():
@@ -444,31 +308,14 @@ def load_task_data(task: str, path: str | os.PathLike, limit: int | None = None,
         kept, _ = select_subset(_source_candidates(spec, path), limit, seed)
         if not kept:
             raise SpecsweepError(f"{path}: no examples (empty data file)")
-        return _finish_rows(spec, [row for _, _, row in kept], progress)
+        return spec.finish([row for _, _, row in kept], progress)
     raise SpecsweepError(f"{path}: expected a folder written by `specsweep fetch`, a .parquet file, or "
                          f"{spec.source_hint}")
 
 
 # --------------------------------------------------------------------------------------------- parquet
 
-def _records_to_table(spec: TaskSpec, records: list[dict]):
-    import pyarrow as pa
-
-    if spec.name == "cnn_dailymail":
-        return pa.table({k: pa.array([r[k] for r in records], pa.string()) for k in ("id", "article", "highlights")})
-    lengths = np.array([r["audio"].shape[0] for r in records], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    values = np.concatenate([r["audio"] for r in records]).astype(np.float32, copy=False)
-    audio = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values, pa.float32()))
-    return pa.table({
-        "id": pa.array([r["id"] for r in records], pa.string()),
-        "text": pa.array([r["text"] for r in records], pa.string()),
-        "audio": audio,
-        "duration": pa.array([r["duration"] for r in records], pa.float64()),
-    })
-
-
-def _read_parquet(spec: TaskSpec, path: Path) -> list[dict]:
+def _read_parquet(task: Task, path: Path) -> list[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -476,21 +323,10 @@ def _read_parquet(spec: TaskSpec, path: Path) -> list[dict]:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
         raise SpecsweepError(f"{path}: cannot read Parquet ({_one_line(e)})") from None
-    needed = ("id", "article", "highlights") if spec.name == "cnn_dailymail" else ("id", "text", "audio")
-    missing = [c for c in needed if c not in table.column_names]
+    missing = [c for c in task.columns if c not in table.column_names]
     if missing:
-        raise SpecsweepError(f"{path}: not {spec.name} data (missing column(s) {', '.join(missing)})")
-    if spec.name == "cnn_dailymail":
-        columns = {c: table.column(c).to_pylist() for c in needed}
-        return [dict(zip(needed, values)) for values in zip(*columns.values())]
-    ids, texts = table.column("id").to_pylist(), table.column("text").to_pylist()
-    audios: list[np.ndarray] = []
-    for chunk in table.column("audio").chunks:
-        offsets = chunk.offsets.to_numpy()
-        values = chunk.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        audios.extend(values[offsets[i]:offsets[i + 1]].copy() for i in range(len(chunk)))
-    return [{"id": i, "text": t, "audio": a, "duration": a.shape[0] / SAMPLE_RATE}
-            for i, t, a in zip(ids, texts, audios)]
+        raise SpecsweepError(f"{path}: not {task.name} data (missing column(s) {', '.join(missing)})")
+    return task.from_table(table)
 
 
 def _write_parquet_atomic(path: Path, table) -> Path:

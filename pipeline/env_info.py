@@ -66,7 +66,7 @@ def default_threads() -> int:
     """torch's intra-op threads when the run does not set them: half the usable cores (at least 1, at most 8).
 
     An intra-op pool as large as the machine stalls whenever other work takes a core: each parallel region waits
-    for its slowest worker, and a descheduled worker holds up all the others (README, "Speed measurements", has
+    for its slowest worker, and a descheduled worker holds up all the others (docs/measurement.md has
     the measurements). Half the cores leaves room for other work. ``--threads`` overrides it; the run records
     what it used."""
     return max(1, min(8, usable_cores() // 2))
@@ -77,7 +77,7 @@ def passive_omp_wait() -> None:
 
     torch's OpenMP runtime (libgomp) reads the variable once, when it is loaded: this only works before torch
     is imported, so the CLI calls it first thing. Spinning workers take CPU from the worker they wait for on
-    an oversubscribed machine (README, "Speed measurements")."""
+    an oversubscribed machine (docs/measurement.md)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

@@ -2,8 +2,8 @@
 (pipeline/runner.py), the Optuna study (pipeline/tune.py), W&B logging (pipeline/tracking.py), the runs table
 (pipeline/results_table.py) and the report (analysis/):
 
-- quality: the quality objective (ROUGE-L, or -WER), its ratio to the AR baseline's, and the speed/quality
-  ``tradeoff``;
+- quality: the quality objective (the task's metric, pipeline/tasks/: ROUGE-L, or -WER), its ratio to the AR
+  baseline's, and the speed/quality ``tradeoff``;
 - acceptance: the i.i.d. per-token acceptance α (Leviathan et al. 2023) from a histogram of accepted counts,
   and the per-position acceptance rates;
 - theory: expected tokens per verify step (the corrected or bonus token included). With draft position i
@@ -14,12 +14,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
-QUALITY = {"cnn_dailymail": ("rougeL", 1.0), "librispeech": ("wer", -1.0)}  # task -> (score key, sign)
+from pipeline.errors import SpecsweepError
+from pipeline.result import read_result
+from pipeline.tasks import TASK_NAMES, quality_metric
+
+# task -> (score key, sign) for the tasks with a quality metric, read from the task registry
+QUALITY = {name: (m.key, m.sign) for name in TASK_NAMES if (m := quality_metric(name)) is not None}
 
 
 def quality_value(task: str, quality: dict) -> float | None:
@@ -32,15 +35,15 @@ def quality_value(task: str, quality: dict) -> float | None:
 
 
 def quality_ratio(task: str, quality: dict, baseline_quality: dict) -> float | None:
-    """Quality relative to the AR baseline (exact sampling from the target): ROUGE-L / baseline ROUGE-L, or
-    word accuracy (1 - WER, floored at 0) / the baseline's. 1.0 = as good as the target alone."""
-    if task not in QUALITY:
+    """Quality relative to the AR baseline (exact sampling from the target): ROUGE-L / baseline ROUGE-L, or for
+    an error rate the accuracy (1 - WER, floored at 0) / the baseline's. 1.0 = as good as the target alone."""
+    metric = quality_metric(task)
+    if metric is None:
         return None
-    key, _ = QUALITY[task]
-    ours, base = quality.get(key), baseline_quality.get(key)
+    ours, base = quality.get(metric.key), baseline_quality.get(metric.key)
     if ours is None or base is None:
         return None
-    if task == "librispeech":
+    if metric.error_rate:
         ours, base = max(0.0, 1.0 - ours), max(0.0, 1.0 - base)
     return ours / base if base > 0 else None
 
@@ -60,8 +63,8 @@ def tradeoff(result: dict) -> float | None:
     baseline_quality = resolved.get("baseline_quality")
     if baseline_quality is None:
         try:
-            baseline_quality = json.loads(Path(resolved.get("baseline")).read_text(encoding="utf-8")).get("quality")
-        except (OSError, TypeError, ValueError):
+            baseline_quality = (read_result(resolved.get("baseline")) or {}).get("quality")
+        except (SpecsweepError, TypeError):
             return None
     ratio = quality_ratio(task, result.get("quality", {}), baseline_quality or {})
     return None if ratio is None else float(speedup) * ratio

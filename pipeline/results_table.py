@@ -12,28 +12,19 @@ import os
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
+from pipeline.result import read_result
+from pipeline.rules import param_names
 
-# Config columns first (what was run), then the metrics (what it measured), then quality scores.
-CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "dtype", "temperature", "alpha",
-                  "beta", "preset", "engine", "batch_size", "max_new_tokens", "limit", "seed", "device")
+# Config columns first (what was run; every acceptance rule's parameters by name), then the metrics (what it
+# measured), then quality scores.
+CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "dtype", "temperature", *param_names(),
+                  "preset", "engine", "batch_size", "max_new_tokens", "limit", "seed", "device")
 METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",
                   "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
                   "theoretical_speedup", "predicted_speedup", "cost_ratio", "wall_time_s", "new_tokens",
                   "peak_memory_mb")
 # Per-step detail, kept as JSON text so the table stays flat (and survives CSV).
 LIST_COLUMNS = ("accepted_histogram", "position_acceptance")
-
-
-def read_results(path: str | os.PathLike) -> dict | None:
-    """A specsweep results dict from ``path``; None for another kind of JSON. Unreadable JSON is an error."""
-    path = Path(path)
-    try:
-        result = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise SpecsweepError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
-    if not isinstance(result, dict) or result.get("specsweep_results") != 1:
-        return None
-    return result
 
 
 def device_label(device: dict | None, fallback: str | None = None) -> str:
@@ -88,7 +79,7 @@ def load_runs(folder: str | os.PathLike):
         raise SpecsweepError(f"--runs {folder} is not a folder: run `dvc repro` or `specsweep run --out` first")
     rows = []
     for path in sorted(folder.glob("*.json")):
-        result = read_results(path)
+        result = read_result(path)
         if result is not None:  # else another kind of JSON in the folder
             rows.append(result_row(result, path))
     return pd.DataFrame(rows)

@@ -26,9 +26,7 @@ Speed metrics (pipeline/paired.py: after the quality pass over every sample, the
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -37,20 +35,20 @@ from pipeline import paired
 from pipeline.config import RunConfig
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
-from pipeline.io import write_json_atomic
 from pipeline.objectives import iid_alpha, position_acceptance, theoretical_speedup
+from pipeline.result import make_result, read_result, write_result
 
 # Settings that must match between a run and the AR baseline its speedup is measured against.
 BASELINE_KEYS = ("target", "task", "data", "dtype", "max_new_tokens", "max_prompt_tokens", "limit", "seed",
-                 "temperature", "batch_size", "ignore_eos", "chat_template")
+                 "temperature", "batch_size", "ignore_eos", "chat_template", "long_inputs")
 
 
 def _load_baseline(path: str, config: RunConfig, device: str) -> dict:
+    baseline = read_result(path)
     try:
-        baseline = json.loads(Path(path).read_text(encoding="utf-8"))
         base_cfg, tps = baseline["config"], baseline["metrics"]["tokens_per_second"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SpecsweepError(f"--baseline {path} is not a specsweep results file ({e})") from None
+    except (KeyError, TypeError) as e:
+        raise SpecsweepError(f"--baseline {path} is not a specsweep results file (no {e})") from None
     if base_cfg.get("gamma") != 0:
         raise SpecsweepError(f"--baseline {path} is a γ = {base_cfg.get('gamma')} run: the baseline must be γ = 0")
     ours = config.to_dict()
@@ -152,12 +150,13 @@ def run(config: RunConfig, progress: bool = True) -> dict:
 def _ar_engine(config: RunConfig, target, tokenizer, device: str):
     """The γ = 0 loop of the run's engine around the same loaded target, sampling exactly from it (the AR
     baseline's sampler), for the paired timing."""
-    ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", alpha=None, beta=None, preset=None,
+    ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", rule_params={}, preset=None,
                              verify_graphs=False)
     return _build_engine(ar, _build_sampler(ar), target, None, tokenizer, device)
 
 
 def _run(config: RunConfig, threads: dict, progress: bool) -> dict:
+    from pipeline.data import load_task_data
     from pipeline.models import parse_dtype, resolve_device
     from pipeline.tasks import get_task
 
@@ -170,32 +169,57 @@ def _run(config: RunConfig, threads: dict, progress: bool) -> dict:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    records = task.load(config.data, config.limit, config.seed if config.limit else None)
+    records = load_task_data(config.task, config.data, config.limit, config.seed if config.limit else None)
     target, draft, tokenizer, processor = _load_models(config, task, dtype, device)
     engine = _build_engine(config, sampler, target, draft, tokenizer, device)
     loops = {paired.SPECULATIVE: engine, paired.AUTOREGRESSIVE: _ar_engine(config, target, tokenizer, device)} \
         if config.gamma > 0 else {paired.AUTOREGRESSIVE: engine}
-    encode_kwargs = {"processor": processor}
-    if task.speech:
-        encode_kwargs["prompt"] = task.decoder_prompt(target, tokenizer)
+    encode = task.encoder(target, tokenizer, processor, config)  # cuts long inputs by the run's long-inputs rule
 
     # Warm-up: one short, untimed generation of the first batch by each loop, so one-time costs (allocations, lazy
     # initialisation, kernel loading on a GPU) stay out of the measured tokens/s. Its own generator leaves the
     # run's random stream, and so its tokens, unchanged.
-    first, _ = task.encode(records[: config.batch_size], tokenizer, config, **encode_kwargs)
+    first, _ = encode(records[: config.batch_size])
     for loop in loops.values():
         loop.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
                       torch.Generator(device=device).manual_seed(config.seed + 1),
                       encoder_inputs=first.get("encoder_inputs"))
     torch.manual_seed(config.seed)
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    samples, truncated = [], 0
+    samples, totals = _quality_pass(config, engine, encode, records, tokenizer, task, generator, progress)
+    metrics = _summarize(samples, totals, config)
+    measurement = _measure(config, loops, records, encode, device, metrics, threads, progress)
+    metrics.update(paired.metrics_of(measurement))
+    if baseline is not None:
+        metrics["baseline_tokens_per_second"] = baseline["tokens_per_second"]
+        metrics["unpaired_speedup"] = metrics["tokens_per_second"] / baseline["tokens_per_second"]
+    paired.warn_if_flagged(measurement, config.out)
+
+    quality, per_sample = task.score([s["text"] for s in samples], records, tokenizer, config.seed)
+    for s, q in zip(samples, per_sample):
+        s["quality"] = q
+    resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
+                "baseline_quality": baseline["quality"] if baseline else None,
+                "forward": _forwards(engine), **encode.record(totals["cuts"])}
+    results = make_result(config.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
+    write_result(config.out, results)
+    return results
+
+
+def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokenizer, task, generator,
+                  progress: bool) -> tuple[list[dict], dict]:
+    """Decode every record once, in batches, with the run's generator -> (per-sample results, totals: engine
+    seconds, phase times and calls, draft forwards, accepted-count histogram, peak memory, and the task's Cuts of
+    inputs too long for the model, about which it warns once)."""
+    from pipeline.tasks.base import Cuts
+
+    samples, cuts = [], Cuts()
     totals = {"wall": 0.0, "phase_time": {}, "phase_calls": {}, "draft_forwards": 0, "peak": 0.0}
     bar = tqdm(total=len(records), desc=f"{config.sampler} γ={config.gamma}", unit="sample", disable=not progress)
     for start in range(0, len(records), config.batch_size):
         batch = records[start: start + config.batch_size]
-        inputs, cut = task.encode(batch, tokenizer, config, **encode_kwargs)
-        truncated += cut
+        inputs, cut = encode(batch)
+        cuts += cut
         result = engine.generate(inputs["input_ids"], inputs["attention_mask"], config.max_new_tokens, generator,
                                  encoder_inputs=inputs.get("encoder_inputs"))
         totals["wall"] += result.wall_time_s
@@ -215,49 +239,18 @@ def _run(config: RunConfig, threads: dict, progress: bool) -> dict:
                             "reference": task.reference(batch[i])})
         bar.update(len(batch))
     bar.close()
-    if task.speech and truncated:
-        tqdm.write(f"warning: {truncated} clip(s) longer than the model's {processor.feature_extractor.chunk_length} s "
-                   "window were cut to it; their WER compares the cut audio with the full transcript",
-                   file=sys.stderr)
-
-    metrics = _summarize(samples, totals, config)
-    measurement = _measure(config, loops, records, tokenizer, encode_kwargs, device, metrics, threads, progress)
-    metrics.update(paired.metrics_of(measurement))
-    if baseline is not None:
-        metrics["baseline_tokens_per_second"] = baseline["tokens_per_second"]
-        metrics["unpaired_speedup"] = metrics["tokens_per_second"] / baseline["tokens_per_second"]
-    paired.warn_if_flagged(measurement, config.out)
-
-    quality, per_sample = task.score([s["text"] for s in samples], records, tokenizer, config.seed)
-    for s, q in zip(samples, per_sample):
-        s["quality"] = q
-    resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
-                "baseline_quality": baseline["quality"] if baseline else None,
-                "forward": _forwards(engine),
-                ("audio_truncated" if task.speech else "prompts_truncated"): truncated}
-    results = {
-        "specsweep_results": 1,
-        "config": config.to_dict(),
-        "resolved": resolved,
-        "provenance": provenance(device),
-        "metrics": metrics,
-        "measurement": measurement,
-        "quality": quality,
-        "samples": samples,
-    }
-    write_json_atomic(config.out, results)
-    return results
+    if cuts.too_long:
+        tqdm.write(f"warning: {encode.warning(cuts)}", file=sys.stderr)
+    totals["cuts"] = cuts
+    return samples, totals
 
 
-def _measure(config: RunConfig, loops: dict, records: list[dict], tokenizer, encode_kwargs: dict, device: str,
-             metrics: dict, threads: dict, progress: bool) -> dict:
-    """The paired timing (pipeline/paired.py) on the first ``samples_per_repeat`` samples, with the machine's load
-    recorded around it; returns the measurement record."""
-    from pipeline.tasks import get_task
-
-    task = get_task(config.task)
+def _measure(config: RunConfig, loops: dict, records: list[dict], encode, device: str, metrics: dict, threads: dict,
+             progress: bool) -> dict:
+    """The paired timing (pipeline/paired.py) on the first ``samples_per_repeat`` samples (encoded by the run's
+    ``encode``), with the machine's load recorded around it; returns the measurement record."""
     subset = records[: config.samples_per_repeat]
-    batches = [task.encode(subset[i: i + config.batch_size], tokenizer, config, **encode_kwargs)[0]
+    batches = [encode(subset[i: i + config.batch_size])[0]
                for i in range(0, len(subset), config.batch_size)]
     load = LoadProbe(device)
     timings = paired.time_repeats(loops, batches, config.max_new_tokens, config.repeats, config.seed, device,

@@ -3,7 +3,7 @@
 Why. A speculative loop makes γ draft forwards and one target forward per step, each over a handful of tokens.
 At the toy pairs' sizes, and for any small draft on a GPU, such a forward is mostly fixed per-call cost, not
 arithmetic: transformers' module dispatch, its mask builder, the DynamicCache's concatenations. That makes a
-draft with 1/12 of the target's FLOPs cost 0.8 of its time (README, "Speed measurements"), and speculative
+draft with 1/12 of the target's FLOPs cost 0.8 of its time (docs/measurement.md), and speculative
 decoding cannot win. gpt-fast answers with its own model code over a preallocated cache; so does this module,
 for one family at a time, over the transformers model's own parameters (nothing is copied, so a checkpoint
 loads once and both paths compute with the same weights).

@@ -13,7 +13,6 @@ RunConfig (``RunConfig.from_dict``) to check that the flags and the sweep agree.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import sys
@@ -145,10 +144,9 @@ def _sweep_disagreement(config: RunConfig, wandb_config) -> list[str]:
         from_wandb = config_from_wandb(wandb_config, base=config)
     except Exception:
         return []
-    ours, given = config.to_dict(), dict(wandb_config)
+    ours, theirs, given = config.to_dict(), from_wandb.to_dict(), dict(wandb_config)
     templated = {k for k, v in given.items() if isinstance(v, str) and "{" in v}  # filled by specsweep run
-    return [f.name for f in dataclasses.fields(RunConfig)
-            if f.name not in templated and getattr(from_wandb, f.name) != ours[f.name]]
+    return [name for name, value in ours.items() if name not in templated and theirs[name] != value]
 
 
 def _artifact_name(path: str | os.PathLike) -> str:

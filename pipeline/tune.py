@@ -1,7 +1,8 @@
 """Optuna search over verify settings: a multi-objective study maximising speedup and quality.
 
-Search space (a YAML file, by default sweeps/optuna_space.yaml): γ, sampler in {exact, sigmoid}, the sigmoid's
-alpha and beta (sampled for sigmoid only), and optionally dtype. Each trial is one :func:`pipeline.runner.run`
+Search space (a YAML file, by default sweeps/optuna_space.yaml): γ, the acceptance rule (the tunable ones of
+pipeline/rules.py: exact, sigmoid), each rule's parameters over the registry's ranges (sampled only in that
+rule's trials: the sigmoid's alpha and beta), and optionally dtype. Each trial is one :func:`pipeline.runner.run`
 of the base RunConfig with the trial's settings; its objectives are
 
     speedup   the paired median speedup: tokens/s over the γ = 0 loop's of the same engine and target, timed in
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import random
@@ -48,20 +48,31 @@ from pipeline.config import DTYPES, RunConfig
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.objectives import QUALITY, quality_value, tradeoff
+from pipeline.result import read_result
+from pipeline.rules import get_rule, param_names, tunable
 
 OBJECTIVES = ("speedup", "quality")
-TUNABLE_SAMPLERS = ("exact", "sigmoid")
+
+
 # ---------------------------------------------------------------------------------------------- search space
+
+Range = tuple[float, float, bool]  # (low, high, log scale)
+
+
+def _rule_ranges(rule_name: str) -> dict[str, Range]:
+    """A rule's parameter ranges as the registry gives them (pipeline/rules.py)."""
+    return {p.name: (p.low, p.high, p.log) for p in get_rule(rule_name).params}
+
 
 @dataclasses.dataclass
 class SearchSpace:
-    """Ranges a trial samples from (see sweeps/optuna_space.yaml)."""
+    """Ranges a trial samples from (see sweeps/optuna_space.yaml). ``params``: per acceptance rule, the range of
+    each of its parameters; a rule's parameters are sampled only in trials that chose it. Unset ranges are the
+    registry's."""
 
     gamma: tuple[int, int] = (1, 8)
-    samplers: tuple[str, ...] = TUNABLE_SAMPLERS
-    alpha: tuple[float, float] = (0.25, 4.0)
-    alpha_log: bool = True
-    beta: tuple[float, float] = (-30.0, 0.0)
+    samplers: tuple[str, ...] = dataclasses.field(default_factory=tunable)
+    params: dict[str, dict[str, Range]] = dataclasses.field(default_factory=dict)
     dtypes: tuple[str, ...] = ("float32",)
     known_good: dict = dataclasses.field(default_factory=lambda: {"sampler": "exact", "gamma": 4})
 
@@ -74,36 +85,49 @@ class SearchSpace:
             raise SpecsweepError(f"search space {path}: cannot read it ({' '.join(str(e).split())[:160]})") from None
         if not isinstance(raw, dict):
             raise SpecsweepError(f"search space {path}: expected a mapping of settings")
-        known = {"gamma", "sampler", "alpha", "beta", "dtype", "known_good"}
+        known = {"gamma", "sampler", "params", "dtype", "known_good"}
         if set(raw) - known:
+            moved = sorted(set(raw) & set(param_names()))
+            hint = (f" (rule parameters go under params: <rule>:, e.g. params: {{sigmoid: {{{moved[0]}: ...}}}})"
+                    if moved else "")
             raise SpecsweepError(f"search space {path}: unknown keys {sorted(set(raw) - known)}; known: "
-                                 f"{sorted(known)}")
+                                 f"{sorted(known)}{hint}")
         try:
             space = cls(
-                gamma=_range(raw.get("gamma", {"low": 1, "high": 8}), int),
-                samplers=tuple(raw.get("sampler", TUNABLE_SAMPLERS)),
-                alpha=_range(raw.get("alpha", {"low": 0.25, "high": 4.0}), float),
-                alpha_log=bool((raw.get("alpha") or {}).get("log", True)),
-                beta=_range(raw.get("beta", {"low": -30.0, "high": 0.0}), float),
+                gamma=tuple(int(v) for v in _range(raw.get("gamma", {"low": 1, "high": 8}))[:2]),
+                samplers=tuple(raw.get("sampler", tunable())),
+                params={rule: {name: _range(spec) for name, spec in (ranges or {}).items()}
+                        for rule, ranges in (raw.get("params") or {}).items()},
                 dtypes=tuple(raw.get("dtype", ("float32",))),
                 known_good=dict(raw.get("known_good", {"sampler": "exact", "gamma": 4})),
             )
-        except (TypeError, ValueError, KeyError) as e:
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise SpecsweepError(f"search space {path}: {e}") from None
         return space.check(path)
 
     def check(self, where: object = "search space") -> SearchSpace:
-        if not self.samplers or set(self.samplers) - set(TUNABLE_SAMPLERS):
-            raise SpecsweepError(f"{where}: sampler must be a non-empty list from {list(TUNABLE_SAMPLERS)}")
+        if not self.samplers or set(self.samplers) - set(tunable()):
+            raise SpecsweepError(f"{where}: sampler must be a non-empty list from {list(tunable())}")
         if not self.dtypes or set(self.dtypes) - set(DTYPES):
             raise SpecsweepError(f"{where}: dtype must be a non-empty list from {list(DTYPES)}")
         if self.gamma[0] < 1 or self.gamma[0] > self.gamma[1]:
             raise SpecsweepError(f"{where}: gamma needs 1 <= low <= high; got {list(self.gamma)}")
-        for name in ("alpha", "beta"):
-            lo, hi = getattr(self, name)
-            if lo > hi or (name == "alpha" and self.alpha_log and lo <= 0):
-                raise SpecsweepError(f"{where}: bad {name} range {[lo, hi]}")
+        for rule, ranges in self.params.items():
+            if rule not in self.samplers:
+                raise SpecsweepError(f"{where}: params for {rule!r}, which is not in sampler {list(self.samplers)}")
+            unknown = sorted(set(ranges) - set(_rule_ranges(rule)))
+            if unknown:
+                raise SpecsweepError(f"{where}: {rule} has no parameter(s) {unknown}; it has "
+                                     f"{list(_rule_ranges(rule))}")
+        for rule in self.samplers:
+            for name, (lo, hi, log) in self.ranges(rule).items():
+                if lo > hi or (log and lo <= 0):
+                    raise SpecsweepError(f"{where}: bad {rule} {name} range {[lo, hi]}{' (log scale)' if log else ''}")
         return self
+
+    def ranges(self, rule: str) -> dict[str, Range]:
+        """The search range of each of ``rule``'s parameters: the space's where it sets one, else the registry's."""
+        return {**_rule_ranges(rule), **self.params.get(rule, {})}
 
     def first_point(self, gamma: int | None = None) -> dict:
         """The known-good point enqueued before any sampled trial: the exact sampler (lossless)."""
@@ -117,21 +141,21 @@ class SearchSpace:
         return point
 
     def suggest(self, trial) -> dict:
-        """Sample one trial's settings (alpha and beta exist only for the sigmoid sampler)."""
+        """Sample one trial's settings (a rule's parameters exist only in trials of that rule)."""
         params = {"gamma": trial.suggest_int("gamma", *self.gamma),
                   "sampler": trial.suggest_categorical("sampler", list(self.samplers)),
                   "dtype": trial.suggest_categorical("dtype", list(self.dtypes))}
-        if params["sampler"] == "sigmoid":
-            params["alpha"] = trial.suggest_float("alpha", *self.alpha, log=self.alpha_log)
-            params["beta"] = trial.suggest_float("beta", *self.beta)
+        for name, (lo, hi, log) in self.ranges(params["sampler"]).items():
+            params[name] = trial.suggest_float(name, lo, hi, log=log)
         return params
 
 
-def _range(spec, kind) -> tuple:
+def _range(spec) -> Range:
+    """{low, high[, log]} or [low, high] -> (low, high, log)."""
     if isinstance(spec, dict):
-        return kind(spec["low"]), kind(spec["high"])
+        return float(spec["low"]), float(spec["high"]), bool(spec.get("log", False))
     lo, hi = spec
-    return kind(lo), kind(hi)
+    return float(lo), float(hi), False
 
 
 # ---------------------------------------------------------------------------------------------- storage
@@ -253,13 +277,13 @@ def baseline_for(base: RunConfig, dtype: str, study_dir: Path, given: list[str],
     study folder's ``baseline-<dtype>.json``, measured once (under a lock) when missing or stale."""
     from pipeline.runner import BASELINE_KEYS, run
 
-    want = dataclasses.replace(base, dtype=dtype, gamma=0, sampler="exact", alpha=None, beta=None, preset=None,
+    want = dataclasses.replace(base, dtype=dtype, gamma=0, sampler="exact", rule_params={}, preset=None,
                                baseline=None).to_dict()
 
     def matches(path: Path) -> bool:
         try:
-            cfg = json.loads(path.read_text(encoding="utf-8"))["config"]
-        except (OSError, ValueError, KeyError, TypeError):
+            cfg = read_result(path)["config"]
+        except (SpecsweepError, KeyError, TypeError):
             return False
         return cfg.get("gamma") == 0 and all(cfg.get(k) == want[k] for k in BASELINE_KEYS)
 
@@ -318,29 +342,19 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
          progress: bool = True) -> dict:
     """Run this worker's share of the study until it has ``n_trials`` completed trials; returns the front."""
     import optuna
-    from optuna.study import MaxTrialsCallback
 
     from pipeline.runner import run
-    from pipeline.tracking import wandb_run, warn
+    from pipeline.tracking import wandb_run
 
-    if base.task not in QUALITY:
-        raise SpecsweepError(f"specsweep tune needs a task with a quality metric ({sorted(QUALITY)}); "
-                             f"got --task {base.task}")
-    if n_trials < 1:
-        raise SpecsweepError(f"--n-trials must be >= 1; got {n_trials}")
+    _check_tune_args(base, n_trials)
     study_dir = Path(study_dir)
     (study_dir / "trials").mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(study_name, storage_url(storage, study_dir), base.seed + 1000 * worker,
-                       heartbeat_interval, grace_period, max_retry)
-    # trials a worker claimed and died before its first heartbeat
-    adopt_orphaned_trials(study, effective_grace(heartbeat_interval, grace_period))
-    study.enqueue_trial(space.first_point(), skip_if_exists=True)
+    study = _open_worker_study(space, study_name, storage_url(storage, study_dir), base.seed + 1000 * worker,
+                               heartbeat_interval, grace_period, max_retry)
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     ran: list[int] = []
-
-    def write_front(study, _trial=None) -> None:
-        write_json_atomic(out, pareto_front(study))
+    failed: list[int] = []
 
     with wandb_run(mode=base.wandb_mode, project=base.wandb_project, group=base.wandb_group or study_name,
                    job_type=f"tune-{base.task}", name=f"{study_name}-{worker_id}",
@@ -348,56 +362,103 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
                            "space": dataclasses.asdict(space)}) as wb:
 
         def objective(trial) -> tuple[float, float]:
-            ran.append(trial.number)
-            params = space.suggest(trial)
-            trial.set_user_attr("worker", worker_id)
-            baseline = baseline_for(base, params["dtype"], study_dir, baselines or [], progress=False)
-            results_path = study_dir / "trials" / f"{trial.number:05d}.json"
-            cfg = dataclasses.replace(base, **params, preset=None, baseline=baseline, out=str(results_path),
-                                      wandb_mode="disabled").validate()
-            trial.set_user_attr("results", str(results_path))
-            result = measured_run(cfg, run, f"trial {trial.number}")
-            trial.set_user_attr("remeasured", result["measurement"].get("remeasured", False))
-            speedup = result["metrics"].get("speedup")
-            quality = quality_value(base.task, result["quality"])
-            if speedup is None or quality is None or not (math.isfinite(speedup) and math.isfinite(quality)):
-                raise SpecsweepError(f"trial {trial.number}: no speedup/quality in {results_path}")
-            score = tradeoff(result)
-            trial.set_user_attr("tradeoff", score)
-            if wb is not None:
-                try:
-                    _log_trial(wb, study, trial.number, params, speedup, quality, score)
-                except Exception as e:
-                    warn(f"W&B logging of trial {trial.number} failed ({' '.join(str(e).split())[:160]})")
-            return speedup, quality
-
-        failed: list[int] = []
-
-        def counted(trial) -> tuple[float, float]:
+            """One trial's (speedup, quality), recorded in ``ran``; a trial that raises is recorded in ``failed``
+            with its reason (user attribute ``fail_reason``) and fails."""
             try:
-                return objective(trial)
+                ran.append(trial.number)
+                params, result, speedup, quality = _run_trial(trial, base, space, study_dir, baselines or [],
+                                                              worker_id, run)
+                score = tradeoff(result)
+                trial.set_user_attr("tradeoff", score)
+                if wb is not None:
+                    _log_trial_or_warn(wb, study, trial.number, params, speedup, quality, score)
+                return speedup, quality
             except Exception as e:
                 failed.append(trial.number)
                 trial.set_user_attr("fail_reason", " ".join(str(e).split())[:1000])
                 raise
 
-        complete = (optuna.trial.TrialState.COMPLETE,)
-        # Failed trials do not count towards --n-trials: go on until the study has enough completed ones, but
-        # stop a worker whose own trials keep failing (--n-trials failures) instead of looping for ever.
-        while (done := len(study.get_trials(deepcopy=False, states=complete))) < n_trials:
-            if len(failed) >= n_trials:
-                warn(f"stopping this worker: {len(failed)} of its trials failed (see the errors above)")
-                break
-            study.optimize(counted, n_trials=n_trials - done, catch=(Exception,), gc_after_trial=False,
-                           callbacks=[MaxTrialsCallback(n_trials, states=complete), write_front],
-                           show_progress_bar=progress)
-        front = pareto_front(study)
-        write_json_atomic(out, front)
-        if wb is not None:
-            with contextlib.suppress(Exception):
-                wb.summary.update({"n_complete": front["n_complete"], "n_failed": front["n_failed"],
-                                   "pareto_size": len(front["best_trials"])})
+        _optimize(study, objective, n_trials, failed, out, progress)
+        front = _write_front(study, out, wb)
     front["worker"] = {"id": worker_id, "trials": ran}
+    return front
+
+
+def _check_tune_args(base: RunConfig, n_trials: int) -> None:
+    """Raise SpecsweepError unless ``base.task`` has a quality metric and ``n_trials`` >= 1."""
+    if base.task not in QUALITY:
+        raise SpecsweepError(f"specsweep tune needs a task with a quality metric ({sorted(QUALITY)}); "
+                             f"got --task {base.task}")
+    if n_trials < 1:
+        raise SpecsweepError(f"--n-trials must be >= 1; got {n_trials}")
+
+
+def _open_worker_study(space: SearchSpace, name: str, url: str, seed: int, heartbeat_interval: int,
+                       grace_period: int | None, max_retry: int):
+    """:func:`open_study`, then give a heartbeat to orphaned trials (:func:`adopt_orphaned_trials`) and enqueue the
+    space's known-good point unless it already is; returns the study."""
+    study = open_study(name, url, seed, heartbeat_interval, grace_period, max_retry)
+    # trials a worker claimed and died before its first heartbeat
+    adopt_orphaned_trials(study, effective_grace(heartbeat_interval, grace_period))
+    study.enqueue_trial(space.first_point(), skip_if_exists=True)
+    return study
+
+
+def _run_trial(trial, base: RunConfig, space: SearchSpace, study_dir: Path, baselines: list[str], worker_id: str,
+               run) -> tuple[dict, dict, float, float]:
+    """Sample the trial's settings and run them on ``base`` (:func:`measured_run` of ``run``, results in
+    ``study_dir/trials/<number>.json``), recording the worker, results path and re-measurement on the trial.
+    Returns (params, results, speedup, quality); raises SpecsweepError when speedup or quality is missing or not
+    finite."""
+    params = space.suggest(trial)
+    trial.set_user_attr("worker", worker_id)
+    baseline = baseline_for(base, params["dtype"], study_dir, baselines, progress=False)
+    results_path = study_dir / "trials" / f"{trial.number:05d}.json"
+    cfg = RunConfig.from_dict({**base.to_dict(), **params, "preset": None, "baseline": baseline,
+                               "out": str(results_path), "wandb_mode": "disabled"}).validate()
+    trial.set_user_attr("results", str(results_path))
+    result = measured_run(cfg, run, f"trial {trial.number}")
+    trial.set_user_attr("remeasured", result["measurement"].get("remeasured", False))
+    speedup = result["metrics"].get("speedup")
+    quality = quality_value(base.task, result["quality"])
+    if speedup is None or quality is None or not (math.isfinite(speedup) and math.isfinite(quality)):
+        raise SpecsweepError(f"trial {trial.number}: no speedup/quality in {results_path}")
+    return params, result, speedup, quality
+
+
+def _optimize(study, objective, n_trials: int, failed: list[int], out: str, progress: bool) -> None:
+    """Run ``objective`` until the study has ``n_trials`` completed trials, writing the Pareto front to ``out``
+    after each trial. Failed trials do not count towards ``n_trials``, but the worker stops (with a warning) once
+    ``failed``, this worker's failed trials as ``objective`` records them, holds ``n_trials``."""
+    import optuna
+    from optuna.study import MaxTrialsCallback
+
+    from pipeline.tracking import warn
+
+    def write_front(study, _trial=None) -> None:
+        write_json_atomic(out, pareto_front(study))
+
+    complete = (optuna.trial.TrialState.COMPLETE,)
+    # Failed trials do not count towards --n-trials: go on until the study has enough completed ones, but
+    # stop a worker whose own trials keep failing (--n-trials failures) instead of looping for ever.
+    while (done := len(study.get_trials(deepcopy=False, states=complete))) < n_trials:
+        if len(failed) >= n_trials:
+            warn(f"stopping this worker: {len(failed)} of its trials failed (see the errors above)")
+            break
+        study.optimize(objective, n_trials=n_trials - done, catch=(Exception,), gc_after_trial=False,
+                       callbacks=[MaxTrialsCallback(n_trials, states=complete), write_front],
+                       show_progress_bar=progress)
+
+
+def _write_front(study, out: str, wb) -> dict:
+    """Write the study's Pareto front to ``out`` and, with a W&B run ``wb``, its counts to the run's summary
+    (best effort); returns the front."""
+    front = pareto_front(study)
+    write_json_atomic(out, front)
+    if wb is not None:
+        with contextlib.suppress(Exception):
+            wb.summary.update({"n_complete": front["n_complete"], "n_failed": front["n_failed"],
+                               "pareto_size": len(front["best_trials"])})
     return front
 
 
@@ -416,6 +477,16 @@ def measured_run(cfg: RunConfig, run, name: str) -> dict:
     return result
 
 
+def _log_trial_or_warn(wb, study, number: int, params: dict, speedup: float, quality: float, score) -> None:
+    """:func:`_log_trial`, with a warning instead of an error when W&B logging fails (the trial goes on)."""
+    from pipeline.tracking import warn
+
+    try:
+        _log_trial(wb, study, number, params, speedup, quality, score)
+    except Exception as e:
+        warn(f"W&B logging of trial {number} failed ({' '.join(str(e).split())[:160]})")
+
+
 def _log_trial(wb, study, number: int, params: dict, speedup: float, quality: float, score) -> None:
     """Inside the objective: this trial's values, and the Pareto front so far as a table."""
     import wandb
@@ -424,9 +495,9 @@ def _log_trial(wb, study, number: int, params: dict, speedup: float, quality: fl
             **({"tradeoff": score} if score is not None else {}),
             **{f"param/{k}": v for k, v in params.items() if not isinstance(v, str)}})
     front = pareto_front(study)["best_trials"]
-    table = wandb.Table(columns=["trial", "speedup", "quality", "sampler", "gamma", "dtype", "alpha", "beta"])
+    table = wandb.Table(columns=["trial", "speedup", "quality", "sampler", "gamma", "dtype", *param_names()])
     for t in [*front, {"number": number, "values": {"speedup": speedup, "quality": quality}, "params": params}]:
         p = t["params"]
         table.add_data(t["number"], t["values"]["speedup"], t["values"]["quality"], p.get("sampler"),
-                       p.get("gamma"), p.get("dtype"), p.get("alpha"), p.get("beta"))
+                       p.get("gamma"), p.get("dtype"), *(p.get(name) for name in param_names()))
     wb.log({"pareto_front": table})

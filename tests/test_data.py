@@ -1,5 +1,5 @@
-"""pipeline.data: local sources, audio decoding, deterministic subsets, Parquet round trips, the Hub path
-(mocked: no network), and the real sample data when present."""
+"""pipeline.data and pipeline.audio: local sources, audio decoding, deterministic subsets, Parquet round trips,
+the Hub path (mocked: no network), and the real sample data when present."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline import data
+from pipeline import audio, data
 from pipeline.errors import SpecsweepError
+from pipeline.tasks import get_task
 
 # ------------------------------------------------------------------------------------------- helpers
 
@@ -91,14 +92,14 @@ def test_22k_stereo_is_resampled_and_downmixed(tmp_path):
 
 
 def test_truncate_audio():
-    sr = data.SAMPLE_RATE
+    sr = audio.SAMPLE_RATE
     long = np.ones(31 * sr, dtype=np.float32)
-    cut = data.truncate_audio(long)
+    cut = audio.truncate_audio(long)
     assert cut.truncated and cut.audio.shape == (30 * sr,) and cut.original_seconds == pytest.approx(31.0)
     short = np.ones(10 * sr, dtype=np.float32)
-    same = data.truncate_audio(short)
+    same = audio.truncate_audio(short)
     assert not same.truncated and same.audio is short and same.original_seconds == pytest.approx(10.0)
-    assert data.truncate_audio(long, max_seconds=5).audio.shape == (5 * sr,)
+    assert audio.truncate_audio(long, max_seconds=5).audio.shape == (5 * sr,)
 
 
 # ------------------------------------------------------------------------------------------- subsets
@@ -215,10 +216,10 @@ def test_fetch_from_hub_mocked(tmp_path, monkeypatch, task, rate):
     monkeypatch.setattr(data, "hub_probe", lambda repo_id, **kw: "0123456789abcdef")
     monkeypatch.setattr(datasets, "load_dataset", fake)
     manifest = data.fetch(task, tmp_path / "out", split="test", limit=4, seed=11, progress=False)
-    spec = data.TASKS[task]
-    assert fake.calls == [(spec.repo_id, spec.config, {"split": "test", "streaming": True,
+    hub = get_task(task).hub
+    assert fake.calls == [(hub.repo_id, hub.config, {"split": "test", "streaming": True,
                                                        "revision": "0123456789abcdef"})]
-    assert manifest["origin"] == {"kind": "hub", "repo_id": spec.repo_id, "config": spec.config, "split": "test",
+    assert manifest["origin"] == {"kind": "hub", "repo_id": hub.repo_id, "config": hub.config, "split": "test",
                                   "revision": "0123456789abcdef", "endpoint": data._hub_endpoint()}
     all_ids = list(fake.ds["id"])
     expected, _ = data.select_subset(((i, None) for i in all_ids), 4, 11)

@@ -24,7 +24,7 @@ def test_tradeoff_uses_the_baseline_quality_the_run_recorded_even_without_the_fi
     # an older result without it: the baseline file is read, and without the file there is no trade-off
     del result["resolved"]["baseline_quality"]
     assert tradeoff(result) is None
-    (tmp_path / "gone.json").write_text(json.dumps({"quality": {"rougeL": 0.6}}))
+    (tmp_path / "gone.json").write_text(json.dumps({"specsweep_results": 1, "quality": {"rougeL": 0.6}}))
     assert tradeoff(result) == pytest.approx(2.0 * 0.5)
 
 

@@ -49,8 +49,9 @@ def tiny(tmp_path_factory):
     baseline = root / "ar.json"
     assert main(["run", *base, "--gamma", "0", "--out", str(baseline)]) == 0
     space = root / "space.yaml"
-    space.write_text("gamma: {low: 1, high: 4}\nsampler: [exact, sigmoid]\nalpha: {low: 0.5, high: 2.0, log: true}\n"
-                     "beta: {low: -10.0, high: 0.0}\ndtype: [float32]\nknown_good: {sampler: exact, gamma: 2}\n")
+    space.write_text("gamma: {low: 1, high: 4}\nsampler: [exact, sigmoid]\n"
+                     "params: {sigmoid: {alpha: {low: 0.5, high: 2.0, log: true}, beta: {low: -10.0, high: 0.0}}}\n"
+                     "dtype: [float32]\nknown_good: {sampler: exact, gamma: 2}\n")
     return root, [*base, "--space", str(space), "--baseline", str(baseline)]
 
 

@@ -198,7 +198,7 @@ def test_recommendation_picks_fastest_within_the_loss_and_best_lossless(tree):
     fast = rec.loc["fastest within 1.0% quality loss"]
     # sigmoid g4 (2.0x, -12.5 %) and greedy (3.0x, -50 %) lose too much; trial #1 (1.8x, -0.5 %) wins
     assert fast["run"] == "s-text#1" and fast["quality_loss"] == pytest.approx(0.005)
-    lossless = rec.loc["best lossless (exact, or greedy at T = 0)"]
+    lossless = rec.loc["best lossless"]
     assert lossless["run"] == "text-exact-torch-g4-float32"   # greedy at T = 1 is not lossless
     wide = recommend(table, 0.2).set_index("choice").loc["fastest within 20.0% quality loss"]
     assert wide["run"] == "text-sigmoid-torch-g4-float32"
@@ -216,7 +216,7 @@ def test_flagged_runs_are_left_out_of_recommendation_and_front_and_listed_on_the
     table = load_all(load_runs(runs), tune=tree / "tune")
     assert table.set_index("run").loc["text-exact-torch-g5-float32", "flagged"] == True  # noqa: E712
     rec = recommend(table, 0.01).set_index("choice")
-    assert rec.loc["best lossless (exact, or greedy at T = 0)", "run"] == "text-exact-torch-g4-float32"
+    assert rec.loc["best lossless", "run"] == "text-exact-torch-g4-float32"
     assert rec.loc["fastest within 1.0% quality loss", "run"] == "s-text#1"
     out = tree / "reports"
     assert main(["report", "--runs", str(runs), "--tune", str(tree / "tune"), "--out", str(out)]) == 0
@@ -240,7 +240,7 @@ def test_recommendation_on_wer_uses_word_accuracy_and_greedy_at_t0(tmp_path):
     rec = recommend(load_runs(runs), 0.01).set_index("choice")
     fast = rec.loc["fastest within 1.0% quality loss"]
     assert fast["run"] == "asr-a" and fast["quality_loss"] == pytest.approx(1 - 0.895 / 0.9)
-    assert rec.loc["best lossless (exact, or greedy at T = 0)", "run"] == "asr-c"
+    assert rec.loc["best lossless", "run"] == "asr-c"
 
 
 def html_refs(html: str) -> list[str]:
@@ -360,7 +360,7 @@ def test_a_recommendation_slower_than_the_target_alone_says_so(tmp_path):
     rec = recommend(load_runs(runs), 0.01).set_index(["task", "choice"])
     fast = rec.loc[("librispeech", "fastest within 1.0% quality loss")]
     assert fast["run"] == "asr-a" and fast["note"].startswith("slower than the target alone (speedup 0.87x")
-    assert rec.loc[("cnn_dailymail", "best lossless (exact, or greedy at T = 0)"), "note"] == ""
+    assert rec.loc[("cnn_dailymail", "best lossless"), "note"] == ""
     out = tmp_path / "reports"
     assert main(["report", "--runs", str(runs), "--out", str(out)]) == 0
     md = (out / "report.md").read_text().split("## Recommendation")[1]

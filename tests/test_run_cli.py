@@ -113,7 +113,7 @@ def test_hf_engine_through_the_cli(setup):
     (["--temperature", "-0.5"], "--temperature must be >= 0"),
     (["--sampler", "hf", "--temperature", "0"], "use --sampler greedy"),
     (["--backend", "cupy"], "cupy"),
-    (["--alpha", "2"], "--alpha/--beta/--preset apply to --sampler sigmoid only"),
+    (["--alpha", "2"], "--alpha do(es) not apply to --sampler exact (it takes no parameters)"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--verify-graphs"], "--verify-graphs replays the CUDA kernels' verify step"),
     (["--repeats", "2"], "--repeats must be >= 3"),

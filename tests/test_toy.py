@@ -13,8 +13,9 @@ import pytest
 import soundfile as sf
 import torch
 
+from pipeline.audio import SAMPLE_RATE
 from pipeline.cli import main
-from pipeline.data import SAMPLE_RATE, load_task_data
+from pipeline.data import load_task_data
 from pipeline.toy import speech_data, speech_synth, text_data, train_text
 from pipeline.toy.vocab import WHISPER_SPECIAL_TOKENS, text_tokenizer, whisper_tokenizer
 

@@ -33,6 +33,7 @@ import statistics
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -70,136 +71,205 @@ def _load_prompts(data: str | None) -> list[str]:
 def run(target: str | None = None, draft: str | None = None, data: str | None = None, gamma: int = 4,
         max_new_tokens: int = 64, repeats: int = 3, temperatures=(0.0, 1.0), device: str = "cpu",
         out: Path | None = None) -> dict:
-    from pipeline.models import load_causal_lm, load_tokenizer
+    """Time the loops at each temperature (without ``target``, on a synthetic pair); returns the results JSON,
+    also written to ``out`` when given."""
     from pipeline.synthetic import save_pair
 
     tmp = None
     if target is None:
         tmp = tempfile.TemporaryDirectory()
         target, draft = (str(p) for p in save_pair(Path(tmp.name), **SYNTHETIC))
-    tok = load_tokenizer(target)
-    t_model = load_causal_lm(target, torch.float32, device)
-    d_model = load_causal_lm(draft, torch.float32, device)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    # HF's min_new_tokens = max_new_tokens masks EOS in target and draft logits until the end. The pad token is
-    # masked in both loops too: a pad id inside the generated text makes HF's assistant propose tokens that
-    # are not the draft's (checked against fresh draft forwards), which lowered HF's acceptance on the
-    # synthetic pair, whose random models emit the pad token. Ours is given the same ids to suppress, so
-    # both loops decode one distribution (and the same tokens at T = 0).
-    eos = t_model.generation_config.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    masked = sorted(set(eos) | ({tok.pad_token_id} if tok.pad_token_id is not None else set()))
-    prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in _load_prompts(data)]
-
-    cpu = torch.device(device).type == "cpu"
-
-    @contextmanager
-    def forwards():
-        """Count every draft and target forward inside the block and, on CPU, time them (hooks on both loops
-        alike; on a GPU a forward's host time is only its launches, so the time is not used there)."""
-        timer = PhaseTimer("cpu")
-        with forward_timing(d_model, timer, "draft"), forward_timing(t_model, timer, "target"):
-            yield timer
-
-    def ours(gam: int, temperature: float, seed: int, static: bool = True) -> dict:
-        engine = SpeculativeEngine(t_model, d_model if gam else None, get_sampler("exact", temperature=temperature),
-                                   gam, device, eos_token_ids=[], pad_token_id=pad, suppress_tokens=masked,
-                                   static_cache=static)
-        g = torch.Generator(device=device).manual_seed(seed)
-        run = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0, "hist": [0] * (gam + 1) if gam else None}
-        with forwards() as timer:
-            _time_static_forwards(engine, timer)
-            for ids in prompts:
-                r = engine.generate(ids, torch.ones_like(ids), max_new_tokens, g)
-                run["tokens"].append(r.tokens[0])
-                run["accepted"] += r.row_stats[0]["accepted"]
-                run["drafted"] += r.row_stats[0]["drafted"]
-                run["steps"] += r.verify_steps
-                if gam:
-                    run["hist"] = [a + b for a, b in zip(run["hist"], r.extra["accepted_histogram"])]
-        run["forward_seconds"] = sum(timer.totals().values()) if cpu else None
-        return run
-
-    def hf(gam: int, temperature: float, seed: int) -> dict:
-        kw = _hf_kwargs(max_new_tokens, temperature, pad)
-        if tok.pad_token_id is not None and tok.pad_token_id not in eos:
-            kw["suppress_tokens"] = [tok.pad_token_id]
-        if gam:
-            kw["assistant_model"] = d_model
-        torch.manual_seed(seed)
-        tokens, stats = [], {}
-        with ExitStack() as stack, torch.inference_mode():
-            stack.enter_context(hf_verify_step(None, None, stats))  # HF's own verify step, counted
-            if gam:
-                stack.enter_context(assistant_schedule(d_model, gam))
-            timer = stack.enter_context(forwards())
-            for ids in prompts:
-                outp = t_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
-                tokens.append(outp[0, ids.shape[1]:].tolist())
-        steps = timer.counts["target"]  # HF: one target forward per step, the prompt's included in the first
-        run = {"tokens": tokens, "steps": steps, "forward_seconds": sum(timer.totals().values()) if cpu else None}
-        if temperature > 0 or not gam:
-            hist = stats.get("hist", {})
-            return {**run, "accepted": stats.get("accepted", 0), "drafted": stats.get("drafted", 0),
-                    "hist": [hist.get((gam, k), 0) for k in range(gam + 1)] if gam else None}
-        # T = 0: HF matched tokens itself and never called the verify step. One draft forward per draft token;
-        # each step emits its accepted tokens plus one.
-        emitted = sum(len(t) for t in tokens)
-        return {**run, "accepted": emitted - steps, "drafted": timer.counts["draft"], "hist": None}
-
-    def ours_hf_forward(gam: int, temperature: float, seed: int) -> dict:
-        return ours(gam, temperature, seed, static=False)
-
-    loops = {"ours_speculative": (ours, gamma), "hf_assisted": (hf, gamma),
-             "ours_autoregressive": (ours, 0), "hf_plain": (hf, 0),
-             "ours_speculative_hf_forward": (ours_hf_forward, gamma),
-             "ours_autoregressive_hf_forward": (ours_hf_forward, 0)}
+    bench = _Bench.load(target, draft, data, device, max_new_tokens)
+    loops = _loops(gamma)
     rows = []
     for temperature in temperatures:
-        runs: dict[str, list[dict]] = {k: [] for k in loops}
-        for rep in tqdm(range(repeats), desc=f"bench engine T={temperature}", unit="repeat"):
-            for name, (fn, gam) in loops.items():
-                t0 = time.perf_counter()
-                run = fn(gam, temperature, seed=rep)
-                run["seconds"] = time.perf_counter() - t0
-                runs[name].append(run)
-        for name, (_, gam) in loops.items():
-            reps = runs[name]
-            secs = [r["seconds"] for r in reps]
-            n_tokens = sum(len(t) for t in reps[0]["tokens"])
-            acc, dr, steps = (sum(r[k] for r in reps) for k in ("accepted", "drafted", "steps"))
-            fwd = [r["forward_seconds"] for r in reps]
-            rows.append({"loop": name, "gamma": gam, "temperature": temperature, "prompts": len(prompts),
-                         "new_tokens": n_tokens, "seconds": secs,
-                         "tokens_per_second": n_tokens / statistics.median(secs),
-                         "acceptance_rate": acc / dr if dr else None,
-                         # per repeat (each its own seed): shows how much sampled acceptance varies
-                         "acceptance_per_repeat": [r["accepted"] / r["drafted"] if r["drafted"] else None
-                                                   for r in reps],
-                         "verify_steps": steps // repeats,
-                         "drafted_per_step": dr / steps if gam and steps else None,
-                         # steps that drafted the full γ (the last steps of a prompt draft fewer): how often
-                         # k = 0..γ drafts were accepted, and accepted/drafted over those steps alone
-                         **_full_steps([r["hist"] for r in reps], gam),
-                         "model_forward_seconds": fwd if cpu else None})
-        by_loop = {r["loop"]: r for r in rows if r["temperature"] == temperature}
-        for name, other in (("ours_speculative", "hf_assisted"), ("ours_autoregressive", "hf_plain")):
-            # the static-cache forward emits the same tokens as transformers' forward, at every temperature
-            by_loop[name]["identical_to_hf_forward"] = runs[name][0]["tokens"] == \
-                runs[f"{name}_hf_forward"][0]["tokens"]
-            if temperature == 0.0:
-                by_loop[name][f"identical_to_{other}"] = runs[name][0]["tokens"] == runs[other][0]["tokens"]
+        runs = _time_loops(bench, loops, temperature, repeats)
+        by_loop = {name: _row(name, gam, temperature, runs[name], bench) for name, (_, gam) in loops.items()}
+        _check_identical(by_loop, runs, temperature)
+        rows.extend(by_loop.values())
     result = {"benchmark": "engine", "provenance": provenance(device),
               "settings": {"target": target if tmp is None else f"synthetic {SYNTHETIC}", "gamma": gamma,
                            "max_new_tokens": max_new_tokens, "repeats": repeats, "dtype": "float32",
                            "batch": 1,
-                           "masked_tokens": f"EOS {eos}, pad {tok.pad_token_id}: every loop emits max_new_tokens"},
+                           "masked_tokens": f"EOS {bench.eos}, pad {bench.tok.pad_token_id}: every loop emits "
+                                            "max_new_tokens"},
               "results": rows, "goals": _goals(rows)}
     if tmp is not None:
         tmp.cleanup()
     if out is not None:
         write_json_atomic(out, result)
     return result
+
+
+@dataclass
+class _Bench:
+    """What every loop decodes: the target and draft, the tokenizer, the tokenized prompts, the number of new
+    tokens, and the ids masked in every loop (``eos``: the target's EOS ids; ``masked``: those and the pad id)."""
+
+    t_model: object
+    d_model: object
+    tok: object
+    prompts: list
+    eos: list[int]
+    masked: list[int]
+    pad: int
+    device: str
+    max_new_tokens: int
+
+    @property
+    def cpu(self) -> bool:
+        """Whether the loops run on CPU, the only device where model forwards are timed."""
+        return torch.device(self.device).type == "cpu"
+
+    @classmethod
+    def load(cls, target: str, draft: str, data: str | None, device: str, max_new_tokens: int) -> _Bench:
+        """Load the tokenizer and both models (float32 on ``device``) and tokenize the prompts of ``data`` (the
+        synthetic prompts when None)."""
+        from pipeline.models import load_causal_lm, load_tokenizer
+
+        tok = load_tokenizer(target)
+        t_model = load_causal_lm(target, torch.float32, device)
+        d_model = load_causal_lm(draft, torch.float32, device)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        # HF's min_new_tokens = max_new_tokens masks EOS in target and draft logits until the end. The pad token is
+        # masked in both loops too: a pad id inside the generated text makes HF's assistant propose tokens that
+        # are not the draft's (checked against fresh draft forwards), which lowered HF's acceptance on the
+        # synthetic pair, whose random models emit the pad token. Ours is given the same ids to suppress, so
+        # both loops decode one distribution (and the same tokens at T = 0).
+        eos = t_model.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        masked = sorted(set(eos) | ({tok.pad_token_id} if tok.pad_token_id is not None else set()))
+        prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in _load_prompts(data)]
+        return cls(t_model, d_model, tok, prompts, eos, masked, pad, device, max_new_tokens)
+
+
+@contextmanager
+def _forwards(bench: _Bench):
+    """Count every draft and target forward inside the block and, on CPU, time them (hooks on both loops
+    alike; on a GPU a forward's host time is only its launches, so the time is not used there); yields the
+    PhaseTimer (phases "draft" and "target")."""
+    timer = PhaseTimer("cpu")
+    with forward_timing(bench.d_model, timer, "draft"), forward_timing(bench.t_model, timer, "target"):
+        yield timer
+
+
+def _ours(bench: _Bench, gam: int, temperature: float, seed: int, static: bool = True) -> dict:
+    """One pass of our loop (SpeculativeEngine, `exact` sampler; autoregressive at ``gam`` = 0) over every prompt,
+    on the static-cache forward unless ``static`` is False. Returns the tokens of each prompt, accepted, drafted
+    and verify steps summed over prompts, the accepted-count histogram (None at ``gam`` = 0) and the seconds in
+    model forwards (None off CPU)."""
+    engine = SpeculativeEngine(bench.t_model, bench.d_model if gam else None,
+                               get_sampler("exact", temperature=temperature), gam, bench.device, eos_token_ids=[],
+                               pad_token_id=bench.pad, suppress_tokens=bench.masked, static_cache=static)
+    g = torch.Generator(device=bench.device).manual_seed(seed)
+    decoded = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0, "hist": [0] * (gam + 1) if gam else None}
+    with _forwards(bench) as timer:
+        _time_static_forwards(engine, timer)
+        for ids in bench.prompts:
+            r = engine.generate(ids, torch.ones_like(ids), bench.max_new_tokens, g)
+            decoded["tokens"].append(r.tokens[0])
+            decoded["accepted"] += r.row_stats[0]["accepted"]
+            decoded["drafted"] += r.row_stats[0]["drafted"]
+            decoded["steps"] += r.verify_steps
+            if gam:
+                decoded["hist"] = [a + b for a, b in zip(decoded["hist"], r.extra["accepted_histogram"])]
+    decoded["forward_seconds"] = sum(timer.totals().values()) if bench.cpu else None
+    return decoded
+
+
+def _ours_hf_forward(bench: _Bench, gam: int, temperature: float, seed: int) -> dict:
+    """:func:`_ours` on transformers' forward and DynamicCache instead of the static-cache forward."""
+    return _ours(bench, gam, temperature, seed, static=False)
+
+
+def _hf(bench: _Bench, gam: int, temperature: float, seed: int) -> dict:
+    """One pass of Hugging Face's loop over every prompt: ``target.generate``, assisted by the draft with a constant
+    schedule of ``gam`` tokens when ``gam`` > 0. Returns the same keys as :func:`_ours`; at T = 0 HF's assisted
+    loop never calls the verify step, so its accepted and drafted counts come from the emitted tokens and the
+    draft forwards (and there is no histogram)."""
+    kw = _hf_kwargs(bench.max_new_tokens, temperature, bench.pad)
+    pad_id = bench.tok.pad_token_id
+    if pad_id is not None and pad_id not in bench.eos:
+        kw["suppress_tokens"] = [pad_id]
+    if gam:
+        kw["assistant_model"] = bench.d_model
+    torch.manual_seed(seed)
+    tokens, stats = [], {}
+    with ExitStack() as stack, torch.inference_mode():
+        stack.enter_context(hf_verify_step(None, None, stats))  # HF's own verify step, counted
+        if gam:
+            stack.enter_context(assistant_schedule(bench.d_model, gam))
+        timer = stack.enter_context(_forwards(bench))
+        for ids in bench.prompts:
+            outp = bench.t_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+            tokens.append(outp[0, ids.shape[1]:].tolist())
+    steps = timer.counts["target"]  # HF: one target forward per step, the prompt's included in the first
+    decoded = {"tokens": tokens, "steps": steps,
+               "forward_seconds": sum(timer.totals().values()) if bench.cpu else None}
+    if temperature > 0 or not gam:
+        hist = stats.get("hist", {})
+        return {**decoded, "accepted": stats.get("accepted", 0), "drafted": stats.get("drafted", 0),
+                "hist": [hist.get((gam, k), 0) for k in range(gam + 1)] if gam else None}
+    # T = 0: HF matched tokens itself and never called the verify step. One draft forward per draft token;
+    # each step emits its accepted tokens plus one.
+    emitted = sum(len(t) for t in tokens)
+    return {**decoded, "accepted": emitted - steps, "drafted": timer.counts["draft"], "hist": None}
+
+
+def _loops(gamma: int) -> dict:
+    """The six loops, by name: each its pass function (:func:`_ours`, :func:`_hf`, :func:`_ours_hf_forward`) and
+    its γ (``gamma`` for the speculative loops, 0 for the autoregressive ones)."""
+    return {"ours_speculative": (_ours, gamma), "hf_assisted": (_hf, gamma),
+            "ours_autoregressive": (_ours, 0), "hf_plain": (_hf, 0),
+            "ours_speculative_hf_forward": (_ours_hf_forward, gamma),
+            "ours_autoregressive_hf_forward": (_ours_hf_forward, 0)}
+
+
+def _time_loops(bench: _Bench, loops: dict, temperature: float, repeats: int) -> dict[str, list[dict]]:
+    """Run every loop ``repeats`` times at ``temperature``, interleaved (repeat ``rep`` of each loop is seeded with
+    ``rep``); returns each loop's passes, in repeat order, each with its wall-clock ``seconds`` added."""
+    runs: dict[str, list[dict]] = {k: [] for k in loops}
+    for rep in tqdm(range(repeats), desc=f"bench engine T={temperature}", unit="repeat"):
+        for name, (fn, gam) in loops.items():
+            t0 = time.perf_counter()
+            decoded = fn(bench, gam, temperature, seed=rep)
+            decoded["seconds"] = time.perf_counter() - t0
+            runs[name].append(decoded)
+    return runs
+
+
+def _row(name: str, gam: int, temperature: float, reps: list[dict], bench: _Bench) -> dict:
+    """The results row of loop ``name`` from its passes ``reps`` (one per repeat): tokens/s over the median
+    seconds, pooled and per-repeat acceptance, verify steps per repeat, drafts per step, full-γ step counts and,
+    on CPU, the seconds in model forwards."""
+    secs = [r["seconds"] for r in reps]
+    n_tokens = sum(len(t) for t in reps[0]["tokens"])
+    acc, dr, steps = (sum(r[k] for r in reps) for k in ("accepted", "drafted", "steps"))
+    fwd = [r["forward_seconds"] for r in reps]
+    return {"loop": name, "gamma": gam, "temperature": temperature, "prompts": len(bench.prompts),
+            "new_tokens": n_tokens, "seconds": secs,
+            "tokens_per_second": n_tokens / statistics.median(secs),
+            "acceptance_rate": acc / dr if dr else None,
+            # per repeat (each its own seed): shows how much sampled acceptance varies
+            "acceptance_per_repeat": [r["accepted"] / r["drafted"] if r["drafted"] else None for r in reps],
+            "verify_steps": steps // len(reps),
+            "drafted_per_step": dr / steps if gam and steps else None,
+            # steps that drafted the full γ (the last steps of a prompt draft fewer): how often
+            # k = 0..γ drafts were accepted, and accepted/drafted over those steps alone
+            **_full_steps([r["hist"] for r in reps], gam),
+            "model_forward_seconds": fwd if bench.cpu else None}
+
+
+def _check_identical(by_loop: dict[str, dict], runs: dict[str, list[dict]], temperature: float) -> None:
+    """Add to the rows ``by_loop`` (one temperature's, by loop name) whether our loops' first repeat emitted the
+    same tokens as on transformers' forward (``identical_to_hf_forward``, every temperature) and, at T = 0, as
+    HF's matching loop (``identical_to_hf_assisted``, ``identical_to_hf_plain``)."""
+    for name, other in (("ours_speculative", "hf_assisted"), ("ours_autoregressive", "hf_plain")):
+        # the static-cache forward emits the same tokens as transformers' forward, at every temperature
+        by_loop[name]["identical_to_hf_forward"] = runs[name][0]["tokens"] == \
+            runs[f"{name}_hf_forward"][0]["tokens"]
+        if temperature == 0.0:
+            by_loop[name][f"identical_to_{other}"] = runs[name][0]["tokens"] == runs[other][0]["tokens"]
 
 
 class _TimedForward:

@@ -6,16 +6,16 @@ import argparse
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
+from pipeline.tasks import FETCHABLE, get_task
 
-HELP = "fetch a task's data (CNN/DailyMail, LibriSpeech) from the Hub or a local file into local Parquet"
-
-_TASKS = ("cnn_dailymail", "librispeech")  # pipeline.data.TASKS, listed here to keep --help import-light
+HELP = (f"fetch a task's data ({', '.join(get_task(name).display for name in FETCHABLE)}) from the Hub or a local "
+        "file into local Parquet")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", required=True, choices=_TASKS,
-                        help="cnn_dailymail (abisee/cnn_dailymail 3.0.0) or librispeech "
-                             "(openslr/librispeech_asr clean)")
+    parser.add_argument("--task", required=True, choices=FETCHABLE,
+                        help=" or ".join(f"{name} ({get_task(name).hub.repo_id} {get_task(name).hub.config})"
+                                         for name in FETCHABLE))
     parser.add_argument("--split", default="test", help="dataset split (default: test)")
     parser.add_argument("--limit", type=int, default=None, help="keep N examples (default: all)")
     parser.add_argument("--seed", type=int, default=0,
@@ -25,9 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="choose among the first K rows only (reads less of a streamed split; "
                              "default: the whole split)")
     parser.add_argument("--source", type=Path, default=None,
-                        help="read a local file instead of the Hub: JSONL with id/article/highlights "
-                             "(cnn_dailymail) or a JSONL manifest with id/file/text, files relative to it "
-                             "(librispeech)")
+                        help="read a local file instead of the Hub: "
+                             + " or ".join(f"{get_task(name).source_hint} ({name})" for name in FETCHABLE))
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder for data.parquet and manifest.json (default: data/<task>/<split>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -43,10 +42,6 @@ def main(args: argparse.Namespace) -> int:
                           source=args.source, progress=not args.no_progress)
     origin = manifest["origin"]
     where = (f"{origin['repo_id']}@{origin['revision'][:12]}" if origin["kind"] == "hub" else origin["path"])
-    extra = ""
-    if args.task == "librispeech":
-        extra = (f", {manifest['total_seconds']:.1f} s of audio, "
-                 f"{manifest['n_over_max_seconds']} clip(s) over {data.MAX_AUDIO_SECONDS:.0f} s")
     print(f"wrote {out / data.DATA_FILE}: {manifest['n_records']} of {manifest['n_candidates']} examples "
-          f"from {where}{extra}; ids in {out / data.MANIFEST_FILE}")
+          f"from {where}{get_task(args.task).fetch_summary(manifest)}; ids in {out / data.MANIFEST_FILE}")
     return 0

@@ -7,16 +7,16 @@ import dataclasses
 import os
 
 from pipeline.commands import run as run_command
+from pipeline.rules import param_names
 
 HELP = "search γ, sampler, sigmoid alpha/beta (and dtype) with Optuna for the speedup/quality Pareto front"
 
 # Run settings the study chooses per trial (or derives), so they are not flags here.
-_CHOSEN = ("--gamma", "--sampler", "--alpha", "--beta", "--preset", "--baseline", "--out")
+_CHOSEN = ("gamma", "sampler", "preset", "baseline", "out", *param_names())
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     run_command.add_arguments(p, exclude=_CHOSEN)
-    p.set_defaults(gamma=4, sampler="exact", alpha=None, beta=None, preset=None, baseline=None)
     p.add_argument("--space", default="sweeps/optuna_space.yaml",
                    help="search space YAML (default: sweeps/optuna_space.yaml)")
     p.add_argument("--n-trials", "--n_trials", type=int, default=20,
@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     skip = {"command", "_module", "no_progress", "space", "n_trials", "study_name", "study_dir", "storage",
             "out", "baseline", "worker", "heartbeat_interval", "grace_period", "max_retry"}
     values = {k: v for k, v in vars(args).items() if k not in skip}
-    base = RunConfig(**values, out=os.devnull).validate()
+    base = RunConfig.from_dict({**values, "out": os.devnull}).validate()
     for path in args.baseline:
         if not os.path.isfile(path):
             raise SpecsweepError(f"--baseline {path} does not exist: run the γ = 0 baseline first")

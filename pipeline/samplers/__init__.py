@@ -4,9 +4,8 @@
     sampler = get_sampler("exact", backend="torch", temperature=1.0)
     result = sampler(draft_tokens, draft_logits, target_logits, generator=gen)
 
-Names: exact (lossless), sigmoid (the paper's approximation; ``preset="paper"`` for its kernel constants),
-greedy, and hf (transformers' own step, the baseline). Backends: ``torch`` (the reference, CPU or CUDA) and
-``cupy`` (CUDA kernels in kernels/, listed only where a GPU and CuPy are present).
+Which rules exist, their parameters, presets and backends: :mod:`pipeline.rules`. Backends: ``torch`` (the
+reference, CPU or CUDA) and ``cupy`` (CUDA kernels in kernels/, listed only where a GPU and CuPy are present).
 """
 
 from __future__ import annotations
@@ -15,65 +14,58 @@ import importlib
 import inspect
 
 from pipeline.errors import BackendUnavailableError, SamplerInputError
+from pipeline.rules import BACKENDS, RULES
 from pipeline.samplers.contract import FiniteCheck, SamplerResult
-from pipeline.samplers.hf import HFSampler
-from pipeline.samplers.torch_ref import ExactSampler, GreedySampler, Sampler, SigmoidSampler
+from pipeline.samplers.torch_ref import Sampler
 
-__all__ = ["SAMPLER_NAMES", "FiniteCheck", "Sampler", "SamplerResult", "available_samplers", "get_sampler"]
-
-SAMPLER_NAMES = ("exact", "sigmoid", "greedy", "hf")
-
-_TORCH = {"exact": ExactSampler, "sigmoid": SigmoidSampler, "greedy": GreedySampler, "hf": HFSampler}
-
-# Backends other than torch live in their own modules, imported on first use. Each module exposes
-# SAMPLERS (name -> class), available() -> bool and unavailable_reason() -> str.
-_OPTIONAL_BACKENDS = {"cupy": "pipeline.samplers.cupy_backend"}
+__all__ = ["FiniteCheck", "Sampler", "SamplerResult", "available_samplers", "get_sampler"]
 
 
 def _backend_module(backend: str):
-    return importlib.import_module(_OPTIONAL_BACKENDS[backend])
+    return importlib.import_module(BACKENDS[backend])
 
 
-def _classes(backend: str) -> dict:
-    if backend == "torch":
-        return _TORCH
-    if backend not in _OPTIONAL_BACKENDS:
-        raise SamplerInputError(
-            f"unknown sampler backend {backend!r}: choose one of {['torch', *_OPTIONAL_BACKENDS]}")
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise SamplerInputError(f"unknown sampler backend {backend!r}: choose one of {list(BACKENDS)}")
+    if BACKENDS[backend] is None:
+        return
     module = _backend_module(backend)
     if not module.available():
         raise BackendUnavailableError(f"sampler backend {backend!r} is unavailable: {module.unavailable_reason()}")
-    return module.SAMPLERS
 
 
 def available_samplers() -> list[tuple[str, str]]:
     """(name, backend) pairs that can run on this machine."""
-    pairs = [(name, "torch") for name in _TORCH]
-    for backend in _OPTIONAL_BACKENDS:
+    usable = []
+    for backend, module in BACKENDS.items():
         try:
-            module = _backend_module(backend)
+            if module is None or _backend_module(backend).available():
+                usable.append(backend)
         except ImportError:
             continue
-        if module.available():
-            pairs += [(name, backend) for name in module.SAMPLERS]
-    return pairs
+    return [(name, backend) for backend in usable for name, rule in RULES.items() if backend in rule.backends]
 
 
 def get_sampler(name: str, backend: str = "torch", preset: str | None = None, **params) -> Sampler:
-    """Build a sampler. ``params``: temperature (all), alpha and beta (sigmoid). ``preset="paper"`` (sigmoid)
-    uses the constants of the paper's released kernels (see SigmoidSampler.paper)."""
-    if name not in SAMPLER_NAMES:
-        raise SamplerInputError(f"unknown sampler {name!r}: choose one of {list(SAMPLER_NAMES)}")
-    classes = _classes(backend)
-    if name not in classes:
-        raise SamplerInputError(f"sampler {name!r} has no {backend!r} backend: choose one of {sorted(classes)}")
-    cls = classes[name]
+    """Build a sampler. ``params``: temperature (all), and the rule's own (see :mod:`pipeline.rules`, e.g.
+    alpha and beta for sigmoid). ``preset`` names one of the rule's presets (sigmoid: "paper", the constants
+    of the paper's released kernels)."""
+    if name not in RULES:
+        raise SamplerInputError(f"unknown sampler {name!r}: choose one of {list(RULES)}")
+    rule = RULES[name]
+    _check_backend(backend)
+    if backend not in rule.backends:
+        raise SamplerInputError(f"sampler {name!r} has no {backend!r} backend: choose one of {list(rule.backends)}")
     if preset is not None:
-        if preset != "paper" or name != "sigmoid":
-            raise SamplerInputError(f"preset {preset!r} does not exist for {name!r}: only sigmoid has preset 'paper'")
-        if {"alpha", "beta"} & params.keys():
-            raise SamplerInputError("preset 'paper' fixes alpha and beta: pass either the preset or alpha/beta")
-        params = {**params, "alpha": SigmoidSampler.PAPER_ALPHA, "beta": SigmoidSampler.PAPER_BETA}
+        if preset not in rule.presets:
+            raise SamplerInputError(f"preset {preset!r} does not exist for {name!r}: "
+                                    f"{list(rule.presets) or 'it has none'}")
+        if set(rule.presets[preset]) & params.keys():
+            raise SamplerInputError(f"preset {preset!r} fixes {sorted(rule.presets[preset])}: pass either the "
+                                    "preset or the parameters")
+        params = {**params, **rule.presets[preset]}
+    cls = rule.implementation(backend)
     accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(params) - set(accepted))
     if unknown:

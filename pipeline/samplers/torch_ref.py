@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.errors import SamplerInputError
+from pipeline.rules import RULES
 from pipeline.samplers.contract import (
     RESIDUAL_ZERO_TOL,
     SamplerResult,
@@ -212,10 +213,11 @@ class SigmoidSampler(Sampler):
     """
 
     name = "sigmoid"
-    PAPER_ALPHA = 1.0 / 2e4
-    PAPER_BETA = 1e4 / 2e4
+    PAPER_ALPHA = RULES["sigmoid"].presets["paper"]["alpha"]
+    PAPER_BETA = RULES["sigmoid"].presets["paper"]["beta"]
 
-    def __init__(self, temperature: float = 1.0, alpha: float = 1.0, beta: float = -20.0) -> None:
+    def __init__(self, temperature: float = 1.0, alpha: float = RULES["sigmoid"].defaults()["alpha"],
+                 beta: float = RULES["sigmoid"].defaults()["beta"]) -> None:
         super().__init__(temperature)
         alpha, beta = float(alpha), float(beta)
         if not alpha > 0.0 or alpha == float("inf"):

@@ -11,7 +11,7 @@ so a model must copy the right entities out of the article (a language prior alo
 every slot is drawn uniformly from its vocabulary) while the template words are easy. Records are
 ``{"id": str, "article": str, "highlights": str}``, the schema :func:`pipeline.data.load_task_data` reads
 for ``cnn_dailymail``; the prompt a run builds from them is ``article + " Summary:"`` (see
-:mod:`pipeline.tasks`).
+:mod:`pipeline.tasks.cnn_dailymail`).
 
 Text is lower-case words and the punctuation tokens ``,`` and ``.`` separated by single spaces, so a
 word-level tokenizer covers it exactly (:func:`vocabulary`). Generation uses Python's ``random.Random``
@@ -47,7 +47,7 @@ FUNCTION_WORDS = tuple("""a an the in on of from by to was were said they it and
 officials reported police weather local residents later visited works other news according summary
 more than also met an this week""".split())
 PUNCTUATION = (",", ".", ":")
-SUMMARY_WORD = "summary"  # the cue " Summary:" of pipeline.tasks, lower-cased by the tokenizer
+SUMMARY_WORD = "summary"  # the cue " Summary:" of pipeline.tasks.cnn_dailymail, lower-cased by the tokenizer
 
 TRAIN_EXAMPLES = 6000
 TEST_EXAMPLES = 100

@@ -3,7 +3,7 @@
 Each training sequence is ``tokens(article + " Summary:") + tokens(" " + highlights) + [<eos>]``; the loss is
 the next-token cross-entropy on the highlights and ``<eos>`` only (the article's entities are random, so
 predicting them teaches nothing). Given the prompt a ``cnn_dailymail`` run builds (article + " Summary:",
-see :mod:`pipeline.tasks`) the target writes the highlights and stops.
+see :mod:`pipeline.tasks.cnn_dailymail`) the target writes the highlights and stops.
 
 The target is trained shallow (2 layers, which learn this task quickly) and then grown to 12 layers by a
 function-preserving expansion (:func:`grow_deeper`: the new blocks' output projections start at zero, so the grown
@@ -12,7 +12,7 @@ model computes exactly what the shallow one did, as in Net2Net's "deeper" operat
 draft/target cost ratio follows depth: the 12-layer target costs 7-10x the 2-layer draft per token (cost ratio
 0.10-0.15 in the runs), as a large target costs against a small draft on a GPU, where the 2-layer target cost
 1.3-2x (speculative decoding could not pay). Training 12 layers from scratch does not fit the pipeline's time
-budget on 2 cores (README, "The toy text pair").
+budget on 2 cores (docs/results.md).
 
 Both models share one word-level tokenizer (:func:`pipeline.toy.vocab.text_tokenizer`) and are saved with
 ``save_pretrained`` (model, generation config with ``<eos>``, tokenizer) so that
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.tasks import SUMMARY_CUE
+from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""A run's results file: its typed shape, its version, and the one place it is written and read.
+
+``specsweep run`` (pipeline/runner.py) builds a :class:`RunResult` and writes it with :func:`write_result`;
+everything that reads results files (the runs table, the report, the Optuna study's baseline reuse, a run's
+``--baseline``) goes through :func:`read_result`, which refuses a file written by a newer specsweep with a
+one-line error instead of misreading it. The shapes below are TypedDicts, so a result is still plain JSON, and
+a type checker or a reader of this module sees every key that exists.
+
+Version history (``specsweep_results``):
+  1  the first: config, resolved, provenance, metrics, measurement, quality, samples. Runs record the
+     baseline's quality in ``resolved.baseline_quality`` (older files of this version may lack it; readers
+     then fall back to the baseline file) and rule parameters flat in ``config`` (``alpha``, ``beta``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TypedDict
+
+from pipeline.errors import SpecsweepError
+from pipeline.io import write_json_atomic
+
+RESULTS_VERSION = 1
+VERSION_KEY = "specsweep_results"
+
+
+class Resolved(TypedDict, total=False):
+    """What the run resolved its settings to."""
+
+    device: str                      # the torch device it ran on, e.g. "cpu", "cuda:0"
+    samples: int                     # samples decoded
+    baseline: str | None             # --baseline path
+    baseline_quality: dict | None    # that baseline's quality scores (so later steps need not read it again)
+    forward: dict                    # model -> "static" | "transformers": which forward each model ran
+    # and the task's record of inputs it cut to fit (pipeline/tasks: e.g. truncated, long_inputs)
+
+
+class Metrics(TypedDict, total=False):
+    """Flat metrics (see pipeline/runner.py's docstring for their definitions)."""
+
+    tokens_per_second: float
+    tokens_per_second_ci_low: float
+    tokens_per_second_ci_high: float
+    tokens_per_second_relative_iqr: float
+    pass_tokens_per_second: float | None
+    ar_tokens_per_second: float
+    speedup: float
+    speedup_ci_low: float
+    speedup_ci_high: float
+    speedup_paired: bool
+    unpaired_speedup: float
+    baseline_tokens_per_second: float
+    flagged: bool
+    wall_time_s: float
+    new_tokens: int
+    verify_steps: int
+    accepted_tokens: int
+    drafted_tokens: int
+    acceptance_rate: float | None
+    mean_accepted_tokens: float | None
+    prefill_time_s: float
+    draft_time_s: float
+    target_time_s: float
+    verify_time_s: float
+    draft_forwards: int
+    target_forwards: int
+    peak_memory_mb: float
+    acceptance_counted: bool
+    cost_ratio: float | None
+    iid_alpha: float | None
+    theoretical_speedup: float | None
+    predicted_speedup: float | None
+    accepted_histogram: list[int] | None
+    position_acceptance: list[float] | None
+
+
+class Sample(TypedDict, total=False):
+    """One decoded sample."""
+
+    id: str
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    new_tokens: int
+    accepted: int
+    drafted: int
+    verify_steps: int
+    acceptance_rate: float | None
+    mean_accepted_tokens: float
+    reference: str | None
+    quality: dict
+
+
+class RunResult(TypedDict):
+    """A results file."""
+
+    specsweep_results: int           # RESULTS_VERSION
+    config: dict                     # RunConfig.to_dict(): flat settings
+    resolved: Resolved
+    provenance: dict                 # pipeline.env_info.provenance: versions, machine, git commit
+    metrics: Metrics
+    measurement: dict                # pipeline.paired.summarize: repeats, timings, intervals, load, flags
+    quality: dict                    # the task's scores (rougeL, wer, ...)
+    samples: list[Sample]
+
+
+def make_result(config: dict, resolved: Resolved, provenance: dict, metrics: Metrics, measurement: dict,
+                quality: dict, samples: list[Sample]) -> RunResult:
+    return RunResult(specsweep_results=RESULTS_VERSION, config=config, resolved=resolved, provenance=provenance,
+                     metrics=metrics, measurement=measurement, quality=quality, samples=samples)
+
+
+def write_result(path: str | os.PathLike, result: RunResult) -> None:
+    """Write atomically (a reader never sees half a file; an earlier file survives a failure)."""
+    missing = sorted(set(RunResult.__annotations__) - set(result))
+    if missing:
+        raise ValueError(f"a run result lacks {missing}")
+    write_json_atomic(path, result)
+
+
+def read_result(path: str | os.PathLike) -> RunResult | None:
+    """The results file at ``path``; None for another kind of JSON (a benchmark's, a study's front).
+    Unreadable JSON, or a file from a newer specsweep, is a one-line SpecsweepError."""
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SpecsweepError(f"{path}: not readable JSON ({' '.join(str(e).split())[:120]})") from None
+    if not isinstance(result, dict) or VERSION_KEY not in result:
+        return None
+    version = result[VERSION_KEY]
+    if not isinstance(version, int) or version > RESULTS_VERSION:
+        raise SpecsweepError(f"{path}: results version {version!r} is newer than this specsweep reads "
+                             f"({RESULTS_VERSION}): update specsweep")
+    return result

@@ -1,0 +1,173 @@
+"""Acceptance rules: the registry of verify steps a run can use, and everything the rest of the project knows
+about each one.
+
+One :class:`Rule` per name holds its parameters (names, defaults, the ranges a search samples them from),
+its presets, whether it is lossless, which backends implement it (lazy ``"module:Class"`` references, so
+listing the rules imports no torch), and what it demands of a run. ``RunConfig`` validation, the CLI's
+``--sampler`` choices and per-parameter flags, :func:`pipeline.samplers.get_sampler`, the Optuna search
+space, the report's lossless ring and the recommendation all read it. Adding a rule is adding an entry here
+and its implementation under ``pipeline/samplers/`` (held to the torch reference by the sampler tests).
+
+    exact    modified rejection sampling (Leviathan et al. 2023, Chen et al. 2023): lossless
+    sigmoid  the paper's approximation, softmax replaced by sigmoid(alpha * z / T + beta): lossy
+    greedy   accept while the draft token is the target's argmax: reproduces greedy decoding (lossless at T = 0)
+    hf       transformers' own verify step (the baseline the paper measured against): lossless, T > 0, batch 1
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+
+from pipeline.errors import SpecsweepError
+
+# Sampler backends: the module that says whether it can run here (available(), unavailable_reason()).
+BACKENDS = {"torch": None, "cupy": "pipeline.samplers.cupy_backend"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A numeric parameter of a rule: its default, and the range a search samples it from."""
+
+    name: str
+    default: float
+    low: float
+    high: float
+    log: bool = False   # sample on a log scale (the range must then be positive)
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One acceptance rule.
+
+    lossless: "always" (the output follows the target's distribution at any temperature), "at T = 0" (it
+    reproduces the target's greedy decoding, so it is lossless only for greedy decoding) or "never".
+    backends: backend name -> "module:Class" of its implementation (imported on first use).
+    """
+
+    name: str
+    summary: str
+    lossless: str
+    backends: dict[str, str]
+    params: tuple[Param, ...] = ()
+    presets: dict[str, dict[str, float]] = field(default_factory=dict)
+    tunable: bool = False            # offered to the Optuna study
+    uses_temperature: bool = True    # False: it verifies by argmax whatever the temperature (greedy)
+    needs_sampling: bool = False     # temperature > 0 only
+    batch_one: bool = False          # batch size 1 only in our engine
+
+    def is_lossless(self, temperature) -> bool:
+        """Whether a run of this rule at ``temperature`` follows the target exactly."""
+        if self.lossless == "always":
+            return True
+        try:
+            return self.lossless == "at T = 0" and float(temperature) == 0.0
+        except (TypeError, ValueError):
+            return False
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def defaults(self) -> dict[str, float]:
+        return {p.name: p.default for p in self.params}
+
+    def effective(self, values: dict, preset: str | None = None) -> dict[str, float]:
+        """The parameter values a run used: its own where given, else the preset's, else the defaults."""
+        base = {**self.defaults(), **(self.presets.get(preset, {}) if preset else {})}
+        return {k: float(values[k]) if _is_number(values.get(k)) else v for k, v in base.items()}
+
+    def implementation(self, backend: str) -> type:
+        """The class implementing this rule on ``backend`` (imports it)."""
+        module, _, cls = self.backends[backend].partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+    def check_run(self, *, backend: str, temperature: float, batch_size: int, engine: str, params: dict,
+                  preset: str | None) -> None:
+        """Raise SpecsweepError (one line: what is wrong, what to do) when a run cannot use this rule so."""
+        if backend not in self.backends:
+            raise SpecsweepError(f"--sampler {self.name} has no {backend!r} backend: use --backend "
+                                 f"{' or '.join(self.backends)}")
+        unknown = sorted(set(params) - set(self.param_names))
+        if unknown:
+            takes = ", ".join(f"--{n}" for n in self.param_names) or "no parameters"
+            raise SpecsweepError(f"--{'/--'.join(unknown)} do(es) not apply to --sampler {self.name} (it takes "
+                                 f"{takes})")
+        if preset is not None:
+            if preset not in self.presets:
+                raise SpecsweepError(f"--preset {preset!r} does not exist for --sampler {self.name}"
+                                     f"{': it has ' + ', '.join(self.presets) if self.presets else ''}")
+            if params:
+                raise SpecsweepError(f"--preset {preset} fixes {', '.join(self.presets[preset])}: pass either the "
+                                     "preset or the parameters")
+        if self.needs_sampling and temperature == 0:
+            raise SpecsweepError(f"--sampler {self.name} needs --temperature > 0: at T = 0 use --sampler greedy")
+        if self.batch_one and engine == "specsweep" and batch_size != 1:
+            raise SpecsweepError(f"--sampler {self.name} runs batch 1: use --batch-size 1")
+        for p in self.params:
+            if p.name in params and not math.isfinite(float(params[p.name])):
+                raise SpecsweepError(f"--{p.name} must be a finite number; got {params[p.name]}")
+
+
+def _is_number(value) -> bool:
+    try:
+        return value is not None and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+_SAMPLERS = "pipeline.samplers"
+RULES: dict[str, Rule] = {rule.name: rule for rule in (
+    Rule("exact", "modified rejection sampling: the output follows the target exactly", "always",
+         {"torch": f"{_SAMPLERS}.torch_ref:ExactSampler", "cupy": f"{_SAMPLERS}.cupy_backend:ExactSampler"},
+         tunable=True),
+    Rule("sigmoid", "the paper's approximation: softmax replaced by sigmoid(alpha * z / T + beta)", "never",
+         {"torch": f"{_SAMPLERS}.torch_ref:SigmoidSampler", "cupy": f"{_SAMPLERS}.cupy_backend:SigmoidSampler"},
+         params=(Param("alpha", 1.0, 0.25, 4.0, log=True, help="sigmoid: scale of the tempered logit (> 0)"),
+                 Param("beta", -20.0, -30.0, 0.0, help="sigmoid: shift")),
+         # the constants of the paper's released kernels: sigmoid((z + 1e4) / 2e4)
+         presets={"paper": {"alpha": 1.0 / 2e4, "beta": 1e4 / 2e4}},
+         tunable=True),
+    Rule("greedy", "accept while the draft token is the target's argmax (greedy decoding)", "at T = 0",
+         {"torch": f"{_SAMPLERS}.torch_ref:GreedySampler", "cupy": f"{_SAMPLERS}.cupy_backend:GreedySampler"},
+         uses_temperature=False),
+    Rule("hf", "transformers' own verify step, the baseline (batch 1, T > 0)", "always",
+         {"torch": f"{_SAMPLERS}.hf:HFSampler"}, needs_sampling=True, batch_one=True),
+)}
+RULE_NAMES = tuple(RULES)
+
+
+def get_rule(name: str) -> Rule:
+    """The rule called ``name``; a SpecsweepError naming the known ones otherwise."""
+    try:
+        return RULES[name]
+    except KeyError:
+        raise SpecsweepError(f"unknown sampler {name!r}: choose one of {list(RULES)}") from None
+
+
+def param_names() -> tuple[str, ...]:
+    """Every rule parameter's name, each once, in registry order (the CLI adds one flag per name)."""
+    return tuple(dict.fromkeys(p.name for rule in RULES.values() for p in rule.params))
+
+
+def param_help(name: str) -> str:
+    """--help text of a rule parameter: each rule's description and default."""
+    return "; ".join(f"{p.help} (default {p.default:g})" for rule in RULES.values() for p in rule.params
+                     if p.name == name)
+
+
+def preset_names() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(name for rule in RULES.values() for name in rule.presets))
+
+
+def is_lossless(sampler, temperature) -> bool:
+    """Whether a run of ``sampler`` at ``temperature`` follows the target exactly (False for unknown names)."""
+    rule = RULES.get(sampler)
+    return rule is not None and rule.is_lossless(temperature)
+
+
+def tunable() -> tuple[str, ...]:
+    """Rules the Optuna study may choose."""
+    return tuple(name for name, rule in RULES.items() if rule.tunable)
