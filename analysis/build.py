@@ -25,7 +25,7 @@ from pipeline.tasks import TASK_NAMES, quality_metric
 from . import figures
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
-from .recommend import GROUP, flagged, recommend, to_number, with_loss
+from .recommend import GROUP, flagged, is_lossless, recommend, to_number, with_loss
 from .theory import parse_rates
 
 TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
@@ -48,6 +48,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     blocks += _per_pair(table, fig_dir, max_quality_loss, written)
     blocks += _latency(table, fig_dir, written)
     blocks += _loops(table)
+    blocks += _lossless(table)
     blocks += _sources(table)
     written["report.md"] = write_text_atomic(out_dir / "report.md", to_markdown(blocks))
     written["report.html"] = write_text_atomic(out_dir / "report.html", to_html(blocks, TITLE))
@@ -167,6 +168,7 @@ def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> l
         blocks.append(Heading(2, f"{name}"))
         blocks += _quality_section(group, losses, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
                                    written)
+        blocks += _rules_section(losses, task, target, draft, metric)
         blocks += _acceptance_section(group, name, slug, fig_dir, written)
         blocks += _sigmoid_section(group, metric, name, slug, fig_dir, written)
     return blocks
@@ -199,12 +201,40 @@ def _quality_section(group, losses, task, target, draft, metric, name, slug, fig
     front = sel[mask].sort_values("speedup")
     blocks.append(Para(f"Pareto front ({len(front)} of {len(sel)} runs and trials; speedup and quality both "
                        "maximised):"))
-    blocks.append(Table(["run", "kind", "sampler", "gamma", "alpha", "beta", "dtype", "speedup", METRIC_NAME[metric],
+    blocks.append(Table(["run", "kind", "sampler", "gamma", "parameters", "dtype", "speedup", METRIC_NAME[metric],
                          "quality loss", "acceptance", "device"],
-                        [[r["run"], r["kind"], r["sampler"], _int(r["gamma"]), r["alpha_eff"], r["beta_eff"],
-                          r["dtype"], _speedup(r), r[metric], _pct(r["quality_loss"]), r["acceptance_rate"],
-                          _device(r)] for _, r in front.iterrows()]))
+                        [[r["run"], r["kind"], r["sampler"], _int(r["gamma"]), _params(r), r["dtype"], _speedup(r),
+                          r[metric], _pct(r["quality_loss"]), r["acceptance_rate"], _device(r)]
+                         for _, r in front.iterrows()]))
     return blocks
+
+
+def _rules_section(losses, task, target, draft, metric) -> list:
+    """Every acceptance rule side by side: per (rule, γ), the pipeline's runs (not trials, not flagged) with their
+    acceptance rate, tokens per step, quality loss and paired speedup, fastest first."""
+    blocks = [Heading(3, "Acceptance rules side by side")]
+    sel = losses[(losses["task"] == task) & (losses["target"] == target) & (losses["draft"] == draft)
+                 & (losses["kind"] == "run")] if not losses.empty else losses
+    if sel.empty:
+        return [*blocks, Para("No unflagged run.")]
+    rows = [[r["sampler"], "yes" if is_lossless(r["sampler"], r.get("temperature")) else "no", _int(r["gamma"]),
+             _params(r), r["dtype"], r.get("acceptance_rate"), r.get("mean_accepted_tokens"),
+             _pct(r["quality_loss"]) if metric else None, _speedup(r), r["run"]]
+            for _, r in sel.sort_values("speedup", ascending=False).iterrows()]
+    blocks.append(Table(["rule", "lossless", "gamma", "parameters", "dtype", "acceptance", "tokens/step",
+                         "quality loss", "speedup", "run"], rows))
+    blocks.append(Para("Acceptance is accepted / drafted tokens; tokens/step counts the corrected or bonus token "
+                       "(pipeline/runner.py). Lossless is the registry's (pipeline/rules.py); a lossless rule's "
+                       "quality loss is sampling noise. Rules and their parameters: `specsweep run --help`."))
+    return blocks
+
+
+def _params(r) -> str | None:
+    """'alpha=1, beta=-20': the effective parameters of the row's rule (``<param>_eff``), None for a rule without."""
+    rule = RULES.get(r.get("sampler"))
+    if rule is None or not rule.params:
+        return None
+    return ", ".join(f"{n}={r.get(n + '_eff'):g}" for n in rule.param_names if to_number(r.get(n + "_eff")) is not None)
 
 
 def _acceptance_section(group, name, slug, fig_dir, written) -> list:
@@ -308,6 +338,48 @@ def _loops(table) -> list:
     return blocks
 
 
+def _lossless(table) -> list:
+    """The losslessness benchmark: per (file, rule, dtype), the greedy match rate against the target alone, the first
+    divergences, the sampled tests' p-values and the verdict."""
+    blocks = [Heading(2, "Losslessness per dtype (`specsweep bench lossless`)")]
+    rows = table[table["kind"] == "lossless"] if "kind" in table.columns else table[:0]
+    if rows.empty:
+        return [*blocks, Para("The benchmark has not been run (no results/bench/lossless-*.json): `specsweep bench "
+                              "lossless` writes it.")]
+
+    def pvalue(v):
+        v = to_number(v)
+        return "-" if v is None else f"{v:.3g}"
+
+    def match(r):
+        rate = to_number(r.get("greedy_match_rate"))
+        if rate is None:
+            return "skipped (T > 0 only)" if r.get("greedy_skipped") else "-"
+        return f"{rate:.0%} ({_int(r.get('greedy_identical'))}/{_int(r.get('greedy_prompts'))})"
+
+    def divergences(r):
+        if to_number(r.get("greedy_match_rate")) is None:
+            return "-"
+        text = r.get("first_divergences")
+        return text if isinstance(text, str) and text else "none"
+
+    out = [[Path(str(r["source"])).name, _device(r), r["pair"], r["rule_label"], r["registry_lossless"], r["dtype"],
+            match(r), divergences(r), pvalue(r["p_first_token"]), pvalue(r["p_first_two"]), r["verdict"]]
+           for _, r in rows.sort_values(["source"], kind="stable").iterrows()]
+    blocks.append(Table(["file", "device", "pair", "rule", "lossless (registry)", "dtype", "greedy match",
+                         "first divergences (prompt@position)", "p first token", "p first two tokens", "sampled"],
+                        out))
+    blocks.append(Para("Greedy: at T = 0, each prompt decoded by the rule and by the target alone (γ = 0, same engine "
+                       "and dtype, batch 1); the share of prompts whose tokens are identical, and where the others "
+                       "first diverge (new-token position). Sampled: at T = 1, N short continuations with the rule "
+                       "against N with the target alone, chi-square tests of homogeneity of the first token and of "
+                       "the first two tokens (the smallest p-value over the prompts shown); \"differs\" when one "
+                       "is below the level, Bonferroni-corrected over the row's tests. Half precision may change a "
+                       "near-tie between the speculative and the autoregressive forward: such mismatches are shown, "
+                       "not hidden."))
+    return blocks
+
+
 def _latency_caption(rows, gpu: bool) -> str:
     devices = ", ".join(sorted({str(d) for d in rows["device_name"].dropna()}))
     sources = ", ".join(sorted({str(s) for s in rows["source"].dropna()}))
@@ -334,7 +406,8 @@ def _sources(table) -> list:
                            "Trials: the Optuna study's SQLite file (read-only) and Pareto JSON under results/tune; "
                            "a trial's metrics come from its results file when it exists.",
                            "Latency: kernels/results/*.json (GPU) and results/bench/samplers-*.json.",
-                           "Decoding loops: results/bench/engine-*.json."]))
+                           "Decoding loops: results/bench/engine-*.json.",
+                           "Losslessness per dtype: results/bench/lossless-*.json."]))
     return blocks
 
 

@@ -15,6 +15,7 @@ from matplotlib.lines import Line2D
 
 from pipeline.io import atomic_file
 from pipeline.objectives import expected_tokens_iid, expected_tokens_positions
+from pipeline.rules import RULES
 
 from .pareto import front_order
 from .recommend import flagged, is_lossless
@@ -31,9 +32,19 @@ PAPER_NOTE = ("Paper, as reported (Wagner et al., EMNLP 2024, GPU): verify step 
 DPI = 110
 
 
+_MARKERS = "ov^<>sPD*Xhp"
+
+
 def style(name: str) -> tuple[str, str]:
-    """(colour, marker) for a sampler or implementation name."""
-    return STYLE.get(str(name).split(" ")[0], ("tab:gray", "x"))
+    """(colour, marker) for a sampler or implementation name: STYLE's, else one of its own for every rule in the
+    registry (by its place there, so a new rule needs no entry here), else grey."""
+    key = str(name).split(" ")[0]
+    if key in STYLE:
+        return STYLE[key]
+    if key in RULES:
+        i = list(RULES).index(key)
+        return f"C{i % 10}", _MARKERS[i % len(_MARKERS)]
+    return "tab:gray", "x"
 
 
 def save(fig, path: str | os.PathLike) -> Path:

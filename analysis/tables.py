@@ -8,6 +8,8 @@
              GPU) or ``specsweep bench samplers`` (results/bench/samplers-*.json)
   loop       one temperature of a decoding-loop benchmark, ``specsweep bench engine``
              (results/bench/engine-*.json): our loops over HF's, paired ratios
+  lossless   one (rule, dtype) of the losslessness benchmark, ``specsweep bench lossless``
+             (results/bench/lossless-*.json): greedy match rate against the target alone, sampled p-values
 
 Optuna studies are read from their files only: ``<task>-pareto.json`` beside the study folder, and the SQLite
 ``<task>/study.db`` opened read-only when present. Every row records its ``source`` file, ``date``, ``host``,
@@ -43,6 +45,7 @@ def load_all(runs_table, tune: str | os.PathLike | None = None, kernels: str | o
     if bench is not None:
         parts.append(load_latency(bench, "samplers"))
         parts.append(load_loops(bench))
+        parts.append(load_lossless(bench))
     parts = [p for p in parts if p is not None and not p.empty]
     if not parts:
         return pd.DataFrame(columns=["run", "kind"])
@@ -202,6 +205,42 @@ def load_loops(folder: str | os.PathLike):
                          "acceptance_ours": ours.get("acceptance_rate"), "acceptance_hf": hf.get("acceptance_rate"),
                          "source": str(path), "date": prov.get("date"), "host": prov.get("host"),
                          "device": device.get("device"), "device_name": device_label(device),
+                         "cpu_only": not str(device.get("device", "")).startswith("cuda")})
+    return pd.DataFrame(rows)
+
+
+def load_lossless(folder: str | os.PathLike):
+    """One row per (``specsweep bench lossless`` JSON in ``folder``, rule, dtype): the greedy match rate against
+    the target alone and the first divergences ("p<prompt>@<position>"), the sampled tests' smallest p-values
+    (first token, first two tokens) and the verdict."""
+    import pandas as pd
+
+    folder = Path(folder)
+    rows: list[dict] = []
+    for path in sorted(folder.glob("lossless-*.json")) if folder.is_dir() else ():
+        data = _read_json(path)
+        if not isinstance(data, dict) or data.get("benchmark") != "lossless":
+            continue
+        prov, settings = data.get("provenance", {}), data.get("settings", {})
+        device = prov.get("device", {})
+        for r in data.get("results", []):
+            greedy, sampled = r.get("greedy") or {}, r.get("sampled") or {}
+            tests = sampled.get("per_prompt", [])
+            diverged = [p for p in greedy.get("per_prompt", []) if not p.get("identical")]
+            rows.append({"run": f"{path.stem}:{r.get('label')}:{r.get('dtype')}", "kind": "lossless",
+                         "benchmark": "lossless", "sampler": r.get("rule"), "preset": r.get("preset"),
+                         "rule_label": r.get("label"), "registry_lossless": r.get("lossless"),
+                         "dtype": r.get("dtype"), "pair": settings.get("target"), "gamma": settings.get("gamma"),
+                         "greedy_match_rate": greedy.get("match_rate"), "greedy_identical": greedy.get("identical"),
+                         "greedy_prompts": greedy.get("prompts"), "greedy_skipped": r.get("greedy_skipped"),
+                         "first_divergences": ", ".join(f"p{p['prompt']}@{p['first_divergence']['position']}"
+                                                        for p in diverged) if greedy else None,
+                         "p_first_token": min((t["first_token"]["p_value"] for t in tests), default=None),
+                         "p_first_two": min((t["first_two_tokens"]["p_value"] for t in tests), default=None),
+                         "samples": sampled.get("samples"), "threshold": sampled.get("threshold"),
+                         "verdict": sampled.get("verdict"), "source": str(path), "date": prov.get("date"),
+                         "host": prov.get("host"), "device": device.get("device"),
+                         "device_name": device_label(device),
                          "cpu_only": not str(device.get("device", "")).startswith("cuda")})
     return pd.DataFrame(rows)
 

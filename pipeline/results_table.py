@@ -71,14 +71,15 @@ def result_row(result: dict, source: str | os.PathLike, name: str | None = None)
 
 
 def load_runs(folder: str | os.PathLike):
-    """A DataFrame with one row per ``*.json`` specsweep results file in ``folder`` (sorted by file name)."""
+    """A DataFrame with one row per ``*.json`` specsweep results file in ``folder`` or its subfolders (sorted by
+    path; the DVC pipeline writes one subfolder per task and dtype)."""
     import pandas as pd
 
     folder = Path(folder)
     if not folder.is_dir():
         raise SpecsweepError(f"--runs {folder} is not a folder: run `dvc repro` or `specsweep run --out` first")
     rows = []
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(folder.rglob("*.json")):
         result = read_result(path)
         if result is not None:  # else another kind of JSON in the folder
             rows.append(result_row(result, path))

@@ -9,9 +9,13 @@ space, the report's lossless ring and the recommendation all read it. Adding a r
 and its implementation under ``pipeline/samplers/`` (held to the torch reference by the sampler tests).
 
     exact    modified rejection sampling (Leviathan et al. 2023, Chen et al. 2023): lossless
+    block    block verification (Sun et al., ICLR 2025; pipeline/samplers/block.py): the draft block verified
+             jointly; lossless, never fewer accepted tokens in expectation than exact
     sigmoid  the paper's approximation, softmax replaced by sigmoid(alpha * z / T + beta): lossy
     greedy   accept while the draft token is the target's argmax: reproduces greedy decoding (lossless at T = 0)
     hf       transformers' own verify step (the baseline the paper measured against): lossless, T > 0, batch 1
+    typical, fuzzy, relaxed, accept_all   lossy rules from other work (pipeline/samplers/lossy.py): Medusa's
+             typical acceptance, fuzzy speculative decoding, TensorRT-LLM's relaxed acceptance, and the floor
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Param:
     high: float
     log: bool = False   # sample on a log scale (the range must then be positive)
     help: str = ""
+    integer: bool = False  # integer-valued: a search samples integers, the CLI flag takes an int
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,8 @@ class Rule:
         for p in self.params:
             if p.name in params and not math.isfinite(float(params[p.name])):
                 raise SpecsweepError(f"--{p.name} must be a finite number; got {params[p.name]}")
+            if p.name in params and p.integer and float(params[p.name]) != int(float(params[p.name])):
+                raise SpecsweepError(f"--{p.name} must be an integer; got {params[p.name]}")
 
 
 def _is_number(value) -> bool:
@@ -123,6 +130,8 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
     Rule("exact", "modified rejection sampling: the output follows the target exactly", "always",
          {"torch": f"{_SAMPLERS}.torch_ref:ExactSampler", "cupy": f"{_SAMPLERS}.cupy_backend:ExactSampler"},
          tunable=True),
+    Rule("block", "block verification (Sun et al. 2025): the draft block verified jointly, lossless, accepts "
+         "at least as many tokens as exact", "always", {"torch": f"{_SAMPLERS}.block:BlockSampler"}, tunable=True),
     Rule("sigmoid", "the paper's approximation: softmax replaced by sigmoid(alpha * z / T + beta)", "never",
          {"torch": f"{_SAMPLERS}.torch_ref:SigmoidSampler", "cupy": f"{_SAMPLERS}.cupy_backend:SigmoidSampler"},
          params=(Param("alpha", 1.0, 0.25, 4.0, log=True, help="sigmoid: scale of the tempered logit (> 0)"),
@@ -135,6 +144,29 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
          uses_temperature=False),
     Rule("hf", "transformers' own verify step, the baseline (batch 1, T > 0)", "always",
          {"torch": f"{_SAMPLERS}.hf:HFSampler"}, needs_sampling=True, batch_one=True),
+    # Lossy rules (pipeline/samplers/lossy.py gives each one's definition and source).
+    Rule("typical", "typical acceptance (Medusa; vLLM): accept while p(x) > min(epsilon, delta * exp(-H(p)))",
+         "never", {"torch": f"{_SAMPLERS}.lossy:TypicalSampler"},
+         params=(Param("epsilon", 0.09, 0.01, 0.3, log=True,
+                       help="typical: posterior threshold, vLLM's posterior_threshold (in [0, 1))"),
+                 Param("delta", 0.3, 0.05, 0.6, log=True,
+                       help="typical: factor of the entropy threshold exp(-H(p)), vLLM's posterior_alpha (>= 0)")),
+         tunable=True),
+    Rule("fuzzy", "fuzzy speculative decoding (Holsman et al. 2025): accept outright where JS(p, q) < threshold, "
+         "exact's test elsewhere", "never", {"torch": f"{_SAMPLERS}.lossy:FuzzySampler"},
+         params=(Param("threshold", 0.4, 0.01, 0.69, log=True,
+                       help="fuzzy: Jensen-Shannon divergence (nats, at most ln 2) below which a draft token is "
+                            "accepted outright (<= 0: exact)"),),
+         tunable=True),
+    Rule("relaxed", "relaxed acceptance (TensorRT-LLM MTP): accept a target top-k token whose probability is within "
+         "prob_delta of the top one, else the target's argmax", "never", {"torch": f"{_SAMPLERS}.lossy:RelaxedSampler"},
+         params=(Param("top_k", 10, 1, 10, integer=True,
+                       help="relaxed: how many of the target's top tokens a draft token may be (1: greedy)"),
+                 Param("prob_delta", 0.6, 0.0, 1.0,
+                       help="relaxed: largest gap to the target's top probability (a probability, not a log)")),
+         tunable=True, uses_temperature=False),
+    Rule("accept_all", "every draft token accepted, the bonus token from the target: what the draft alone is worth",
+         "never", {"torch": f"{_SAMPLERS}.lossy:AcceptAllSampler"}),
 )}
 RULE_NAMES = tuple(RULES)
 
@@ -150,6 +182,12 @@ def get_rule(name: str) -> Rule:
 def param_names() -> tuple[str, ...]:
     """Every rule parameter's name, each once, in registry order (the CLI adds one flag per name)."""
     return tuple(dict.fromkeys(p.name for rule in RULES.values() for p in rule.params))
+
+
+def param_is_integer(name: str) -> bool:
+    """Whether the rule parameter ``name`` is integer-valued in every rule that has it (its CLI flag takes an int)."""
+    found = [p.integer for rule in RULES.values() for p in rule.params if p.name == name]
+    return bool(found) and all(found)
 
 
 def param_help(name: str) -> str:

@@ -133,18 +133,38 @@ def _load_models(config: RunConfig, task, dtype, device: str):
     return target, draft, tokenizer, None
 
 
-def run(config: RunConfig, progress: bool = True) -> dict:
+def run(config: RunConfig, progress: bool = True, models: dict | None = None) -> dict:
     """Run one configuration end to end; returns the results dict (also written to ``config.out``).
 
     torch's intra-op threads are set for the run (``--threads``, default :func:`default_threads`) and put back
-    afterwards; its inter-op threads can only be set once per process (see ThreadSettings)."""
+    afterwards; its inter-op threads can only be set once per process (see ThreadSettings). ``models``: a dict
+    the caller keeps across runs of one process (a grid, :func:`run_grid`) to load each pair once; the models are
+    never modified by a run, so sharing them changes no token."""
     config.validate()
     previous = torch.get_num_threads()
     try:
         return _run(config, ThreadSettings(config.threads or default_threads(), config.interop_threads).apply(),
-                    progress)
+                    progress, models)
     finally:
         torch.set_num_threads(previous)
+
+
+def run_grid(configs: list[RunConfig], progress: bool = True, on_result=None) -> list[dict]:
+    """Run several configurations in this process, one after another, loading each model pair once (the grid of
+    ``specsweep run --sampler a,b --gamma 2,4``: the import and load costs are paid once instead of per run).
+    Every configuration is validated before the first runs, so a bad one loses no time; each result is written
+    as its run ends. ``on_result(config, result)`` is called after each run (printing, W&B logging)."""
+    for config in configs:
+        config.validate()
+    models: dict = {}
+    results = []
+    for i, config in enumerate(configs):
+        if len(configs) > 1:
+            tqdm.write(f"run {i + 1}/{len(configs)}: {config.out}", file=sys.stderr)
+        results.append(run(config, progress, models))
+        if on_result is not None:
+            on_result(config, results[-1])
+    return results
 
 
 def _ar_engine(config: RunConfig, target, tokenizer, device: str):
@@ -155,7 +175,7 @@ def _ar_engine(config: RunConfig, target, tokenizer, device: str):
     return _build_engine(ar, _build_sampler(ar), target, None, tokenizer, device)
 
 
-def _run(config: RunConfig, threads: dict, progress: bool) -> dict:
+def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) -> dict:
     from pipeline.data import load_task_data
     from pipeline.models import parse_dtype, resolve_device
     from pipeline.tasks import get_task
@@ -170,7 +190,12 @@ def _run(config: RunConfig, threads: dict, progress: bool) -> dict:
 
         hf_logging.disable_progress_bar()
     records = load_task_data(config.task, config.data, config.limit, config.seed if config.limit else None)
-    target, draft, tokenizer, processor = _load_models(config, task, dtype, device)
+    key = (config.target, config.draft if config.gamma > 0 else None, config.dtype, device, config.task,
+           config.draft_decoder_only)
+    loaded = (models or {}).get(key) or _load_models(config, task, dtype, device)
+    if models is not None:
+        models[key] = loaded
+    target, draft, tokenizer, processor = loaded
     engine = _build_engine(config, sampler, target, draft, tokenizer, device)
     loops = {paired.SPECULATIVE: engine, paired.AUTOREGRESSIVE: _ar_engine(config, target, tokenizer, device)} \
         if config.gamma > 0 else {paired.AUTOREGRESSIVE: engine}

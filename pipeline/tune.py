@@ -1,8 +1,9 @@
 """Optuna search over verify settings: a multi-objective study maximising speedup and quality.
 
 Search space (a YAML file, by default sweeps/optuna_space.yaml): γ, the acceptance rule (the tunable ones of
-pipeline/rules.py: exact, sigmoid), each rule's parameters over the registry's ranges (sampled only in that
-rule's trials: the sigmoid's alpha and beta), and optionally dtype. Each trial is one :func:`pipeline.runner.run`
+pipeline/rules.py, e.g. exact, sigmoid, typical), each rule's parameters over the registry's ranges (sampled only
+in that rule's trials: the sigmoid's alpha and beta; integer ones such as relaxed's top_k with suggest_int), and
+optionally dtype. Each trial is one :func:`pipeline.runner.run`
 of the base RunConfig with the trial's settings; its objectives are
 
     speedup   the paired median speedup: tokens/s over the γ = 0 loop's of the same engine and target, timed in
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import random
@@ -62,6 +64,11 @@ Range = tuple[float, float, bool]  # (low, high, log scale)
 def _rule_ranges(rule_name: str) -> dict[str, Range]:
     """A rule's parameter ranges as the registry gives them (pipeline/rules.py)."""
     return {p.name: (p.low, p.high, p.log) for p in get_rule(rule_name).params}
+
+
+def _integer_params(rule_name: str) -> set[str]:
+    """The rule's integer-valued parameters (sampled with suggest_int over the integers in their range)."""
+    return {p.name for p in get_rule(rule_name).params if p.integer}
 
 
 @dataclasses.dataclass
@@ -121,7 +128,7 @@ class SearchSpace:
                                      f"{list(_rule_ranges(rule))}")
         for rule in self.samplers:
             for name, (lo, hi, log) in self.ranges(rule).items():
-                if lo > hi or (log and lo <= 0):
+                if lo > hi or (log and lo <= 0) or (name in _integer_params(rule) and math.ceil(lo) > math.floor(hi)):
                     raise SpecsweepError(f"{where}: bad {rule} {name} range {[lo, hi]}{' (log scale)' if log else ''}")
         return self
 
@@ -145,8 +152,12 @@ class SearchSpace:
         params = {"gamma": trial.suggest_int("gamma", *self.gamma),
                   "sampler": trial.suggest_categorical("sampler", list(self.samplers)),
                   "dtype": trial.suggest_categorical("dtype", list(self.dtypes))}
+        integers = _integer_params(params["sampler"])
         for name, (lo, hi, log) in self.ranges(params["sampler"]).items():
-            params[name] = trial.suggest_float(name, lo, hi, log=log)
+            if name in integers:
+                params[name] = trial.suggest_int(name, math.ceil(lo), math.floor(hi), log=log)
+            else:
+                params[name] = trial.suggest_float(name, lo, hi, log=log)
         return params
 
 
@@ -398,10 +409,24 @@ def _open_worker_study(space: SearchSpace, name: str, url: str, seed: int, heart
     """:func:`open_study`, then give a heartbeat to orphaned trials (:func:`adopt_orphaned_trials`) and enqueue the
     space's known-good point unless it already is; returns the study."""
     study = open_study(name, url, seed, heartbeat_interval, grace_period, max_retry)
+    _check_same_space(study, space, name, url)
     # trials a worker claimed and died before its first heartbeat
     adopt_orphaned_trials(study, effective_grace(heartbeat_interval, grace_period))
     study.enqueue_trial(space.first_point(), skip_if_exists=True)
     return study
+
+
+def _check_same_space(study, space: SearchSpace, name: str, url: str) -> None:
+    """Record the search space on a new study; refuse to continue a study with another one (Optuna cannot change a
+    categorical choice list mid-study, and mixing spaces would make its front meaningless)."""
+    ours = json.loads(json.dumps(dataclasses.asdict(space)))  # tuples as lists, as the storage returns them
+    stored = study.user_attrs.get("space")
+    if stored is None:
+        study.set_user_attr("space", ours)
+    elif stored != ours:
+        differ = sorted(k for k in set(stored) | set(ours) if stored.get(k) != ours.get(k))
+        raise SpecsweepError(f"study {name} in {_redact(url)} was created with another search space (it differs in "
+                             f"{differ}): give a new --study-name, or delete the study (its folder) to start over")
 
 
 def _run_trial(trial, base: RunConfig, space: SearchSpace, study_dir: Path, baselines: list[str], worker_id: str,

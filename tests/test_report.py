@@ -365,3 +365,20 @@ def test_a_recommendation_slower_than_the_target_alone_says_so(tmp_path):
     assert main(["report", "--runs", str(runs), "--out", str(out)]) == 0
     md = (out / "report.md").read_text().split("## Recommendation")[1]
     assert "(`asr-a`): slower than the target alone" in md and "(`text-ok`)" not in md
+
+
+def test_every_acceptance_rule_appears_side_by_side_with_its_parameters_and_losslessness(tmp_path):
+    runs = tmp_path / "runs"
+    ar = str(write(runs / "ar.json", result(gamma=0, speedup=None, score=0.40)))
+    for name, sampler, speedup, score, params in (("e", "exact", 1.4, 0.40, {}), ("g", "greedy", 2.0, 0.39, {}),
+                                                   ("s", "sigmoid", 1.8, 0.30, {"alpha": 2.0})):
+        write(runs / f"{name}.json", result(sampler=sampler, speedup=speedup, score=score, baseline=ar, **params))
+    out = tmp_path / "reports"
+    assert main(["report", "--runs", str(runs), "--out", str(out)]) == 0
+    section = (out / "report.md").read_text().split("### Acceptance rules side by side")[1].split("###")[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [line.split("|")[1].strip() for line in lines] == ["greedy", "sigmoid", "exact"]   # fastest first
+    by_rule = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in lines}
+    assert by_rule["exact"][1] == "yes" and by_rule["greedy"][1] == "no"          # greedy at T = 1 is not lossless
+    assert by_rule["sigmoid"][3] == "alpha=2, beta=-20"                          # its own alpha, the default beta
+    assert by_rule["sigmoid"][7] == "+25.00 %"                                   # quality loss: 1 - 0.30 / 0.40

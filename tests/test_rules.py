@@ -99,7 +99,7 @@ def test_run_config_checks_a_rule_through_the_registry(tmp_path, settings, messa
 
 def test_the_search_space_takes_each_rules_ranges_from_the_registry(tmp_path):
     space = SearchSpace()
-    assert space.samplers == tunable() == ("exact", "sigmoid")
+    assert space.samplers == tunable() and {"exact", "block", "sigmoid"} <= set(tunable())
     assert space.ranges("sigmoid") == {p.name: (p.low, p.high, p.log) for p in get_rule("sigmoid").params}
     assert space.ranges("exact") == {}
     narrowed = tmp_path / "space.yaml"
@@ -110,7 +110,7 @@ def test_the_search_space_takes_each_rules_ranges_from_the_registry(tmp_path):
                           ("params: {sigmoid: {gamma: [1, 2]}}\n", "sigmoid has no parameter(s) ['gamma']"),
                           ("sampler: [exact]\nparams: {sigmoid: {alpha: [1, 2]}}\n", "which is not in sampler"),
                           ("params: {sigmoid: {alpha: {low: -1, high: 2, log: true}}}\n", "bad sigmoid alpha range"),
-                          ("sampler: [greedy]\n", "sampler must be a non-empty list from ['exact', 'sigmoid']")]:
+                          ("sampler: [greedy]\n", f"sampler must be a non-empty list from {list(tunable())}")]:
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         with pytest.raises(SpecsweepError) as e:
@@ -122,7 +122,23 @@ def test_a_trial_samples_only_its_own_rules_parameters():
     optuna = pytest.importorskip("optuna")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = {}
-    for _ in range(12):
+    for _ in range(20 * len(tunable())):  # enough random trials to see every tunable rule
         params = SearchSpace().suggest(study.ask())
-        seen.setdefault(params["sampler"], set()).update(set(params) - {"gamma", "sampler", "dtype"})
-    assert seen == {"exact": set(), "sigmoid": {"alpha", "beta"}}
+        rule = get_rule(params["sampler"])
+        seen.setdefault(rule.name, set()).update(set(params) - {"gamma", "sampler", "dtype"})
+        for p in rule.params:  # in the registry's range, and an int where the parameter is integer-valued
+            assert p.low <= params[p.name] <= p.high and isinstance(params[p.name], int) is p.integer, (rule.name, p)
+    assert seen == {name: set(get_rule(name).param_names) for name in tunable()}
+
+
+def test_a_study_refuses_to_continue_with_another_search_space(tmp_path):
+    pytest.importorskip("optuna")
+    from pipeline.tune import _open_worker_study
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first = SearchSpace(samplers=("exact", "sigmoid"))
+    _open_worker_study(first, "s", url, 0, 30, None, 2)
+    _open_worker_study(first, "s", url, 0, 30, None, 2)                     # the same space continues
+    with pytest.raises(SpecsweepError) as e:
+        _open_worker_study(SearchSpace(samplers=("exact", "block")), "s", url, 0, 30, None, 2)
+    assert "created with another search space (it differs in ['samplers'])" in str(e.value)

@@ -108,6 +108,33 @@ def test_hf_engine_through_the_cli(setup):
     assert m["drafted_tokens"] > 0 and 0 <= m["acceptance_rate"] <= 1 and m["verify_time_s"] > 0
 
 
+def test_a_grid_runs_every_combination_in_one_process_with_the_tokens_of_single_runs(setup, tmp_path):
+    _, tp, dp, data, _ = setup
+    single = tmp_path / "single.json"
+    assert main(base_args(tp, dp, data, single, "--sampler", "greedy", "--gamma", "2")) == 0
+    grid = str(tmp_path / "grid" / "{sampler}-{backend}-g{gamma}-{dtype}.json")
+    assert main(base_args(tp, dp, data, grid, "--sampler", "exact,greedy", "--gamma", "1,2")) == 0
+    written = sorted(p.name for p in (tmp_path / "grid").iterdir())
+    assert written == [f"{s}-torch-g{g}-float32.json" for s in ("exact", "greedy") for g in (1, 2)]
+    ours = json.loads((tmp_path / "grid" / "greedy-torch-g2-float32.json").read_text())
+    theirs = json.loads(single.read_text())
+    assert (ours["config"]["sampler"], ours["config"]["gamma"]) == ("greedy", 2)
+    assert [s["token_ids"] for s in ours["samples"]] == [s["token_ids"] for s in theirs["samples"]]
+
+
+@pytest.mark.parametrize("extra,out,message", [
+    (["--gamma", "1,2"], "g.json", "--gamma lists several values: --out must name {gamma}"),
+    (["--gamma", "1,x"], "g{gamma}.json", "--gamma 'x': expected int values"),
+    (["--sampler", "exact,nope"], "{sampler}.json", "--sampler 'nope' is not one of"),
+])
+def test_a_bad_grid_fails_before_any_run_with_one_line(setup, capsys, tmp_path, extra, out, message):
+    _, tp, dp, data, _ = setup
+    assert main(base_args(tp, dp, data, tmp_path / out, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # the good points of the grid did not run either
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--gamma", "-1"], "--gamma must be >= 0"),
     (["--temperature", "-0.5"], "--temperature must be >= 0"),
@@ -150,11 +177,11 @@ def test_bad_paths_and_data(setup, capsys, tmp_path):
         assert message in err and len(err.splitlines()) == 1, err
 
 
-def test_unknown_sampler_is_rejected_by_the_parser(setup, capsys):
+def test_unknown_sampler_is_rejected_with_the_registrys_names(setup, capsys):
     root, tp, dp, data, _ = setup
-    with pytest.raises(SystemExit) as e:
-        main(base_args(tp, dp, data, root / "bad.json", "--sampler", "nope"))
-    assert e.value.code == 2
+    assert main(base_args(tp, dp, data, root / "bad.json", "--sampler", "nope")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--sampler 'nope' is not one of ['exact', 'block', 'sigmoid'" in err and len(err.splitlines()) == 1
 
 
 def test_half_precision_on_a_cpu_without_support_is_refused(setup, capsys, monkeypatch):

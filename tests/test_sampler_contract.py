@@ -9,11 +9,13 @@ from stat_utils import assert_fits, counts
 from sync_detector import NoHostSync, assert_no_host_sync
 
 from pipeline.errors import BackendUnavailableError, NonFiniteLogitsError, SamplerInputError, SpecsweepError
+from pipeline.rules import RULES
 from pipeline.samplers import FiniteCheck, available_samplers, get_sampler
 from pipeline.samplers.contract import assemble_tokens, sample_from_weights
 from pipeline.samplers.torch_ref import SigmoidSampler, rejection_verify
 
-TORCH_SAMPLERS = ["exact", "sigmoid", "greedy"]
+# Every rule with a torch implementation (pipeline/rules.py) except hf, which is transformers' own code (batch 1).
+TORCH_SAMPLERS = [name for name, rule in RULES.items() if "torch" in rule.backends and not rule.batch_one]
 
 
 def random_inputs(B=3, gamma=4, V=50, V_d=None, dtype=torch.float32, seed=0):
@@ -195,6 +197,12 @@ def test_greedy_and_zero_temperature_agree_with_argmax(name):
 
 # ---- non-finite logits ---------------------------------------------------------------------------------------
 
+# Rules that accept by the target alone (they read the draft's logits only at the drafted tokens), and the rule that
+# reads the target only at the bonus position.
+ARGMAX_OR_TARGET_ONLY = {"greedy", "typical", "relaxed", "accept_all"}
+BONUS_ROW_ONLY = {"accept_all"}
+
+
 @pytest.mark.parametrize("name", TORCH_SAMPLERS)
 @pytest.mark.parametrize("bad", ["nan", "posinf", "all_neginf"])
 @pytest.mark.parametrize("tensor", ["target_logits", "draft_logits"])
@@ -214,8 +222,10 @@ def test_non_finite_logits_are_flagged_and_named(name, bad, tensor):
         t[1, pos, :] = float("-inf")
     res = get_sampler(name, temperature=0.0 if name == "greedy" else 1.0)(dt, dl, tl,
                                                                           generator=torch.Generator())
-    if name == "greedy" and tensor == "draft_logits" and bad == "all_neginf":
-        # greedy reads the draft only at the drafted tokens; -inf there is a zero probability, not an error
+    if (name in ARGMAX_OR_TARGET_ONLY and tensor == "draft_logits" and bad == "all_neginf") or \
+            (name in BONUS_ROW_ONLY and tensor == "target_logits"):
+        # a rule reads only what it needs: the draft at the drafted tokens (-inf there is a zero probability, not
+        # an error), or the target only at the bonus position; what it does not read it cannot flag
         res.check()
         return
     with pytest.raises(NonFiniteLogitsError, match=tensor) as e:
@@ -261,9 +271,11 @@ def test_sync_detector_has_power():
     assert {"aten::_local_scalar_dense", "aten::nonzero", "aten::index with a boolean mask"} <= set(mode.syncs)
 
 
-@pytest.mark.parametrize("name", ["exact", "sigmoid", "hf"])
+@pytest.mark.parametrize("name", ["exact", "block", "sigmoid", "hf", "typical", "fuzzy", "accept_all"])
 def test_same_seed_same_tokens(name):
+    """Every stochastic rule: the same generator seed gives the same tokens, another seed other tokens."""
     dt, dl, tl = random_inputs(B=1 if name == "hf" else 8, gamma=4, V=50, seed=6)
+    dt[:] = tl[:, :4].argmax(-1)  # tokens every rule can accept, so blocks also reach the (random) bonus token
     s = get_sampler(name)
 
     def run(seed):
@@ -329,3 +341,11 @@ def test_each_rule_says_what_its_draft_should_propose_at(name, temperature, draf
     accepts only the target's argmax, so its draft proposes argmax whatever the run's temperature."""
     sampler = get_sampler(name, backend="torch", temperature=temperature)
     assert sampler.draft_temperature == draft_t and sampler.verifies_by_argmax is argmax
+
+
+def test_hf_with_no_draft_tokens_samples_from_the_target_as_exact_does():
+    """The engine drafts fewer tokens near a row's limit, down to none: HF's loop then samples from the target."""
+    dt, dl, tl = random_inputs(B=1, gamma=0, V=50, seed=9)
+    ours = get_sampler("hf", temperature=0.8)(dt, dl, tl, generator=torch.Generator().manual_seed(3))
+    ref = get_sampler("exact", temperature=0.8)(dt, dl, tl, generator=torch.Generator().manual_seed(3))
+    assert ours.accepted.tolist() == [0] and torch.equal(ours.tokens, ref.tokens) and ours.tokens.shape == (1, 1)

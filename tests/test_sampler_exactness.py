@@ -347,11 +347,14 @@ def test_negative_control_wrong_samplers_fail_the_same_test(wrong, name):
     assert pvalue <= THRESHOLD, f"{wrong.__name__} on {name} passed (p = {pvalue:.3g}): the test has no power"
 
 
+def joint_pvalue(sampler, m, seed: int = 11) -> float:
+    """Chi-square p-value of the first two emitted tokens of ``sampler`` against the Markov model's joint law."""
+    V = m["p1"].shape[0]
+    pairs = first_two_tokens(sampler, m, N_SAMPLES, 1.0, seed=seed)
+    joint = torch.softmax(m["p1"], -1)[:, None] * torch.softmax(m["p2"], -1)
+    return chisquare_pvalue(counts(pairs[:, 0] * V + pairs[:, 1], V * V), joint.double().flatten().numpy())
+
+
 @pytest.mark.parametrize("wrong", [ResampleFromTargetOnReject, InvertedRatio])
 def test_negative_control_fails_the_joint_test(wrong):
-    m = markov_model(seed=7)
-    V = m["p1"].shape[0]
-    pairs = first_two_tokens(wrong(temperature=1.0), m, N_SAMPLES, 1.0, seed=11)
-    joint = torch.softmax(m["p1"], -1)[:, None] * torch.softmax(m["p2"], -1)
-    assert chisquare_pvalue(counts(pairs[:, 0] * V + pairs[:, 1], V * V), joint.double().flatten().numpy()) \
-        <= THRESHOLD
+    assert joint_pvalue(wrong(temperature=1.0), markov_model(seed=7)) <= THRESHOLD

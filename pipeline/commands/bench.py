@@ -1,4 +1,4 @@
-"""`specsweep bench {samplers,engine,kernels}`: benchmarks that print a table and write JSON."""
+"""`specsweep bench {samplers,engine,kernels,block,lossless}`: benchmarks that print a table and write JSON."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _device(name: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench", required=True, metavar="{samplers,engine,kernels}")
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="{samplers,engine,kernels,block,lossless}")
     p = sub.add_parser("samplers", help="every (sampler, backend) against HF's _speculative_sampling",
                        description="Median time per verify call of every available (sampler, backend) and of HF's "
                                    "_speculative_sampling (B = 1), over B x γ x V x dtype.")
@@ -60,6 +60,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     k.add_argument("--quick", action="store_true", help="B in {1, 16}, γ = 5, V = 128256, bf16 (a smoke run)")
     k.add_argument("--out", type=Path, default=None,
                    help="results JSON (default: kernels/results/kernels-<gpu>.json)")
+    b = sub.add_parser("block", help="accepted tokens per step: block verification against exact, per γ",
+                       description="Accepted draft tokens per verify step of the block rule and of exact in our "
+                                   "speculative loop (batch 1), each prompt decoded with both from the same seed, "
+                                   "for each γ; the difference paired over prompts with a 95 % interval. Writes "
+                                   "JSON and a figure (.png beside it).")
+    b.add_argument("--target", default="models/toy/text/target", help="target model (default: the toy text pair)")
+    b.add_argument("--draft", default="models/toy/text/draft", help="draft model (default: the toy text pair)")
+    b.add_argument("--data", default="data/toy/text/test.jsonl",
+                   help="JSONL of {prompt} or {article} lines (default: data/toy/text/test.jsonl)")
+    b.add_argument("--gammas", default="2,3,4,5,6,8", help="comma-separated γ values (default: 2,3,4,5,6,8)")
+    b.add_argument("--steps", type=int, default=64, help="most new tokens per prompt (default: 64)")
+    b.add_argument("--limit", type=int, default=None, help="the first N prompts only (default: all)")
+    b.add_argument("--temperature", type=float, default=1.0, help="decoding temperature, > 0 (default: 1)")
+    b.add_argument("--seed", type=int, default=0, help="prompt i decodes from seed + i with both rules (default: 0)")
+    b.add_argument("--ignore-eos", action="store_true", help="decode --steps tokens per prompt, past EOS")
+    b.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    b.add_argument("--out", type=Path, default=None,
+                   help="results JSON (default: results/bench/block-gain-<device>.json)")
+    _add_lossless_arguments(sub)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -105,6 +124,26 @@ def main(args: argparse.Namespace) -> int:
         kernel_bench.print_table(result)
         print(f"wrote {out}")
         return 0
+    if args.bench == "block":
+        from pipeline.benchmarks import block_gain
+
+        try:
+            gammas = [int(g) for g in args.gammas.split(",")]
+        except ValueError:
+            raise SpecsweepError(f"--gammas must be comma-separated integers; got {args.gammas!r}") from None
+        if min(gammas) < 1 or args.steps < 1 or not args.temperature > 0 or (args.limit is not None and args.limit < 1):
+            raise SpecsweepError("--gammas and --steps must be >= 1, --limit >= 1 and --temperature > 0 (at T = 0 "
+                                 "block verification is greedy verification, as exact's)")
+        device = _device(args.device)
+        out = args.out or Path("results/bench") / f"block-gain-{device.split(':')[0]}.json"
+        result = block_gain.run(args.target, args.draft, args.data, gammas=gammas, steps=args.steps, seed=args.seed,
+                                out=out, temperature=args.temperature, limit=args.limit, device=device,
+                                ignore_eos=args.ignore_eos)
+        block_gain.print_table(result)
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+        return 0
+    if args.bench == "lossless":
+        return _lossless(args)
     raise SpecsweepError(f"unknown benchmark {args.bench!r}")
 
 
@@ -114,3 +153,86 @@ def _gpu_slug() -> str:
     import torch
 
     return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+
+
+# ---- bench lossless ---------------------------------------------------------------------------------------------
+
+def _add_lossless_arguments(sub) -> None:
+    lo = sub.add_parser("lossless", help="per dtype: do the lossless rules keep the target's output?",
+                        description="For each lossless rule of the registry (pipeline/rules.py) and each dtype: at "
+                                    "T = 0, the rule's output against the target's own greedy output (γ = 0, same "
+                                    "engine and dtype) on every prompt, token for token, with the first diverging "
+                                    "position of each mismatch; at T = 1, a chi-square test of homogeneity of N "
+                                    "short continuations drawn with the rule against N drawn with γ = 0 (first "
+                                    "token, first two tokens). Default pair: the toy text pair when it exists, "
+                                    "else a synthetic one.")
+    lo.add_argument("--rules", default=None,
+                    help="comma-separated rule[:preset] to check, e.g. exact,sigmoid:paper (default: every rule "
+                         "the registry calls lossless at any temperature)")
+    lo.add_argument("--dtypes", default=None,
+                    help="comma-separated dtypes (default: float32,bfloat16; float16 too on CUDA)")
+    lo.add_argument("--target", help="target model (default: models/toy/text/target if it exists, else a synthetic "
+                                     "pair built locally)")
+    lo.add_argument("--draft", help="draft model (with --target)")
+    lo.add_argument("--synthetic", action="store_true",
+                    help="the synthetic random-init pair of `bench engine` and its prompts, even where the toy pair "
+                         "exists")
+    lo.add_argument("--data", help="JSONL of {prompt} or {article} lines (default: data/toy/text/test.jsonl with the "
+                                   "toy pair, built-in prompts with the synthetic one)")
+    lo.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default: 4)")
+    lo.add_argument("--greedy-tokens", type=int, default=32, help="greedy part: most new tokens per prompt "
+                                                                  "(default: 32)")
+    lo.add_argument("--limit", type=int, default=None, help="greedy part: the first N prompts only (default: all)")
+    lo.add_argument("--samples", type=int, default=400,
+                    help="sampled part: continuations per rule and per reference, per prompt (default: 400)")
+    lo.add_argument("--max-new-tokens", type=int, default=3,
+                    help="sampled part: tokens per continuation, >= 2 (default: 3)")
+    lo.add_argument("--sample-prompts", type=int, default=1,
+                    help="sampled part: the first N prompts (default: 1)")
+    lo.add_argument("--sample-prompt-tokens", type=int, default=None,
+                    help="sampled part: each prompt cut to its first N tokens (default: the prefix whose next token "
+                         "the target is least sure of, the strongest test)")
+    lo.add_argument("--alpha", type=float, default=0.01,
+                    help="sampled part: test level, Bonferroni-corrected over a row's tests (default: 0.01)")
+    lo.add_argument("--seed", type=int, default=0, help="sampled part: seed (default: 0)")
+    lo.add_argument("--ignore-eos", action="store_true", help="decode past EOS")
+    lo.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    lo.add_argument("--out", type=Path, default=None,
+                    help="results JSON (default: results/bench/lossless-<device>.json)")
+
+
+def _lossless(args: argparse.Namespace) -> int:
+    from pipeline.benchmarks import lossless
+    from pipeline.models import DTYPES
+
+    if min(args.gamma, args.greedy_tokens, args.sample_prompts, args.sample_prompt_tokens or 1) < 1 \
+            or args.samples < 10 or args.max_new_tokens < 2 or (args.limit is not None and args.limit < 1):
+        raise SpecsweepError("--gamma, --greedy-tokens, --limit, --sample-prompts and --sample-prompt-tokens must be "
+                             ">= 1, --samples >= 10 and --max-new-tokens >= 2 (the joint test needs two tokens)")
+    if not 0 < args.alpha < 1:
+        raise SpecsweepError(f"--alpha must be in (0, 1); got {args.alpha:g}")
+    if (args.target is None) != (args.draft is None):
+        raise SpecsweepError("give both --target and --draft, or neither (the toy text pair, else a synthetic pair)")
+    if args.synthetic and (args.target is not None or args.data is not None):
+        raise SpecsweepError("--synthetic builds its own pair and prompts: leave out --target, --draft and --data")
+    if args.data is not None and not Path(args.data).is_file():
+        raise SpecsweepError(f"--data {args.data} does not exist: give a JSONL of {{prompt}} or {{article}} lines")
+    rules = lossless.parse_rules(args.rules) if args.rules is not None else None
+    device = _device(args.device)
+    dtypes = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else lossless.default_dtypes(device)
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or not dtypes or len(set(dtypes)) != len(dtypes):
+        raise SpecsweepError(f"--dtypes must name each of {', '.join(DTYPES)} at most once; got {args.dtypes!r}")
+    target, draft, data = args.target, args.draft, args.data
+    if target is None and not args.synthetic and (toy := lossless.default_pair()) is not None:
+        target, draft = toy[:2]
+        data = data or toy[2]
+    out = args.out or Path("results/bench") / f"lossless-{device.split(':')[0]}.json"
+    result = lossless.run(target, draft, data, rules=rules, dtypes=dtypes, gamma=args.gamma,
+                          greedy_tokens=args.greedy_tokens, limit=args.limit, samples=args.samples,
+                          max_new_tokens=args.max_new_tokens, sample_prompts=args.sample_prompts,
+                          sample_prompt_tokens=args.sample_prompt_tokens, seed=args.seed, alpha=args.alpha,
+                          ignore_eos=args.ignore_eos, device=device, out=out)
+    lossless.print_table(result)
+    print(f"wrote {out}")
+    return 0

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 
 from pipeline.config import RunConfig
-from pipeline.rules import param_help, param_names
+from pipeline.errors import SpecsweepError
+from pipeline.rules import param_help, param_is_integer, param_names
 
 HELP = "run speculative (or, with --gamma 0, autoregressive) decoding over a dataset and write results JSON"
 
 _TYPES = {"int": int, "float": float, "str": str}
+# Settings that take a comma-separated list: `specsweep run` then runs every combination in one process.
+GRID = ("sampler", "backend", "gamma", "dtype")
+
+
+_GRID_HELP = ("; a comma-separated list runs every combination of the listed settings in this process (--out then "
+              "names them, e.g. results/runs/{sampler}-g{gamma}.json)")
 
 
 def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
@@ -31,31 +39,66 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
         required = f.default is dataclasses.MISSING
         if not required and f.default is not None and "(default" not in help_text:
             help_text += f" (default: {f.default})"
+        if f.name in GRID:  # a comma-separated list runs each value (expand_grid); RunConfig checks the choices
+            choices = f" (one of {', '.join(f.metadata['choices'])})" if f.metadata["choices"] else ""
+            p.add_argument(*names, dest=f.name, default=f.default, help=help_text + choices + _GRID_HELP)
+            continue
         p.add_argument(*names, dest=f.name, type=_TYPES[f.type.split("|")[0].strip()], required=required,
                        default=None if required else f.default, choices=f.metadata["choices"], help=help_text)
     for name in param_names():
         if name not in exclude:
-            p.add_argument(f"--{name}", type=float, help=param_help(name))
+            p.add_argument(f"--{name}", type=int if param_is_integer(name) else float, help=param_help(name))
     p.add_argument("--no-progress", "--no_progress", action="store_true", help="no progress bar")
 
 
+def expand_grid(values: dict) -> list[dict]:
+    """One settings dict per point of the grid: each of :data:`GRID` may be a comma-separated list
+    (``--sampler exact,block --gamma 2,4``), and the points are every combination, in order. ``--out`` (and
+    ``--baseline``) may name any setting as ``{name}`` (``results/runs/text-{sampler}-g{gamma}.json``); it must
+    name every setting that takes several values, so no two runs write one file."""
+    axes = {name: [_grid_value(name, item) for item in str(values[name]).split(",")] for name in GRID}
+    several = [name for name, items in axes.items() if len(items) > 1]
+    missing = [name for name in several if "{" + name + "}" not in (values.get("out") or "")]
+    if missing:
+        raise SpecsweepError(f"--{missing[0]} lists several values: --out must name {{{missing[0]}}} so each run "
+                             f"writes its own file, e.g. results/runs/{'-'.join('{' + n + '}' for n in several)}.json")
+    points = []
+    for combination in itertools.product(*axes.values()):
+        point = {**values, **dict(zip(axes, combination))}
+        for key in ("baseline", "out"):
+            # Templates such as results/runs/text-ar-{dtype}.json: each point of a grid or of a W&B sweep names
+            # its own files.
+            template = point.get(key)
+            if template and "{" in template:
+                try:
+                    point[key] = template.format(**point)
+                except (KeyError, IndexError, ValueError) as e:
+                    raise SpecsweepError(f"--{key} {template}: bad template ({e}); use {{name}} of a run setting, "
+                                         "e.g. {dtype}") from None
+        points.append(point)
+    return points
+
+
+def _grid_value(name: str, item: str):
+    kind = _TYPES[next(f.type for f in dataclasses.fields(RunConfig) if f.name == name).split("|")[0].strip()]
+    try:
+        return kind(item.strip())
+    except ValueError:
+        raise SpecsweepError(f"--{name} {item.strip()!r}: expected {kind.__name__} values, one or a comma-separated "
+                             "list") from None
+
+
 def main(args: argparse.Namespace) -> int:
-    from pipeline.runner import run
+    from pipeline.runner import run_grid
 
     values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "no_progress")}
-    for key in ("baseline", "out"):
-        # Templates such as results/runs/text-ar-{dtype}.json: each point of a W&B sweep names its own files.
-        template = values.get(key)
-        if template and "{" in template:
-            try:
-                values[key] = template.format(**values)
-            except (KeyError, IndexError, ValueError) as e:
-                from pipeline.errors import SpecsweepError
+    configs = [RunConfig.from_dict(point) for point in expand_grid(values)]
+    run_grid(configs, progress=not args.no_progress, on_result=_report)
+    return 0
 
-                raise SpecsweepError(f"--{key} {template}: bad template ({e}); use {{name}} of a run setting, "
-                                     "e.g. {dtype}") from None
-    config = RunConfig.from_dict(values)
-    result = run(config, progress=not args.no_progress)
+
+def _report(config: RunConfig, result: dict) -> None:
+    """One line of what the run measured, then its W&B log (which never fails the run: a problem is a warning)."""
     m = result["metrics"]
     meas = result["measurement"]
     parts = [f"{m['new_tokens']} tokens in {m['wall_time_s']:.2f} s; median {m['tokens_per_second']:.1f} tok/s "
@@ -79,5 +122,4 @@ def main(args: argparse.Namespace) -> int:
     print(f"wrote {config.out}")
     from pipeline.tracking import log_run
 
-    log_run(config, result)  # never fails the run: a W&B problem is a warning
-    return 0
+    log_run(config, result)

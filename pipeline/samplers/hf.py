@@ -14,7 +14,7 @@ import torch
 
 from pipeline.errors import SamplerInputError, SpecsweepError
 from pipeline.samplers.contract import SamplerResult
-from pipeline.samplers.torch_ref import Sampler
+from pipeline.samplers.torch_ref import ExactSampler, Sampler
 
 _EXPECTED_PARAMS = ("candidate_input_ids", "candidate_logits", "candidate_length", "new_logits")
 
@@ -62,7 +62,9 @@ class HFSampler(Sampler):
         if B != 1:
             raise SamplerInputError(f"the hf sampler runs batch 1, as HF does; got batch {B}: use --batch-size 1")
         if gamma == 0:
-            raise SamplerInputError("the hf sampler needs γ >= 1 (HF never verifies zero candidates)")
+            # A step with no draft (the engine drafts fewer tokens as a row nears its limit): HF's loop then just
+            # samples from the target; so does this, as the reference does at γ = 0.
+            return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator)
         # HF hands the sampler fp32 logits already divided by the temperature (its logits warpers do that).
         candidate_logits = draft_logits.float() / self.temperature
         new_logits = target_logits.float() / self.temperature
