@@ -72,11 +72,11 @@ def add_effective_params(table):
 
 
 def _effective(row, name: str):
-    rule = RULES.get(row["sampler"])
+    rule = RULES.get(row.get("sampler"))
     if rule is None or name not in rule.param_names:
         return None
-    preset = row["preset"] if isinstance(row["preset"], str) else None
-    return rule.effective({k: to_number(row[k]) for k in rule.param_names}, preset)[name]
+    preset = row.get("preset") if isinstance(row.get("preset"), str) else None
+    return rule.effective({k: to_number(row.get(k)) for k in rule.param_names}, preset)[name]
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -114,7 +114,7 @@ def _recommendations(table, max_quality_loss: float) -> list:
     rec = recommend(table, max_quality_loss)
     if rec.empty:
         return [*blocks, Para("No run or trial with a measured speedup: nothing to recommend yet.")]
-    cols = ["task", "target", "draft", "choice", "sampler", "backend", "gamma", *param_names(), "dtype", "speedup",
+    cols = ["task", "target", "draft", "choice", "sampler", "backend", "gamma", "parameters", "dtype", "speedup",
             "quality", "quality loss", "device", "date", "source"]
     rows = []
     for _, r in rec.iterrows():
@@ -123,7 +123,7 @@ def _recommendations(table, max_quality_loss: float) -> list:
                         + [None] * (len(cols) - 5))
             continue
         rows.append([r["task"], r["target"], r["draft"], r["choice"], r["sampler"], r["backend"], _int(r["gamma"]),
-                     *(_effective(r, n) for n in param_names()), r["dtype"], _speedup(r), _raw_quality(r),
+                     _params(r), r["dtype"], _speedup(r), _raw_quality(r),
                      _pct(r["quality_loss"]),
                      _device(r), r["date"], r["source"]])
     blocks.append(Table(cols, rows))
@@ -230,11 +230,12 @@ def _rules_section(losses, task, target, draft, metric) -> list:
 
 
 def _params(r) -> str | None:
-    """'alpha=1, beta=-20': the effective parameters of the row's rule (``<param>_eff``), None for a rule without."""
+    """'alpha=1, beta=-20': the parameters the row's rule used (its own, else its preset's or the defaults), None
+    for a rule without any."""
     rule = RULES.get(r.get("sampler"))
     if rule is None or not rule.params:
         return None
-    return ", ".join(f"{n}={r.get(n + '_eff'):g}" for n in rule.param_names if to_number(r.get(n + "_eff")) is not None)
+    return ", ".join(f"{n}={_effective(r, n):g}" for n in rule.param_names)
 
 
 def _acceptance_section(group, name, slug, fig_dir, written) -> list:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from pipeline.objectives import QUALITY, quality_ratio
-from pipeline.rules import is_lossless
+from pipeline.rules import is_lossless, param_names
 
 GROUP = ("task", "target", "draft")
 CANDIDATE_KINDS = ("run", "trial")
@@ -106,7 +106,7 @@ def recommend(table, max_quality_loss: float = 0.01):
                 continue
             best = rows.sort_values(["speedup", "quality_loss"], ascending=[False, True]).iloc[0]
             out.append({**base, **{k: best.get(k) for k in (
-                "run", "kind", "sampler", "backend", "gamma", "alpha", "beta", "preset", "dtype", "temperature",
+                "run", "kind", "sampler", "backend", "gamma", *param_names(), "preset", "dtype", "temperature",
                 "speedup", "speedup_ci_low", "speedup_ci_high", "quality", "quality_loss", "reference",
                 "reference_source", "acceptance_rate",
                 "source", "device_name", "date", "cpu_only")}, "note": _slower_note(best)})

@@ -371,14 +371,21 @@ def test_every_acceptance_rule_appears_side_by_side_with_its_parameters_and_loss
     runs = tmp_path / "runs"
     ar = str(write(runs / "ar.json", result(gamma=0, speedup=None, score=0.40)))
     for name, sampler, speedup, score, params in (("e", "exact", 1.4, 0.40, {}), ("g", "greedy", 2.0, 0.39, {}),
-                                                   ("s", "sigmoid", 1.8, 0.30, {"alpha": 2.0})):
-        write(runs / f"{name}.json", result(sampler=sampler, speedup=speedup, score=score, baseline=ar, **params))
+                                                   ("s", "sigmoid", 1.8, 0.30, {"alpha": 2.0}),
+                                                   ("r", "relaxed", 2.2, 0.40, {})):
+        r = result(sampler=sampler, speedup=speedup, score=score, baseline=ar, **params)
+        if sampler == "relaxed":  # a rule whose parameters are not alpha/beta, recommended as the fastest
+            r["config"]["prob_delta"] = 0.25
+        write(runs / f"{name}.json", r)
     out = tmp_path / "reports"
     assert main(["report", "--runs", str(runs), "--out", str(out)]) == 0
     section = (out / "report.md").read_text().split("### Acceptance rules side by side")[1].split("###")[0]
     lines = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert [line.split("|")[1].strip() for line in lines] == ["greedy", "sigmoid", "exact"]   # fastest first
+    assert [line.split("|")[1].strip() for line in lines] == ["relaxed", "greedy", "sigmoid", "exact"]  # fastest first
     by_rule = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in lines}
     assert by_rule["exact"][1] == "yes" and by_rule["greedy"][1] == "no"          # greedy at T = 1 is not lossless
     assert by_rule["sigmoid"][3] == "alpha=2, beta=-20"                          # its own alpha, the default beta
     assert by_rule["sigmoid"][7] == "+25.00 %"                                   # quality loss: 1 - 0.30 / 0.40
+    assert by_rule["relaxed"][3] == "top_k=10, prob_delta=0.25"                  # its default top_k, its own delta
+    recommendation = (out / "report.md").read_text().split("## Recommendation")[1].split("\n## ")[0]
+    assert "| relaxed | torch | 4 | top_k=10, prob_delta=0.25 | float32 |" in recommendation
