@@ -47,11 +47,11 @@ from typing import Any
 import torch
 
 from pipeline.benchmarks.timing import format_table, median, time_calls
+from pipeline.dtypes import torch_dtype
 from pipeline.env_info import provenance
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 GOAL_CONFIG = {"B": 1, "gamma": 5, "V": 128_256, "dtype": "bfloat16"}
 _GOAL = (GOAL_CONFIG["B"], GOAL_CONFIG["gamma"], GOAL_CONFIG["V"], GOAL_CONFIG["dtype"])
 # The issue's grid (FlashInfer's bench_chain_speculative.py shapes); dtypes run one after another, bf16 first, so
@@ -95,13 +95,13 @@ def configurations(batches, gammas, vocabs, dtypes, extra=()) -> list[tuple[int,
 def _sets(B, gamma, V, dtype, seed):
     """Input sets (draft_tokens int64 [B, γ], draft_logits [B, γ, V], target_logits [B, γ+1, V], all of
     ``dtype``) on the GPU: enough of them to span ROTATE_BYTES, at least 2, at most MAX_SETS."""
-    per_set = B * (2 * gamma + 1) * V * torch.finfo(DTYPES[dtype]).bits // 8
+    per_set = B * (2 * gamma + 1) * V * torch.finfo(torch_dtype(dtype)).bits // 8
     n = max(2, min(MAX_SETS, math.ceil(ROTATE_BYTES / per_set)))
     g = torch.Generator(device="cuda").manual_seed(seed)
     out = []
     for _ in range(n):
-        tl = (torch.randn(B, gamma + 1, V, generator=g, device="cuda") * 3).to(DTYPES[dtype])
-        dl = (tl[:, :gamma].float() + torch.randn(B, gamma, V, generator=g, device="cuda")).to(DTYPES[dtype])
+        tl = (torch.randn(B, gamma + 1, V, generator=g, device="cuda") * 3).to(torch_dtype(dtype))
+        dl = (tl[:, :gamma].float() + torch.randn(B, gamma, V, generator=g, device="cuda")).to(torch_dtype(dtype))
         dt = torch.randint(0, V, (B, gamma), generator=g, device="cuda")
         out.append((dt, dl, tl))
     return out
@@ -109,7 +109,7 @@ def _sets(B, gamma, V, dtype, seed):
 
 def _bytes_read(name, B, gamma, V, dtype) -> int:
     """Bytes of logits a sampler cannot avoid reading: exact every row, greedy the target rows, sigmoid 2 rows."""
-    es = torch.finfo(DTYPES[dtype]).bits // 8
+    es = torch.finfo(torch_dtype(dtype)).bits // 8
     rows = {"exact": 2 * gamma + 1, "greedy": gamma + 1, "sigmoid": 2}[name]
     return B * rows * V * es
 

@@ -10,12 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES
 
 ENGINES = ("specsweep", "hf")
-DTYPES = ("float32", "float16", "bfloat16")
 WANDB_MODES = ("online", "offline", "disabled")
 
 

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import torch
 
+from pipeline.dtypes import torch_dtype
 from pipeline.errors import SpecsweepError
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEVICES = ("cpu", "cuda", "auto")
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise SpecsweepError(f"unknown dtype {name!r}: choose one of {list(DTYPES)}")
-    return DTYPES[name]
+    try:
+        return torch_dtype(name)
+    except ValueError as e:
+        raise SpecsweepError(str(e)) from None
 
 
 def resolve_device(device: str, dtype: torch.dtype = torch.float32) -> str:

@@ -46,7 +46,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import DTYPES, RunConfig
+from pipeline.config import RunConfig
+from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.objectives import QUALITY, quality_value, tradeoff

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from pipeline.dtypes import torch_dtype
 from pipeline.errors import SamplerInputError
 from pipeline.samplers import contract, torch_ref
 
 BOUNDARY = 1e-5
 MAX_BOUNDARY_ROWS = 0.01
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 REFERENCE = {"exact": torch_ref.ExactSampler, "sigmoid": torch_ref.SigmoidSampler, "greedy": torch_ref.GreedySampler}
 
 # (B, γ, V_t, V_d, dtype): odd V, the largest V, B = 1 and 256 (one block per row), γ = 16, a padded draft
@@ -60,8 +60,8 @@ class KernelBackend:
 def make_inputs(device, B, gamma, vt, vd, dtype, seed=0, scale=3.0):
     """draft_tokens int64 [B, γ] (sampled from the draft), draft logits [B, γ, V_d], target logits [B, γ+1, V_t]."""
     g = torch.Generator(device=device).manual_seed(seed)
-    tl = (torch.randn(B, gamma + 1, vt, generator=g, device=device) * scale).to(DTYPES[dtype])
-    dl = (tl[:, :gamma, :vd].float() + torch.randn(B, gamma, vd, generator=g, device=device)).to(DTYPES[dtype])
+    tl = (torch.randn(B, gamma + 1, vt, generator=g, device=device) * scale).to(torch_dtype(dtype))
+    dl = (tl[:, :gamma, :vd].float() + torch.randn(B, gamma, vd, generator=g, device=device)).to(torch_dtype(dtype))
     gumbel = -torch.empty(B, gamma, vd, device=device).exponential_(generator=g).log()
     dt = (dl.float() + gumbel).argmax(-1)            # a draw from softmax(draft logits) (Gumbel-max)
     return dt, dl, tl

@@ -13,12 +13,12 @@ import torch
 from tqdm import tqdm
 
 from pipeline.benchmarks.timing import format_table, median, time_calls
+from pipeline.dtypes import torch_dtype
 from pipeline.env_info import provenance
 from pipeline.io import write_json_atomic
 from pipeline.samplers import available_samplers, get_sampler
 from pipeline.samplers.hf import hf_speculative_sampling
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FULL = {"batches": (1, 16), "gammas": (1, 4, 8), "vocabs": (32_000, 128_256, 256_000),
         "dtypes": ("float32", "bfloat16")}
 QUICK = {"batches": (1,), "gammas": (4,), "vocabs": (32_000,), "dtypes": ("float32",)}
@@ -43,7 +43,7 @@ def run(device: str = "cpu", batches=FULL["batches"], gammas=FULL["gammas"], voc
     rows = []
     configs = [(B, g, V, dt) for B in batches for g in gammas for V in vocabs for dt in dtypes]
     for B, gamma, V, dtype_name in tqdm(configs, desc="bench samplers", unit="config"):
-        sets = _inputs(B, gamma, V, DTYPES[dtype_name], device, rotate, seed=B * 1000 + gamma * 10 + V)
+        sets = _inputs(B, gamma, V, torch_dtype(dtype_name), device, rotate, seed=B * 1000 + gamma * 10 + V)
         gen = torch.Generator(device=device).manual_seed(0)
         base = {"B": B, "gamma": gamma, "V": V, "dtype": dtype_name}
         for name, backend in pairs:

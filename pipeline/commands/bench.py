@@ -203,7 +203,7 @@ def _add_lossless_arguments(sub) -> None:
 
 def _lossless(args: argparse.Namespace) -> int:
     from pipeline.benchmarks import lossless
-    from pipeline.models import DTYPES
+    from pipeline.dtypes import DTYPES
 
     if min(args.gamma, args.greedy_tokens, args.sample_prompts, args.sample_prompt_tokens or 1) < 1 \
             or args.samples < 10 or args.max_new_tokens < 2 or (args.limit is not None and args.limit < 1):

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.dtypes import DTYPES, torch_dtype
 from pipeline.errors import NonFiniteLogitsError, SamplerInputError
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT_DTYPES = tuple(torch_dtype(name) for name in DTYPES)
 
 # A residual whose mass is at most this fraction of the target row's mass is rounding noise: the two
 # distributions are equal up to fp32 error. Sampling from it would amplify noise, so the target row is

@@ -21,11 +21,11 @@ import functools
 
 import torch
 
+from pipeline.dtypes import dtype_name
 from pipeline.errors import SamplerInputError
 from pipeline.samplers import torch_ref
 from pipeline.samplers.contract import SamplerResult, uniforms
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 # Blocks per SM the launch geometry aims for (kernels are capped at 64 registers: 4 blocks of 256 fit).
 _BLOCKS_PER_SM = 4
 
@@ -203,7 +203,7 @@ class _Step:
         self.tokens_in = draft_tokens.contiguous()
         self.draft, self.target = draft_logits, target_logits
         self.B, self.gamma, self.vt, self.vd = B, gamma, vt, vd
-        self.dtype = _DTYPE_NAMES[target_logits.dtype]
+        self.dtype = dtype_name(target_logits.dtype)
         self.device = draft_tokens.device
         launcher.prepare(self.device)
         self.sms = launcher.sm_count(self.device)
