@@ -152,17 +152,9 @@ def load_latency(folder: str | os.PathLike, benchmark: str):
     """Timing rows from every ``specsweep bench {kernels,samplers}`` JSON in ``folder`` (none: empty table)."""
     import pandas as pd
 
-    folder = Path(folder)
     rows: list[dict] = []
-    if not folder.is_dir():
-        return pd.DataFrame(rows)
     pattern = "*.json" if benchmark == "kernels" else f"{benchmark}-*.json"
-    for path in sorted(folder.glob(pattern)):
-        data = _read_json(path)
-        if not isinstance(data, dict) or data.get("benchmark") != benchmark:
-            continue
-        prov = data.get("provenance", {})
-        device = prov.get("device", {})
+    for path, data in _bench_files(folder, pattern, benchmark):
         floor = data.get("floor", {})
         for r in data.get("results", []):
             impl, sampler = _impl(r, benchmark)
@@ -170,10 +162,7 @@ def load_latency(folder: str | os.PathLike, benchmark: str):
                          "kind": "latency", "benchmark": benchmark, "impl": impl, "sampler": sampler,
                          "backend": r.get("backend") or r.get("impl"), "B": r["B"], "gamma": r["gamma"],
                          "V": r["V"], "dtype": r["dtype"], "median_s": r["median_s"], "floor_s": r.get("floor_s"),
-                         "launch_floor_s": floor.get("empty_launch_s"), "source": str(path),
-                         "date": prov.get("date"), "host": prov.get("host"),
-                         "device": device.get("device"), "device_name": device_label(device),
-                         "cpu_only": not str(device.get("device", "")).startswith("cuda")})
+                         "launch_floor_s": floor.get("empty_launch_s"), **_where(path, data)})
     return pd.DataFrame(rows)
 
 
@@ -183,14 +172,9 @@ def load_loops(folder: str | os.PathLike):
     and both speculative loops' acceptance."""
     import pandas as pd
 
-    folder = Path(folder)
     rows: list[dict] = []
-    for path in sorted(folder.glob("engine-*.json")) if folder.is_dir() else ():
-        data = _read_json(path)
-        if not isinstance(data, dict) or data.get("benchmark") != "engine":
-            continue
-        prov, settings = data.get("provenance", {}), data.get("settings", {})
-        device = prov.get("device", {})
+    for path, data in _bench_files(folder, "engine-*.json", "engine"):
+        settings = data.get("settings", {})
         by = {(r["loop"], r["temperature"]): r for r in data.get("results", [])}
         for key, goal in data.get("goals", {}).items():
             temperature = float(key.split("=", 1)[1])
@@ -203,9 +187,7 @@ def load_loops(folder: str | os.PathLike):
                          "autoregressive_over_hf": goal.get("autoregressive_over_hf_plain"),
                          "ceiling_over_hf": goal.get("speculative_ceiling_over_hf_assisted"),
                          "acceptance_ours": ours.get("acceptance_rate"), "acceptance_hf": hf.get("acceptance_rate"),
-                         "source": str(path), "date": prov.get("date"), "host": prov.get("host"),
-                         "device": device.get("device"), "device_name": device_label(device),
-                         "cpu_only": not str(device.get("device", "")).startswith("cuda")})
+                         **_where(path, data)})
     return pd.DataFrame(rows)
 
 
@@ -215,14 +197,9 @@ def load_lossless(folder: str | os.PathLike):
     (first token, first two tokens) and the verdict."""
     import pandas as pd
 
-    folder = Path(folder)
     rows: list[dict] = []
-    for path in sorted(folder.glob("lossless-*.json")) if folder.is_dir() else ():
-        data = _read_json(path)
-        if not isinstance(data, dict) or data.get("benchmark") != "lossless":
-            continue
-        prov, settings = data.get("provenance", {}), data.get("settings", {})
-        device = prov.get("device", {})
+    for path, data in _bench_files(folder, "lossless-*.json", "lossless"):
+        settings = data.get("settings", {})
         for r in data.get("results", []):
             greedy, sampled = r.get("greedy") or {}, r.get("sampled") or {}
             tests = sampled.get("per_prompt", [])
@@ -238,10 +215,7 @@ def load_lossless(folder: str | os.PathLike):
                          "p_first_token": min((t["first_token"]["p_value"] for t in tests), default=None),
                          "p_first_two": min((t["first_two_tokens"]["p_value"] for t in tests), default=None),
                          "samples": sampled.get("samples"), "threshold": sampled.get("threshold"),
-                         "verdict": sampled.get("verdict"), "source": str(path), "date": prov.get("date"),
-                         "host": prov.get("host"), "device": device.get("device"),
-                         "device_name": device_label(device),
-                         "cpu_only": not str(device.get("device", "")).startswith("cuda")})
+                         "verdict": sampled.get("verdict"), **_where(path, data)})
     return pd.DataFrame(rows)
 
 
@@ -253,6 +227,24 @@ def _impl(row: dict, benchmark: str) -> tuple[str, str]:
     if row["sampler"] == "hf":
         return "hf", "exact"
     return f"{row['sampler']} ({row['backend']})", row["sampler"]
+
+
+def _bench_files(folder: str | os.PathLike, pattern: str, benchmark: str):
+    """(path, data) of every JSON in ``folder`` matching ``pattern`` that ``specsweep bench <benchmark>`` wrote
+    (other JSON is skipped; no folder: nothing)."""
+    folder = Path(folder)
+    for path in sorted(folder.glob(pattern)) if folder.is_dir() else ():
+        data = _read_json(path)
+        if isinstance(data, dict) and data.get("benchmark") == benchmark:
+            yield path, data
+
+
+def _where(path: Path, data: dict) -> dict:
+    """Where a benchmark row came from: its file, date, host and device (and whether it was a CPU only)."""
+    prov = data.get("provenance", {})
+    device = prov.get("device", {})
+    return {"source": str(path), "date": prov.get("date"), "host": prov.get("host"), "device": device.get("device"),
+            "device_name": device_label(device), "cpu_only": not str(device.get("device", "")).startswith("cuda")}
 
 
 def _read_json(path: Path):
