@@ -172,26 +172,8 @@ class _Pair:
         if choice is None:
             return SpeculativeEngine(self.t_model, None, get_sampler("exact", temperature=temperature), 0,
                                      self.device, self.eos, self.pad)
-        sampler = _PlainDrawWithoutDrafts(get_sampler(choice.name, preset=choice.preset, temperature=temperature))
+        sampler = get_sampler(choice.name, preset=choice.preset, temperature=temperature)
         return SpeculativeEngine(self.t_model, self.d_model, sampler, self.gamma, self.device, self.eos, self.pad)
-
-
-class _PlainDrawWithoutDrafts:
-    """A rule's sampler, except that a step with no draft tokens (γ = 0: a continuation's last token when only one
-    is left to emit) is a plain draw from the target, as in Hugging Face's own loop when it has no candidates. The
-    hf sampler refuses γ = 0; those steps never emit one of the two tokens the sampled part tests (its first step
-    drafts min(γ, max_new_tokens - 1) >= 1 tokens, and a second step, if any, at least 1)."""
-
-    def __init__(self, inner) -> None:
-        from pipeline.samplers.torch_ref import ExactSampler
-
-        self.inner = inner
-        self.plain = ExactSampler(inner.temperature)
-        self.draft_temperature = inner.draft_temperature
-
-    def __call__(self, draft_tokens, draft_logits, target_logits, generator=None):
-        sampler = self.plain if draft_tokens.shape[1] == 0 else self.inner
-        return sampler(draft_tokens, draft_logits, target_logits, generator=generator)
 
 
 def _skip_reason(choice: RuleChoice, part: str) -> str | None:
