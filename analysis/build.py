@@ -97,7 +97,7 @@ def _header(table, max_quality_loss: float) -> list:
                        "speculative loop over the γ = 0 loop of the same engine and loaded target on the same samples "
                        "(paired, in one process), with its order-statistic confidence interval in brackets. A "
                        "measurement whose interval is too wide, whose speedup is implausible against the one its "
-                       "own tokens per step and cost ratio predict, or whose threads waited for a CPU that other "
+                       "own tokens per step and forward costs predict, or whose threads waited for a CPU that other "
                        "processes held is flagged, and left out of the recommendation and "
                        "the Pareto fronts "
                        "(section **Flagged measurements**). Quality is "
@@ -250,8 +250,11 @@ def _acceptance_section(group, name, slug, fig_dir, written) -> list:
                          "(1 − α) from its per-token rate α (dashed; α is estimated from the accepted counts, "
                          "accepted / (accepted + rejections), which is not accepted / drafted), and the product of "
                          "its measured per-position rates (dotted). Right: measured speedup against the run's own "
-                         "theoretical speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)), c the measured draft/target cost "
-                         "ratio."))
+                         "theoretical speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)), c the time of one draft forward over "
+                         "one target forward, each decoding one token (Leviathan et al.'s cost coefficient). That "
+                         "theory assumes the target scores γ + 1 tokens in the time of one; r in the table is what "
+                         "that forward measured in target steps, and the predicted speedup, tokens per step / "
+                         "(γc + r), takes it into account."))
     runs = group[group["kind"].isin(("run", "trial")) & group["acceptance_rate"].notna()].sort_values(
         ["sampler", "gamma"])
     rows = []
@@ -263,9 +266,11 @@ def _acceptance_section(group, name, slug, fig_dir, written) -> list:
         rows.append([r["run"], r["sampler"], g, r["acceptance_rate"], alpha, r["mean_accepted_tokens"],
                      expected_tokens_iid(min(max(float(alpha), 0.0), 1.0), g) if has_alpha else None,
                      expected_tokens_positions(rates, g) if rates and g is not None else None,
-                     r["speedup"], r["theoretical_speedup"]])
+                     r.get("cost_ratio"), r.get("verify_cost_ratio"), r["speedup"], r.get("predicted_speedup"),
+                     r["theoretical_speedup"]])
     blocks.append(Table(["run", "sampler", "γ", "acceptance", "α", "tokens/step", "i.i.d. prediction",
-                         "per-position prediction", "speedup", "theoretical speedup"], rows))
+                         "per-position prediction", "c", "r", "speedup", "predicted speedup", "theoretical speedup"],
+                        rows))
     return blocks
 
 

@@ -14,13 +14,13 @@ interval is [min, max] and the record says the coverage it actually has.
 A measurement is flagged (see :func:`flag_reasons`) when
   - its interval is too wide: (hi - lo) / median > ``max_relative_width`` (the repeats disagree: the machine's
     load changed under it, or a stall landed in some repeats), or
-  - measured / predicted speedup lies outside ``plausible``: the prediction comes from the run's own acceptance
-    and draft/target cost ratio c, as tokens per verify step / (γc + 1) (Leviathan et al.'s speedup with the
-    measured tokens per step in place of the i.i.d. expectation (1 - α^(γ+1)) / (1 - α), which overstates it
-    when outputs end at EOS after a few tokens); a measured speedup far from it is more likely a broken timing
-    than a discovery. The bounds are wide on purpose: the formula ignores the verify step and per-step overheads
-    (a loop that takes fewer steps saves overhead the formula does not see; a verify forward of γ + 1 tokens
-    costs more than one token's on a CPU), or
+  - measured / predicted speedup lies outside ``plausible``: the prediction comes from the run's own tokens per
+    verify step and per-forward costs, as tokens per step / (γc + r) (pipeline/objectives.py: Leviathan et al.'s
+    speedup with the measured tokens per step in place of the i.i.d. expectation (1 - α^(γ+1)) / (1 - α), which
+    overstates it when outputs end at EOS after a few tokens, and with r, the measured cost of the γ + 1-token
+    target forward in target steps, in place of their 1); a measured speedup far from it is more likely a broken
+    timing than a discovery. The bounds are wide on purpose: the formula ignores the prompt's prefill, the verify
+    step and per-step overheads (a loop that takes fewer steps saves overhead the formula does not see), or
   - the run's own threads spent more than ``max_cpu_wait`` of the time they were ready to run waiting for a CPU
     (the Linux scheduler's run-queue wait, pipeline.env_info.LoadProbe): other processes held the cores it
     needed, so its timings are those of a contended machine. Such contention need not widen the interval (it can
@@ -130,7 +130,7 @@ def flag_reasons(interval: MedianCI, what: str, predicted: float | None = None,
 
     interval    the median and interval of the measured figure (a speedup, or tokens/s for γ = 0)
     what        its name in the message ("speedup", "tokens/s")
-    predicted   the speedup the run's own tokens per step and cost ratio predict (None: no plausibility check)
+    predicted   the speedup the run's own tokens per step and forward costs predict (None: no plausibility check)
     cpu_wait    the part of its threads' ready time the measurement spent waiting for a CPU, in [0, 1]
                 (None: unknown, no contention check)
     """
@@ -142,8 +142,8 @@ def flag_reasons(interval: MedianCI, what: str, predicted: float | None = None,
     ratio = plausibility(interval.median, predicted)
     if ratio is not None and not plausible[0] <= ratio <= plausible[1]:
         reasons.append(f"implausible: measured {what} {interval.median:.3g}x is {ratio:.2f} times the {predicted:.3g}x "
-                       f"that the run's own acceptance and cost ratio predict (plausible: {plausible[0]:.2f} to "
-                       f"{plausible[1]:.2f} times)")
+                       f"that the run's own tokens per step and forward costs predict (plausible: "
+                       f"{plausible[0]:.2f} to {plausible[1]:.2f} times)")
     if cpu_wait is not None and cpu_wait > max_cpu_wait:
         reasons.append(f"contended: the run's threads waited for a CPU {cpu_wait:.0%} of the time they were ready to "
                        f"run (more than {max_cpu_wait:.0%}): other processes held the cores it needed, so its "

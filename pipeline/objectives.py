@@ -9,7 +9,10 @@
 - theory: expected tokens per verify step (the corrected or bonus token included). With draft position i
   accepted at rate r_i once reached (P(accepted > i | accepted >= i)), a step with γ drafts emits
   1 + Σ_{k=1..γ} Π_{i<k} r_i tokens on average; with one rate a for every position (i.i.d.) that is
-  (1 - a^(γ+1)) / (1 - a); the theoretical speedup divides it by γc + 1 for a draft/target cost ratio c.
+  (1 - a^(γ+1)) / (1 - a); the theoretical speedup divides it by γc + 1 for Leviathan et al.'s cost coefficient
+  c (one draft forward over one target forward, each decoding one token), which assumes the target scores γ + 1
+  tokens in the time of one; the predicted speedup divides the measured tokens per step by γc + r instead, with
+  r the measured cost of that γ + 1-token forward in target steps (pipeline/paired.py: forward_costs).
 """
 
 from __future__ import annotations
@@ -99,6 +102,17 @@ def theoretical_speedup(acceptance: float | None, gamma: int, cost_ratio: float 
     if acceptance is None or cost_ratio is None:
         return None
     return expected_tokens_iid(min(max(acceptance, 0.0), 1.0), gamma) / (gamma * cost_ratio + 1)
+
+
+def predicted_speedup(tokens_per_step: float | None, gamma: int, cost_ratio: float | None,
+                      verify_cost_ratio: float | None) -> float | None:
+    """tokens per step / (γc + r): the speedup the run's own measured tokens per step and per-forward costs predict
+    (c: draft forward / target forward; r: the speculative target forward of γ + 1 tokens / one target forward),
+    leaving out only what both loops share or neither model's forward costs (prefill, verify step, bookkeeping).
+    None at γ = 0 or when a figure is missing."""
+    if not gamma or tokens_per_step is None or cost_ratio is None or verify_cost_ratio is None:
+        return None
+    return tokens_per_step / (gamma * cost_ratio + verify_cost_ratio)
 
 
 def iid_alpha(histogram: list[int] | None) -> float | None:

@@ -33,11 +33,14 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
 
     batches  encoded inputs: {"input_ids": int64 [B, L], "attention_mask": int64 [B, L], and for an encoder-decoder
              target "encoder_inputs": {...}}
-    Returns {name: {"seconds": float [R], "tokens": int [R]}}: seconds inside the engine's generate calls and new
-    tokens, summed over the batches of each repeat.
+    Returns {name: {"seconds": float [R], "tokens": int [R], "phases": {...}}}: seconds inside the engine's
+    generate calls and new tokens, summed over the batches of each repeat; "phases" sums over every repeat the
+    seconds and calls per engine phase ("time_s", "calls": prefill, draft, target, verify) and the draft forwards
+    ("draft_forwards"), from which the run's per-forward costs are read (:func:`forward_costs`).
     """
     names = list(loops)
-    out = {name: {"seconds": [], "tokens": []} for name in names}
+    out = {name: {"seconds": [], "tokens": [], "phases": {"time_s": {}, "calls": {}, "draft_forwards": 0}}
+           for name in names}
     bar = tqdm(range(repeats), desc="timed repeats", unit="repeat", disable=not progress)
     for rep in bar:
         for name in (names if rep % 2 == 0 else names[::-1]):
@@ -48,10 +51,51 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
                                               encoder_inputs=batch.get("encoder_inputs"))
                 seconds += result.wall_time_s
                 tokens += sum(s["new_tokens"] for s in result.row_stats)
+                _add_phases(out[name]["phases"], result)
             out[name]["seconds"].append(seconds)
             out[name]["tokens"].append(tokens)
     bar.close()
     return out
+
+
+def _add_phases(phases: dict, result) -> None:
+    """Add one generate call's phase seconds, phase calls and draft forwards to ``phases`` (in place)."""
+    for key, values in (("time_s", result.phase_time_s), ("calls", result.phase_calls)):
+        for phase, v in values.items():
+            phases[key][phase] = phases[key].get(phase, 0) + v
+    phases["draft_forwards"] += result.extra.get("draft_forwards", 0)
+
+
+def forward_costs(timings: dict[str, dict]) -> dict[str, float | None]:
+    """Per-forward costs of the two loops of a paired timing (:func:`time_repeats`), all timed in the same
+    interleaved repeats:
+
+      draft_forward_s     seconds per draft forward (the speculative loop's draft phase / its draft forwards)
+      target_forward_s    seconds per target forward of autoregressive decoding: one new token (the γ = 0 loop's
+                          target phase / its calls; its prompt prefill is timed apart and left out)
+      verify_forward_s    seconds per target forward of the speculative loop: the pending token and γ drafts
+      cost_ratio          c = draft_forward_s / target_forward_s: Leviathan et al.'s cost coefficient, the time of
+                          one draft run over the time of one target run, both decoding one token
+      verify_cost_ratio   r = verify_forward_s / target_forward_s: what scoring γ + 1 tokens in one forward costs
+                          in target steps. Leviathan et al.'s speedup assumes r = 1 (the forward is bound by reading
+                          weights, so extra tokens are free); where a forward is bound by arithmetic (small models on
+                          a CPU) r > 1, and the speedup falls short of that theory by (γc + 1) / (γc + r)
+
+    Values are None where a loop or phase is missing (a γ = 0 run; a phase with no calls).
+    """
+    spec, ar = timings.get(SPECULATIVE, {}).get("phases"), timings.get(AUTOREGRESSIVE, {}).get("phases")
+
+    def per_call(phases, phase, count=None):
+        if not phases:
+            return None
+        n = phases["calls"].get(phase, 0) if count is None else count
+        return phases["time_s"].get(phase, 0.0) / n if n else None
+
+    draft = per_call(spec, "draft", spec["draft_forwards"] if spec else None)
+    target, verify = per_call(ar, "target"), per_call(spec, "target")
+    return {"draft_forward_s": draft, "target_forward_s": target, "verify_forward_s": verify,
+            "cost_ratio": draft / target if draft is not None and target else None,
+            "verify_cost_ratio": verify / target if verify is not None and target else None}
 
 
 def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load: dict, threads: dict,
@@ -59,7 +103,7 @@ def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load
               max_cpu_wait: float = measure.MAX_CPU_WAIT) -> dict:
     """The measurement record of :func:`time_repeats`'s timings, with flags (see pipeline.measure: an interval
     wider than ``max_spread`` x its median, a speedup far from ``predicted``, the speedup the run's tokens per
-    step and cost ratio predict, or threads that waited for a CPU more than ``max_cpu_wait`` of their ready time
+    step and forward costs predict, or threads that waited for a CPU more than ``max_cpu_wait`` of their ready time
     (``load["runqueue_wait"]``, from :class:`pipeline.env_info.LoadProbe`) is flagged)."""
     tps = {name: measure.rates(t["tokens"], t["seconds"]) for name, t in timings.items()}
     record = {"method": "paired" if SPECULATIVE in timings else "repeated", "repeats": len(next(iter(tps.values()))),

@@ -68,7 +68,11 @@ class Metrics(TypedDict, total=False):
     target_forwards: int
     peak_memory_mb: float
     acceptance_counted: bool
+    draft_forward_s: float | None
+    target_forward_s: float | None
+    verify_forward_s: float | None
     cost_ratio: float | None
+    verify_cost_ratio: float | None
     iid_alpha: float | None
     theoretical_speedup: float | None
     predicted_speedup: float | None

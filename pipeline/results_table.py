@@ -21,8 +21,8 @@ CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "dty
                   "preset", "engine", "batch_size", "max_new_tokens", "limit", "seed", "device")
 METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",
                   "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
-                  "theoretical_speedup", "predicted_speedup", "cost_ratio", "wall_time_s", "new_tokens",
-                  "peak_memory_mb")
+                  "theoretical_speedup", "predicted_speedup", "cost_ratio", "verify_cost_ratio", "wall_time_s",
+                  "new_tokens", "peak_memory_mb")
 # Per-step detail, kept as JSON text so the table stays flat (and survives CSV).
 LIST_COLUMNS = ("accepted_histogram", "position_acceptance")
 

@@ -9,12 +9,16 @@ Speed metrics (pipeline/paired.py: after the quality pass over every sample, the
                          the quality pass's (one timing of every sample)
   acceptance_rate        accepted draft tokens / drafted tokens
   mean_accepted_tokens   new tokens per verify step, the corrected/bonus token included (Spec-Bench's MAT)
-  cost_ratio             c = seconds per draft forward / seconds per target forward, measured in this run
+  cost_ratio             c = seconds per draft forward / seconds per target forward of autoregressive decoding
+                         (one token each; Leviathan et al.'s cost coefficient), timed in the paired repeats
+  verify_cost_ratio      r = seconds per speculative target forward (γ + 1 tokens) / seconds per target forward of
+                         autoregressive decoding; draft_forward_s, target_forward_s, verify_forward_s: the three
+                         per-forward times (pipeline/paired.py: forward_costs)
   iid_alpha              per-token acceptance probability α of the i.i.d. model, estimated from the accepted
                          counts (see iid_alpha()); not the same as acceptance_rate
-  theoretical_speedup    (1 - α^(γ+1)) / ((1 - α)(γc + 1))  (Leviathan et al. 2023)
-  predicted_speedup      mean_accepted_tokens / (γc + 1): the same with the measured tokens per step; the
-                         measured speedup is checked against it
+  theoretical_speedup    (1 - α^(γ+1)) / ((1 - α)(γc + 1))  (Leviathan et al. 2023; assumes r = 1)
+  predicted_speedup      mean_accepted_tokens / (γc + r): the same with the measured tokens per step and the
+                         measured cost of the γ + 1-token forward; the measured speedup is checked against it
   speedup                paired: the median over repeats of (speculative tokens/s) / (γ = 0 tokens/s) within
                          the repeat, with an order-statistic interval (``speedup_ci_low``/``_high``)
   unpaired_speedup       with ``--baseline`` (a γ = 0 run of the same target, task, data, dtype, device and length
@@ -35,7 +39,7 @@ from pipeline import paired
 from pipeline.config import RunConfig
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
-from pipeline.objectives import iid_alpha, position_acceptance, theoretical_speedup
+from pipeline.objectives import iid_alpha, position_acceptance, predicted_speedup, theoretical_speedup
 from pipeline.result import make_result, read_result, write_result
 
 # Settings that must match between a run and the AR baseline its speedup is measured against.
@@ -212,7 +216,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     torch.manual_seed(config.seed)
     generator = torch.Generator(device=device).manual_seed(config.seed)
     samples, totals = _quality_pass(config, engine, encode, records, tokenizer, task, generator, progress)
-    metrics = _summarize(samples, totals, config)
+    metrics = _summarize(samples, totals)
     measurement = _measure(config, loops, records, encode, device, metrics, threads, progress)
     metrics.update(paired.metrics_of(measurement))
     if baseline is not None:
@@ -280,21 +284,26 @@ def _measure(config: RunConfig, loops: dict, records: list[dict], encode, device
     load = LoadProbe(device)
     timings = paired.time_repeats(loops, batches, config.max_new_tokens, config.repeats, config.seed, device,
                                   progress)
-    return paired.summarize(timings, metrics.get("predicted_speedup"), load.finish(), threads, len(subset),
+    metrics.update(_theory(metrics, paired.forward_costs(timings), config.gamma))
+    return paired.summarize(timings, metrics["predicted_speedup"], load.finish(), threads, len(subset),
                             config.max_spread, config.max_cpu_wait)
 
 
-def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
+def _theory(metrics: dict, costs: dict, gamma: int) -> dict:
+    """The per-forward costs of the paired repeats, and the theoretical and predicted speedups they give with the
+    quality pass's acceptance (α) and tokens per step."""
+    c, r = costs["cost_ratio"], costs["verify_cost_ratio"]
+    return {**costs, "theoretical_speedup": theoretical_speedup(metrics["iid_alpha"], gamma, c),
+            "predicted_speedup": predicted_speedup(metrics["mean_accepted_tokens"], gamma, c, r)}
+
+
+def _summarize(samples: list[dict], totals: dict) -> dict:
     new_tokens = sum(s["new_tokens"] for s in samples)
     accepted = sum(s["accepted"] for s in samples)
     drafted = sum(s["drafted"] for s in samples)
     steps = sum(s["verify_steps"] for s in samples)
     t, calls = totals["phase_time"], totals["phase_calls"]
     acceptance = accepted / drafted if drafted else None
-    alpha = iid_alpha(totals.get("hist"))
-    cost_ratio = None
-    if totals["draft_forwards"] and calls.get("target"):
-        cost_ratio = (t.get("draft", 0.0) / totals["draft_forwards"]) / (t["target"] / calls["target"])
     return {
         "pass_tokens_per_second": new_tokens / totals["wall"] if totals["wall"] > 0 else None,
         "wall_time_s": totals["wall"],
@@ -313,13 +322,7 @@ def _summarize(samples: list[dict], totals: dict, config: RunConfig) -> dict:
         "peak_memory_mb": totals["peak"],
         # False where HF's loop matched tokens itself (T = 0): acceptance is then estimated from call counts
         "acceptance_counted": all(s.get("acceptance_counted", True) for s in samples),
-        "cost_ratio": cost_ratio,
-        "iid_alpha": alpha,
-        "theoretical_speedup": theoretical_speedup(alpha, config.gamma, cost_ratio),
-        # the same model with the measured tokens per step in place of the i.i.d. expectation: what the plausibility
-        # check compares the measured speedup with (pipeline/measure.py)
-        "predicted_speedup": (new_tokens / steps / (config.gamma * cost_ratio + 1)
-                              if steps and cost_ratio is not None and config.gamma else None),
+        "iid_alpha": iid_alpha(totals.get("hist")),
         # full-γ verify steps (per row) that accepted k = 0..γ draft tokens, and from it the rate at which draft
         # position i is accepted once reached: P(accepted > i | accepted >= i)
         "accepted_histogram": totals.get("hist"),

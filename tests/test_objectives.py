@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from pipeline.objectives import expected_tokens_iid, quality_ratio, quality_value, theoretical_speedup, tradeoff
+from pipeline.objectives import (
+    expected_tokens_iid,
+    predicted_speedup,
+    quality_ratio,
+    quality_value,
+    theoretical_speedup,
+    tradeoff,
+)
 
 
 def test_quality_value_and_ratio_per_task():
@@ -33,3 +40,11 @@ def test_theoretical_speedup_is_leviathans_formula():
     assert theoretical_speedup(None, 4, 0.1) is None
     assert theoretical_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / (1 - 0.8) / 1.4)
     assert theoretical_speedup(1.2, 2, 0.0) == expected_tokens_iid(1.0, 2) == 3.0   # α is clipped to [0, 1]
+
+
+def test_predicted_speedup_charges_the_measured_verify_forward():
+    # 3 tokens per step, γ 4, c 0.1: Leviathan's denominator 1.4; a verify forward costing 1.3 target steps: 1.7
+    assert predicted_speedup(3.0, 4, 0.1, 1.0) == pytest.approx(3.0 / 1.4)
+    assert predicted_speedup(3.0, 4, 0.1, 1.3) == pytest.approx(3.0 / 1.7)
+    assert predicted_speedup(3.0, 0, 0.1, 1.3) is None
+    assert predicted_speedup(3.0, 4, None, 1.3) is None and predicted_speedup(3.0, 4, 0.1, None) is None

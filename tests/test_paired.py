@@ -67,6 +67,30 @@ def test_a_run_records_its_paired_measurement(pair):
     assert load["cores"] == usable_cores() and load["seconds"] > 0 and load["others_cpu_s"] >= 0
     assert load["start"]["loadavg"] is not None and load["end"]["gpu"] is None
     assert json.loads((root / "run.json").read_text())["measurement"]["ratios"] == meas["ratios"]
+    # the per-forward costs come from the same repeats: c and r are ratios of the recorded phase times and calls
+    sp, ap = spec["phases"], ar["phases"]
+    assert sp["draft_forwards"] > 0 and ap["draft_forwards"] == 0 and ap["calls"]["target"] > 0
+    t_draft = sp["time_s"]["draft"] / sp["draft_forwards"]
+    t_ar, t_verify = (p["time_s"]["target"] / p["calls"]["target"] for p in (ap, sp))
+    assert m["cost_ratio"] == pytest.approx(t_draft / t_ar)
+    assert m["verify_cost_ratio"] == pytest.approx(t_verify / t_ar)
+    assert m["predicted_speedup"] == pytest.approx(m["mean_accepted_tokens"] / (3 * m["cost_ratio"]
+                                                                                  + m["verify_cost_ratio"]))
+    assert meas["predicted_speedup"] == m["predicted_speedup"]
+
+
+def test_forward_costs_by_hand():
+    def phases(draft_s, target_s, target_calls, draft_forwards):
+        return {"phases": {"time_s": {"draft": draft_s, "target": target_s, "prefill": 9.0},
+                           "calls": {"draft": 4, "target": target_calls, "prefill": 2},
+                           "draft_forwards": draft_forwards}}
+
+    costs = paired.forward_costs({paired.SPECULATIVE: phases(0.8, 3.0, 10, 40),        # 20 ms/draft, 300 ms/verify
+                                  paired.AUTOREGRESSIVE: phases(0.0, 4.0, 20, 0)})     # 200 ms/target forward
+    assert costs == pytest.approx({"draft_forward_s": 0.02, "target_forward_s": 0.2, "verify_forward_s": 0.3,
+                                   "cost_ratio": 0.1, "verify_cost_ratio": 1.5})
+    alone = paired.forward_costs({paired.AUTOREGRESSIVE: phases(0.0, 4.0, 20, 0)})      # a γ = 0 run
+    assert alone["cost_ratio"] is None and alone["verify_cost_ratio"] is None and alone["target_forward_s"] == 0.2
 
 
 def test_the_run_puts_torch_threads_back_and_a_baseline_gives_an_unpaired_speedup(pair):
