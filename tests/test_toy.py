@@ -248,3 +248,35 @@ def test_quick_speech_pair_reloads_with_from_pretrained_and_transcribes(toy_data
         assert out.sequences[0, :2].tolist() == [sot, nots]  # the English-only Whisper prompt
         assert 3 <= out.sequences.shape[1] <= 7
         assert isinstance(processor.batch_decode(out.sequences, skip_special_tokens=True)[0], str)
+
+
+def test_pairs_trained_side_by_side_are_the_pairs_trained_alone(toy_data, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    both, alone = tmp_path / "both", tmp_path / "alone"
+    assert main(["toy", "train", "--task", "text,speech", "--data", str(toy_data), "--out", str(both), "--quick",
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "trained text pair" in out and "trained speech pair" in out and "1 thread(s) each" in out
+    for task in ("text", "speech"):
+        assert (both / task / "train.log").is_file()
+        assert main(["toy", "train", "--task", task, "--data", str(toy_data), "--out", str(alone), "--quick",
+                     "--threads", "1", "--no-progress"]) == 0
+        for model in ("target", "draft"):
+            a, b = (load_file(root / task / model / "model.safetensors") for root in (both, alone))
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (task, model)
+
+
+def test_side_by_side_training_names_the_pair_that_failed(toy_data, tmp_path, capsys):
+    data = tmp_path / "data"
+    (data / "text").mkdir(parents=True)
+    (data / "text" / "train.jsonl").write_text((toy_data / "text" / "train.jsonl").read_text())
+    (data / "text" / "test.jsonl").write_text((toy_data / "text" / "test.jsonl").read_text())
+    assert main(["toy", "train", "--task", "text,speech", "--data", str(data), "--out", str(tmp_path / "m"),
+                 "--quick"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "training failed for speech (exit 2" in err[0] and "text (exit" not in err[0]
+    assert "toy data" in err[0]   # the speech pair's own one-line error: generate the data first
+    with pytest.raises(SystemExit) as bad:   # argparse: a pair named twice
+        main(["toy", "train", "--task", "text,text", "--data", str(data)])
+    assert bad.value.code == 2
