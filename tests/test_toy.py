@@ -16,7 +16,7 @@ import torch
 from pipeline.audio import SAMPLE_RATE
 from pipeline.cli import main
 from pipeline.data import load_task_data
-from pipeline.toy import speech_data, speech_synth, text_data, train_text
+from pipeline.toy import speech_data, speech_synth, text_data, train_speech, train_text
 from pipeline.toy.vocab import WHISPER_SPECIAL_TOKENS, text_tokenizer, whisper_tokenizer
 
 
@@ -227,9 +227,16 @@ def test_quick_speech_pair_reloads_with_from_pretrained_and_transcribes(toy_data
                  "--no-progress"]) == 0
     record = json.loads((models / "speech" / "training.json").read_text())
     assert record["models"]["draft"]["spec"]["decoder_layers"] == 1
+    growth = record["target_growth"]   # the target's decoder grown, its output unchanged at growth, then fine-tuned
+    assert (growth["from_layers"], growth["to_layers"]) == (2, train_speech.QUICK_TARGET_GROWN.decoder_layers)
+    assert growth["max_abs_logit_change_at_growth"] < 1e-5
+    assert len(growth["fine_tune"]["losses"]) == train_speech.QUICK_TARGET_GROWN.steps
     assert record["eval_greedy"]["clips"] == speech_data.QUICK_TEST_CLIPS
     target = WhisperForConditionalGeneration.from_pretrained(models / "speech" / "target").eval()
     draft = WhisperForConditionalGeneration.from_pretrained(models / "speech" / "draft").eval()
+    assert target.config.decoder_layers == train_speech.QUICK_TARGET_GROWN.decoder_layers
+    # the grown layers were trained: their zeroed output projections moved
+    assert target.model.decoder.layers[2].fc2.weight.any()
     processor = WhisperProcessor.from_pretrained(models / "speech" / "target")
     fe, tok = processor.feature_extractor, processor.tokenizer
     assert fe.chunk_length == speech_data.CHUNK_SECONDS

@@ -142,7 +142,7 @@ def _train_one(args: argparse.Namespace, task: str, threads: int) -> int:
             f"{cost['flop_ratio']:.3f} in FLOPs, {cost['time_ratio']:.3f} in time")
     if "target_growth" in record:
         grown = record["target_growth"]
-        line += (f"; target grown from {grown['from_layers']} to {m['target']['n_layer']} layers "
+        line += (f"; target grown from {grown['from_layers']} to {grown['to_layers']} layers "
                  f"(fine-tune loss {grown['fine_tune']['final_loss']:.3f})")
     if "eval_greedy" in record:
         ev = record["eval_greedy"]

@@ -263,7 +263,8 @@ def _grow_check(shallow, grown, data: list[tuple[list[int], int]]) -> dict:
     diff = (grown(ids).logits - shallow(ids).logits).abs().max().item()
     if diff > 1e-3:
         raise RuntimeError(f"grow_deeper changed the model's output (max |Δlogit| {diff:.3g}); it must not")
-    return {"from_layers": shallow.config.n_layer, "max_abs_logit_change_at_growth": diff}
+    return {"from_layers": shallow.config.n_layer, "to_layers": grown.config.n_layer,
+            "max_abs_logit_change_at_growth": diff}
 
 
 def _matrix(model) -> int:
