@@ -75,6 +75,7 @@ def _build_sampler(config: RunConfig):
 
 
 def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: str):
+    from pipeline.draft_policy import DraftPolicy
     from pipeline.engine import SpeculativeEngine
     from pipeline.hf_engine import HFEngine
     from pipeline.models import eos_token_ids
@@ -91,7 +92,7 @@ def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: 
     return SpeculativeEngine(target, draft, sampler, config.gamma, device, eos, pad,
                              suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
                              begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
-                             static_cache=config.static_cache)
+                             static_cache=config.static_cache, draft_policy=DraftPolicy.of(config))
 
 
 def _forwards(engine) -> dict:
@@ -217,6 +218,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     generator = torch.Generator(device=device).manual_seed(config.seed)
     samples, totals = _quality_pass(config, engine, encode, records, tokenizer, task, generator, progress)
     metrics = _summarize(samples, totals)
+    metrics["roofline"] = _roofline(config, target, draft, samples, totals, device)
     measurement = _measure(config, loops, records, encode, device, metrics, threads, progress)
     metrics.update(paired.metrics_of(measurement))
     if baseline is not None:
@@ -266,12 +268,46 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
                             "acceptance_rate": stats["accepted"] / stats["drafted"] if stats["drafted"] else None,
                             "mean_accepted_tokens": stats["new_tokens"] / max(1, stats["verify_steps"]),
                             "reference": task.reference(batch[i])})
+            if result.origins is not None:  # None from --engine hf, which cannot know them
+                _add_origins(samples[-1], result.origins[i], result.origin_steps[i], tokenizer, config.gamma, totals)
         bar.update(len(batch))
     bar.close()
     if cuts.too_long:
         tqdm.write(f"warning: {encode.warning(cuts)}", file=sys.stderr)
     totals["cuts"] = cuts
     return samples, totals
+
+
+def _add_origins(sample: dict, origins: list[int], steps: list[int], tokenizer, gamma: int, totals: dict) -> None:
+    """A sample's token provenance, compactly (pipeline/provenance.py): ``origins``, one letter per token, and
+    ``origin_steps``, tokens per verify step; and its tokens counted into the run's acceptance by token class."""
+    from pipeline import provenance as prov
+
+    sample["origins"] = prov.encode_origins(origins)
+    sample["origin_steps"] = prov.run_lengths(steps)
+    if gamma > 0:  # at γ = 0 no draft token is ever on offer
+        special = set(tokenizer.all_special_ids)
+        pieces = prov.token_pieces(tokenizer, sample["token_ids"])
+        classes = prov.token_classes(pieces, [t in special for t in sample["token_ids"]])
+        totals["token_classes"] = prov.class_counts(classes, origins, totals.get("token_classes"))
+
+
+def _roofline(config: RunConfig, target, draft, samples: list[dict], totals: dict, device: str) -> dict | None:
+    """The quality pass's roofline (pipeline/roofline.py): analytic FLOPs and bytes of each phase against its
+    measured time and the machine's peak (on a CPU probed once per machine and cached)."""
+    from pipeline import roofline
+    from pipeline.models import parse_dtype
+
+    dtype = parse_dtype(config.dtype)
+    try:
+        shape = roofline.ModelShape.from_config(target.config)
+        draft_shape = roofline.ModelShape.from_config(draft.config) if draft is not None and config.gamma else None
+    except (ValueError, AttributeError, TypeError) as e:
+        tqdm.write(f"warning: no roofline for this pair ({' '.join(str(e).split())[:120]})", file=sys.stderr)
+        return None
+    width = torch.empty((), dtype=dtype).element_size()
+    return roofline.run_roofline(shape, draft_shape, config.gamma, width, samples, totals["phase_time"],
+                                 totals["phase_calls"], totals["draft_forwards"], roofline.machine_peak(device, dtype))
 
 
 def _measure(config: RunConfig, loops: dict, records: list[dict], encode, device: str, metrics: dict, threads: dict,
@@ -291,7 +327,12 @@ def _measure(config: RunConfig, loops: dict, records: list[dict], encode, device
 
 def _theory(metrics: dict, costs: dict, gamma: int) -> dict:
     """The per-forward costs of the paired repeats, and the theoretical and predicted speedups they give with the
-    quality pass's acceptance (α) and tokens per step."""
+    quality pass's acceptance (α) and tokens per step. Where the timed samples all ended within their first step
+    (whose target forward is timed as prefill), the speculative target forward's cost comes from the quality pass,
+    which timed it over every sample in the same process."""
+    if costs["verify_forward_s"] is None and metrics.get("target_forwards") and costs["target_forward_s"]:
+        verify = metrics["target_time_s"] / metrics["target_forwards"]
+        costs = {**costs, "verify_forward_s": verify, "verify_cost_ratio": verify / costs["target_forward_s"]}
     c, r = costs["cost_ratio"], costs["verify_cost_ratio"]
     return {**costs, "theoretical_speedup": theoretical_speedup(metrics["iid_alpha"], gamma, c),
             "predicted_speedup": predicted_speedup(metrics["mean_accepted_tokens"], gamma, c, r)}
@@ -323,6 +364,9 @@ def _summarize(samples: list[dict], totals: dict) -> dict:
         # False where HF's loop matched tokens itself (T = 0): acceptance is then estimated from call counts
         "acceptance_counted": all(s.get("acceptance_counted", True) for s in samples),
         "iid_alpha": iid_alpha(totals.get("hist")),
+        # over the positions where a draft token was on offer: the share accepted, by the emitted token's class and
+        # the class of the token before it (pipeline/provenance.py)
+        "token_class_acceptance": totals.get("token_classes"),
         # full-γ verify steps (per row) that accepted k = 0..γ draft tokens, and from it the rate at which draft
         # position i is accepted once reached: P(accepted > i | accepted >= i)
         "accepted_histogram": totals.get("hist"),

@@ -209,3 +209,17 @@ def test_contended_run_agrees_with_the_quiet_one_within_intervals_or_is_flagged(
     assert overlap or b["flagged"], (
         f"contended speedup {b['speedup']:.2f} [{b['speedup_ci_low']:.2f}, {b['speedup_ci_high']:.2f}] disagrees "
         f"with the quiet {q['speedup']:.2f} [{q['speedup_ci_low']:.2f}, {q['speedup_ci_high']:.2f}] unflagged")
+
+
+def test_the_verify_cost_falls_back_to_the_quality_pass_when_the_timed_samples_end_in_their_first_step():
+    from pipeline.runner import _theory
+
+    costs = {"draft_forward_s": 0.02, "target_forward_s": 0.2, "verify_forward_s": None, "cost_ratio": 0.1,
+             "verify_cost_ratio": None}
+    metrics = {"iid_alpha": 0.8, "mean_accepted_tokens": 3.0, "target_time_s": 2.4, "target_forwards": 10}
+    out = _theory(metrics, costs, 4)
+    assert out["verify_forward_s"] == pytest.approx(0.24) and out["verify_cost_ratio"] == pytest.approx(1.2)
+    assert out["predicted_speedup"] == pytest.approx(3.0 / (0.4 + 1.2))
+    assert out["theoretical_speedup"] == pytest.approx((1 - 0.8 ** 5) / 0.2 / 1.4)
+    none = _theory({**metrics, "target_forwards": 0}, costs, 4)    # no verify forward anywhere: no prediction
+    assert none["verify_cost_ratio"] is None and none["predicted_speedup"] is None
