@@ -4,7 +4,8 @@
   report.md          the report in Markdown, figures referenced as figures/<name>.png
   report.html        the same report as one HTML page (inline CSS; the same relative figure paths)
   figures/*.png      per task and model pair: quality vs speedup with the Pareto front, acceptance vs theory, the
-                     sigmoid's alpha/beta landscape; verify-step latency from the benchmarks
+                     sigmoid's alpha/beta landscape; verify-step latency from the benchmarks; the roofline of
+                     every run's phases (analysis/provenance_view.py, with the samples coloured by token origin)
 
 PNG files in figures/ that this build did not write (left by an earlier report) are removed.
 """
@@ -22,7 +23,7 @@ from pipeline.objectives import QUALITY, expected_tokens_iid, expected_tokens_po
 from pipeline.rules import RULES, param_names
 from pipeline.tasks import TASK_NAMES, quality_metric
 
-from . import figures
+from . import figures, provenance_view, schedule_view, serving
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
 from .recommend import GROUP, flagged, is_lossless, recommend, to_number, with_loss
@@ -46,9 +47,12 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     blocks += _recommendations(table, max_quality_loss)
     blocks += _flagged(table)
     blocks += _per_pair(table, fig_dir, max_quality_loss, written)
+    blocks += schedule_view.section(table)   # tuned schedules per batch size and bucket; fixed vs adaptive γ
+    blocks += provenance_view.section(table, fig_dir, written)   # token origins by class; the roofline
     blocks += _latency(table, fig_dir, written)
     blocks += _loops(table)
     blocks += _lossless(table)
+    blocks += serving.section(table)
     blocks += _sources(table)
     written["report.md"] = write_text_atomic(out_dir / "report.md", to_markdown(blocks))
     written["report.html"] = write_text_atomic(out_dir / "report.html", to_html(blocks, TITLE))
@@ -233,9 +237,19 @@ def _params(r) -> str | None:
     """'alpha=1, beta=-20': the parameters the row's rule used (its own, else its preset's or the defaults), None
     for a rule without any."""
     rule = RULES.get(r.get("sampler"))
-    if rule is None or not rule.params:
-        return None
-    return ", ".join(f"{n}={_effective(r, n):g}" for n in rule.param_names)
+    parts = [f"{n}={_effective(r, n):g}" for n in rule.param_names] if rule is not None else []
+    return ", ".join(parts + _draft_length(r)) or None
+
+
+def _draft_length(r) -> list[str]:
+    """The adaptive draft length a row ran with (pipeline/draft_policy.py), as 'parameters': [] for a fixed γ."""
+    schedule, confidence = r.get("draft_schedule"), to_number(r.get("draft_confidence"))
+    parts = [f"draft schedule {schedule}"] if isinstance(schedule, str) and schedule != "constant" else []
+    if confidence:
+        parts.append(f"draft confidence {confidence:g}")
+    if parts and to_number(r.get("gamma_max")) is not None:
+        parts.append(f"γ max {int(to_number(r.get('gamma_max')))}")
+    return parts
 
 
 def _acceptance_section(group, name, slug, fig_dir, written) -> list:

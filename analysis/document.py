@@ -44,6 +44,14 @@ class Figure:
     caption: str
 
 
+@dataclasses.dataclass
+class Html:
+    """Markup the report's own code built (already escaped where it holds text), for report.html as is, and its
+    Markdown stand-in for report.md."""
+    html: str
+    markdown: str
+
+
 def cell(value) -> str:
     """How a table cell prints: '–' for missing, 3 significant decimals for floats."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -73,6 +81,8 @@ def to_markdown(blocks: list) -> str:
         elif isinstance(b, Figure):
             alt = b.src.rsplit("/", 1)[-1].rsplit(".", 1)[0]
             out += [f"![{alt}]({b.src})", "", f"*{b.caption}*", ""]
+        elif isinstance(b, Html):
+            out += [b.markdown, ""]
         else:
             raise TypeError(f"not a document block: {type(b).__name__}")
     return "\n".join(out).rstrip() + "\n"
@@ -97,6 +107,8 @@ def to_html(blocks: list, title: str) -> str:
         elif isinstance(b, Figure):
             body.append(f'<figure><img src="{esc(b.src, quote=True)}" alt="{esc(b.caption, quote=True)}">'
                         f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
+        elif isinstance(b, Html):
+            body.append(b.html)
         else:
             raise TypeError(f"not a document block: {type(b).__name__}")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'

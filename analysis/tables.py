@@ -27,6 +27,8 @@ from pipeline.result import read_result
 from pipeline.results_table import device_label, result_row
 from pipeline.rules import param_names
 
+from .serving import load_serving
+
 LATENCY_COLUMNS = ("benchmark", "impl", "B", "V", "median_s", "floor_s")
 
 
@@ -46,6 +48,7 @@ def load_all(runs_table, tune: str | os.PathLike | None = None, kernels: str | o
         parts.append(load_latency(bench, "samplers"))
         parts.append(load_loops(bench))
         parts.append(load_lossless(bench))
+        parts.append(load_serving((p, d, _where(p, d)) for p, d in _bench_files(bench, "serve-*.json", "serve")))
     parts = [p for p in parts if p is not None and not p.empty]
     if not parts:
         return pd.DataFrame(columns=["run", "kind"])

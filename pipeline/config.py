@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
@@ -45,6 +46,23 @@ class RunConfig:
     preset: str | None = setting(None, "a rule's preset parameters (sigmoid: paper, the constants of the paper's "
                                        "kernels, sigmoid((z + 1e4) / 2e4))", choices=preset_names())
     gamma: int = setting(4, "draft tokens per step; 0 = autoregressive")
+    # Adaptive draft length (pipeline/draft_policy.py): γ is where each row starts, --gamma-max the most a step drafts.
+    draft_schedule: str = setting("constant", "draft length per step and row: constant (γ) or heuristic "
+                                              "(transformers' num_assistant_tokens_schedule: +2 after a step that "
+                                              "accepted every draft token, -1 after a rejection, from γ, at most "
+                                              "--gamma-max)",
+                                  choices=SCHEDULES)
+    draft_confidence: float = setting(0.0, "stop a row's drafting after the first position where the draft's largest "
+                                           "probability is below this (transformers' assistant_confidence_threshold; 0 "
+                                           "= off); the next step drafts about as far as this one got, at most "
+                                           "--gamma-max")
+    gamma_max: int | None = setting(None, "with an adaptive draft length (--draft-schedule heuristic or "
+                                          "--draft-confidence > 0): the most draft tokens a step may propose "
+                                          "(default: --gamma)")
+    from_config: str | None = setting(None, "settings JSON written by `specsweep export --format json`: its tuned "
+                                            "settings for this run's batch size (γ, rule and parameters, draft "
+                                            "schedule, temperature) replace those flags' defaults; a flag set to "
+                                            "another value than both is an error")
     temperature: float = setting(1.0, "sampling temperature; 0 = greedy")
     dtype: str = setting("float32", "model dtype", choices=DTYPES)
     device: str = setting("auto", "cpu, cuda (one GPU), cuda:N or auto (CUDA when present; with several GPUs the "
@@ -107,6 +125,7 @@ class RunConfig:
             raise bad(f"--gamma must be >= 0 (0 = autoregressive decoding); got {self.gamma}")
         if not self.temperature >= 0:
             raise bad(f"--temperature must be >= 0 (0 = greedy); got {self.temperature}")
+        self._validate_draft_length()
         if self.gamma > 0 and not self.draft:
             raise bad("--gamma > 0 needs --draft MODEL (or use --gamma 0 for autoregressive decoding)")
         for name in ("batch_size", "max_new_tokens"):
@@ -145,6 +164,24 @@ class RunConfig:
             raise bad(f"--baseline {self.baseline} does not exist: run the γ = 0 baseline first with --out")
         return self
 
+    def _validate_draft_length(self) -> None:
+        """The adaptive draft length's settings (pipeline/draft_policy.py): one-line SpecsweepError on a problem."""
+        if not 0 <= self.draft_confidence < 1:
+            raise SpecsweepError(f"--draft-confidence must be in [0, 1) (a probability; 0 = off); got "
+                                 f"{self.draft_confidence}")
+        adaptive = self.draft_schedule != "constant" or self.draft_confidence > 0
+        if self.gamma_max is not None and not adaptive and self.gamma_max != self.gamma:
+            raise SpecsweepError("--gamma-max applies to an adaptive draft length: add --draft-schedule heuristic or "
+                                 "--draft-confidence P, or leave it out (the draft length is --gamma)")
+        if self.gamma_max is not None and self.gamma_max < max(self.gamma, 1):
+            raise SpecsweepError(f"--gamma-max must be >= --gamma ({self.gamma}) and >= 1; got {self.gamma_max}")
+        if adaptive and self.gamma == 0:
+            raise SpecsweepError("an adaptive draft length needs --gamma > 0 (the length each row starts at)")
+        if adaptive and self.engine != "specsweep":
+            raise SpecsweepError("--draft-schedule heuristic and --draft-confidence run in our engine: use --engine "
+                                 "specsweep (HF's own loop takes them from the assistant's generation config, "
+                                 "`specsweep export --format hf`)")
+
     def sampler_params(self) -> dict:
         """Keyword arguments of :func:`pipeline.samplers.get_sampler` besides name and backend."""
         params = dict(self.rule_params)
@@ -173,5 +210,10 @@ class RunConfig:
         unknown = sorted(set(values) - names - rule_keys)
         if unknown:
             raise SpecsweepError(f"unknown run settings {unknown}: known settings are {sorted(names | rule_keys)}")
+        if values.get("from_config"):
+            from pipeline.export import apply_settings
+
+            defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+            values = apply_settings(values["from_config"], values, defaults, rule_keys)
         rule_params = {k: v for k, v in values.items() if k in rule_keys and v is not None}
         return cls(**{k: v for k, v in values.items() if k in names}, rule_params=rule_params)

@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline.draft_policy import DraftLengths, DraftPolicy
 from pipeline.errors import SpecsweepError
+from pipeline.provenance import N_ORIGINS, origin_table
 from pipeline.samplers import FiniteCheck, Sampler
 from pipeline.samplers.contract import sample_from_weights
 
@@ -317,6 +319,9 @@ class GenerationResult:
     phase_time_s      seconds in prefill / draft / target / verify
     phase_calls       forward or verify calls per phase
     extra             draft_forwards; accepted_histogram [γ+1]: full-γ steps (one per row) that accepted k tokens
+    origins           per row, aligned with tokens: each token's origin code (pipeline/provenance.py: accepted
+                      draft, corrected, bonus, target alone); None where the engine cannot know (``--engine hf``)
+    origin_steps      per row, aligned with tokens: the verify step (1, 2, ...) each token came from; None likewise
     """
 
     tokens: list[list[int]]
@@ -327,6 +332,8 @@ class GenerationResult:
     phase_calls: dict[str, int]
     peak_memory_mb: float
     extra: dict = field(default_factory=dict)
+    origins: list[list[int]] | None = None
+    origin_steps: list[list[int]] | None = None
 
 
 def draft_sample(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
@@ -366,7 +373,8 @@ class SpeculativeEngine:
 
     def __init__(self, target, draft, sampler: Sampler, gamma: int, device: str, eos_token_ids: list[int],
                  pad_token_id: int = 0, suppress_tokens: list[int] = (),
-                 begin_suppress_tokens: list[int] = (), static_cache: bool = True) -> None:
+                 begin_suppress_tokens: list[int] = (), static_cache: bool = True,
+                 draft_policy: DraftPolicy | None = None) -> None:
         if gamma < 0:
             raise SpecsweepError(f"gamma must be >= 0; got {gamma}")
         if gamma > 0 and draft is None:
@@ -383,7 +391,12 @@ class SpeculativeEngine:
         self.begin_suppress = {v: _id_tensor(begin_suppress_tokens, v, device) for v in vocabs}
         self.masked = any(t is not None for t in (*self.suppress.values(), *self.begin_suppress.values()))
         self.sampler = sampler
-        self.gamma = gamma
+        # adaptive draft length (pipeline/draft_policy.py): γ is where each row starts, self.gamma the most a step
+        # drafts
+        self.policy = draft_policy if draft_policy is not None and draft_policy.adaptive and gamma > 0 else None
+        self.gamma_start = gamma
+        self.gamma = self.policy.ceiling(gamma) if self.policy is not None else gamma
+        self._lengths: DraftLengths | None = None
         self.device = torch.device(device)
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.int64, device=self.device)
         self.pad = pad_token_id
@@ -421,9 +434,17 @@ class SpeculativeEngine:
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 generator: torch.Generator | None = None, encoder_inputs: dict | None = None) -> GenerationResult:
+                 generator: torch.Generator | None = None, encoder_inputs: dict | None = None,
+                 on_step=None) -> GenerationResult:
         """input_ids, attention_mask: int64 [B, L], left-padded (the last column is a real token).
-        encoder_inputs: for an encoder-decoder target, e.g. {"input_features": float [B, n_mels, frames]}."""
+        encoder_inputs: for an encoder-decoder target, e.g. {"input_features": float [B, n_mels, frames]}.
+
+        on_step: None, or called after every verify step (for streaming) as
+        ``on_step(rows, tokens, accepted, finished, gamma)``: the original row indices active in the step, the
+        tokens each emitted in it (list of int lists), its accepted draft tokens, whether it finished (EOS or
+        max_new_tokens), and the step's γ. It returns the original indices of rows to cancel (or None): they end
+        as finished rows do, keeping the tokens emitted so far. The step's tokens come to the host in the step's
+        one sync; without on_step the loop is unchanged."""
         B, L = input_ids.shape
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev).bool()
@@ -466,7 +487,7 @@ class SpeculativeEngine:
                 res = self.sampler(drafted, draft_logits, target_logits, generator=generator)
             guard.update(res)
             finished = self._emit(state, res, gamma, max_new_tokens)
-            accepted_h, finished_h = self._sync(state, res, finished, gamma, time.perf_counter() - t_start)
+            accepted_h, finished_h = self._sync(state, res, finished, gamma, time.perf_counter() - t_start, on_step)
             self._roll_back(drafter, state, res, drafted, gamma, scored, accepted_h)
             self._drop_finished(drafter, state, finished_h)
 
@@ -476,17 +497,29 @@ class SpeculativeEngine:
     # ---- the steps of generate ---------------------------------------------------------------------------------
 
     def _step_gamma(self, state: _Decoding, max_new_tokens: int) -> int:
-        """γ for this step: never more than the roomiest row can still emit (one slot is the corrected token)."""
+        """γ for this step: never more than the roomiest row can still emit (one slot is the corrected token). With
+        an adaptive draft length (self.policy), the longest any active row wants (pipeline/draft_policy.py), decided
+        on the host from what the last step's sync brought."""
         room = max_new_tokens - min(state.len_host[r] for r in state.rows_host)
-        return min(self.gamma, room - 1)
+        if self.policy is None:
+            return min(self.gamma, room - 1)
+        if state.steps == 1:
+            self._lengths = DraftLengths(self.policy, self.gamma_start, self.gamma)
+        return self._lengths.step_gamma(state.rows_host, state.accepted, room)
 
     def _draft(self, drafter: Drafter | None, state: _Decoding, gamma: int, generator, timer: PhaseTimer):
-        """The draft's γ proposals: (int64 [b, γ], logits [b, γ, V_d]); (empty [b, 0], None) when γ = 0."""
+        """The draft's γ proposals: (int64 [b, γ], logits [b, γ, V_d]); (empty [b, 0], None) when γ = 0. With an
+        adaptive draft length, a row past its own length proposes the draft's argmax with one-hot logits."""
         if gamma <= 0:
             return torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None
         with timer.phase("draft"):
             u = torch.rand((state.batch, gamma), generator=generator, device=self.device)
-            return drafter.propose(gamma, u, first_step=state.steps == 1)
+            if self.policy is None:
+                return drafter.propose(gamma, u, first_step=state.steps == 1)
+            out = drafter.propose(gamma, u, first_step=state.steps == 1, limits=self._lengths.row_limits(self.device),
+                                  confidence=self.policy.confidence)
+            self._lengths.record(drafter.confident)
+            return out
 
     def _score(self, state: _Decoding, drafted: torch.Tensor, gamma: int, timer: PhaseTimer):
         """The target's logits [b, γ+1, V_t] for the pending token and the proposals (in the first step: for the
@@ -524,14 +557,31 @@ class SpeculativeEngine:
         write = j < n_emit[:, None]
         width = state.out.shape[1]
         cols = torch.where(write, state.act_len[:, None] + j, width - 1)         # the last column: a dummy
-        state.out.index_put_((state.rows[:, None].expand_as(cols), cols), torch.where(write, res.tokens, -1))
+        where = (state.rows[:, None].expand_as(cols), cols)
+        state.out.index_put_(where, torch.where(write, res.tokens, -1))
+        # each emitted token's origin and step, packed as step * N_ORIGINS + origin (pipeline/provenance.py): row k
+        # of the table is a step that accepted k drafts (A...A, then C, B, or T at γ = 0); slots not written go to
+        # the dummy column
+        codes = origin_table(gamma, self.device)[res.accepted] + state.steps * N_ORIGINS
+        state.origin.index_put_(where, codes)
         state.act_len = state.act_len + n_emit
         return finished
 
-    def _sync(self, state: _Decoding, res, finished: torch.Tensor, gamma: int, now: float):
+    def _sync(self, state: _Decoding, res, finished: torch.Tensor, gamma: int, now: float, on_step=None):
         """The one host sync of the step: accepted counts, finished flags and lengths come to the host, where the
-        per-row statistics are kept. Returns (accepted, finished) as host lists."""
-        acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), state.act_len]).tolist()
+        per-row statistics are kept. With ``on_step`` (see generate) the step's tokens res.tokens [b, γ+1] come
+        in the same transfer, the callback sees each row's emitted ones, and the rows it cancels are marked
+        finished. Returns (accepted, finished) as host lists."""
+        if on_step is None:
+            acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), state.act_len]).tolist()
+        else:
+            host = torch.cat([torch.stack([res.accepted, finished.long(), state.act_len]),
+                              res.tokens.long().T]).tolist()                        # [3 + γ + 1, b]
+            acc_h, fin_h, len_h, columns = host[0], host[1], host[2], host[3:]
+            rows = list(state.rows_host)
+            emitted = [[col[i] for col in columns[: len_h[i] - state.len_host[r]]] for i, r in enumerate(rows)]
+            cancel = set(on_step(rows, emitted, acc_h, [bool(f) for f in fin_h], gamma) or ())
+            fin_h = [1 if r in cancel else f for r, f in zip(rows, fin_h)]
         for i, r in enumerate(state.rows_host):
             state.len_host[r] = len_h[i]
             state.accepted[r] += acc_h[i]
@@ -572,31 +622,36 @@ class SpeculativeEngine:
         state.rows, state.pending, state.act_len = state.rows[keep_t], state.pending[keep_t], state.act_len[keep_t]
 
     def _result(self, state: _Decoding, drafter: Drafter | None, timer: PhaseTimer, wall: float) -> GenerationResult:
-        out_h = state.out.tolist()
+        out_h, packed_h = torch.stack([state.out, state.origin]).tolist()   # one transfer, at the end
         phase_time = timer.totals()
         peak = peak_memory_mb(self.device)
         B = len(state.len_host)
         tokens = [out_h[r][: state.len_host[r]] for r in range(B)]
+        packed = [packed_h[r][: state.len_host[r]] for r in range(B)]
         row_stats = [{"new_tokens": state.len_host[r], "verify_steps": state.row_steps[r],
                       "accepted": state.accepted[r], "drafted": state.drafted[r],
                       "wall_time_s": state.finish_time[r]} for r in range(B)]
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=state.steps,
                                 phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
                                 extra={"draft_forwards": drafter.forwards if drafter is not None else 0,
-                                       "accepted_histogram": state.accepted_hist})
+                                       "accepted_histogram": state.accepted_hist},
+                                origins=[[c % N_ORIGINS for c in row] for row in packed],
+                                origin_steps=[[c // N_ORIGINS for c in row] for row in packed])
 
 
 @dataclass
 class _Decoding:
     """The state of one generate call.
 
-    On the device: out int64 [B, width] (emitted tokens per original row, -1 after), act_len int64 [b] (tokens
+    On the device: out int64 [B, width] (emitted tokens per original row, -1 after), origin int64 [B, width] (each
+    emitted token's step * N_ORIGINS + origin code, pipeline/provenance.py; -1 after), act_len int64 [b] (tokens
     emitted per active row), rows int64 [b] (original index of each active row), pending int64 [b] (the last
     emitted token, not yet in the target), prompt / prompt_valid [B, L] (until the target reads them, in the
     first step). On the host (the step's sync brings them): the active rows and per-row statistics.
     """
 
     out: torch.Tensor
+    origin: torch.Tensor
     act_len: torch.Tensor
     rows: torch.Tensor
     prompt: torch.Tensor | None
@@ -617,6 +672,7 @@ class _Decoding:
               gamma: int) -> _Decoding:
         B, dev = input_ids.shape[0], input_ids.device
         return cls(out=torch.full((B, width), -1, dtype=torch.int64, device=dev),
+                   origin=torch.full((B, width), -1, dtype=torch.int64, device=dev),
                    act_len=torch.zeros(B, dtype=torch.int64, device=dev), rows=torch.arange(B, device=dev),
                    prompt=input_ids, prompt_valid=attention_mask, padded=padded, rows_host=list(range(B)),
                    len_host=[0] * B, accepted=[0] * B, drafted=[0] * B, row_steps=[0] * B, finish_time=[0.0] * B,
@@ -632,7 +688,8 @@ class Drafter:
     tokens it has not read yet, and its proposals.
 
         start(prompt)                       read the prompt; its last logits give the first proposal
-        propose(γ, u)                       γ tokens int64 [b, γ] and their logits [b, γ, V_d]
+        propose(γ, u)                       γ tokens int64 [b, γ] and their logits [b, γ, V_d] (with an adaptive
+                                            draft length, rows past their own length pad with one-hot argmax)
         commit(γ, accepted, ..., next)      after verification: back to the accepted prefix, queue what follows
         skip(next)                          a step that drafted nothing (the last one): queue the emitted token
         select(rows)                        keep only these rows
@@ -650,6 +707,7 @@ class Drafter:
         self.vocab_in = vocab_in
         self.forwards = 0
         self.carry: torch.Tensor | None = None   # logits [b, V_d] of the next proposal, when already computed
+        self.confident: torch.Tensor | None = None   # int64 [b]: positions each row proposed for itself (adaptive)
         self.backlog = self.backlog_valid = None
         self.backlog_holes = False
 
@@ -664,14 +722,25 @@ class Drafter:
         self.backlog = torch.empty(B, 0, dtype=torch.int64, device=dev)
         self.backlog_valid = torch.ones_like(self.backlog, dtype=torch.bool)
 
-    def propose(self, gamma: int, u: torch.Tensor, first_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """γ proposals sampled with uniforms u float32 [b, γ] (argmax at temperature 0)."""
+    def propose(self, gamma: int, u: torch.Tensor, first_step: bool, limits: torch.Tensor | None = None,
+                confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """γ proposals sampled with uniforms u float32 [b, γ] (argmax at temperature 0).
+
+        Adaptive draft length (pipeline/draft_policy.py; ``confidence`` not None): row b proposes for itself at
+        positions i < limits[b] (int64 [b]; None: all γ) until the first position whose draft confidence (the largest
+        probability of its distribution) is below ``confidence`` (0: never), that position included; at its other
+        positions it proposes the draft's argmax with one-hot logits (a deterministic draft the verify rule treats
+        exactly). ``self.confident`` then holds int64 [b], the positions each row proposed for itself. No host sync."""
         if self.carry is not None:
             logits, self.carry = self.carry, None
         else:
             logits = self.model.forward(self.backlog, self.backlog_valid, 1, self.backlog_holes)[:, 0]
             self.forwards += 1
         proposals, proposal_logits = [], []
+        stopped = confident = None
+        if confidence is not None:
+            stopped = torch.zeros(u.shape[0], dtype=torch.bool, device=u.device)
+            confident = torch.zeros(u.shape[0], dtype=torch.int64, device=u.device)
         for i in range(gamma):
             if i > 0:
                 logits = self.model.forward(proposals[-1][:, None], last=1)[:, 0]
@@ -680,9 +749,32 @@ class Drafter:
                 logits = self.mask_logits(logits, first_position=False)
                 if first_step and i == 0:
                     self.mask_logits(logits, first_position=True)
-            proposals.append(draft_sample(logits, self.temperature, u[:, i]))
-            proposal_logits.append(logits)
+            if stopped is None:
+                proposals.append(draft_sample(logits, self.temperature, u[:, i]))
+                proposal_logits.append(logits)
+                continue
+            own = ~stopped if limits is None else ~stopped & (limits > i)                     # bool [b]
+            token, probs = self._sample_with_probs(logits, u[:, i])
+            greedy = logits.argmax(dim=-1)
+            one_hot = torch.full_like(logits, float("-inf")).scatter_(-1, greedy[:, None], 0.0)
+            proposals.append(torch.where(own, token, greedy))
+            proposal_logits.append(torch.where(own[:, None], logits, one_hot))
+            confident += own.long()
+            stopped = ~own
+            if confidence > 0:
+                stopped |= probs.amax(dim=-1) < confidence
+        self.confident = confident
         return torch.stack(proposals, dim=1), torch.stack(proposal_logits, dim=1)
+
+    def _sample_with_probs(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proposal of :func:`draft_sample` (the same token for the same uniforms u [b]) and the draft's
+        distribution float32 [b, V_d] it was drawn from (softmax of the logits at T = 0, where it proposes the
+        argmax)."""
+        if self.temperature == 0.0:
+            return logits.argmax(dim=-1), torch.softmax(logits, dim=-1, dtype=torch.float32)
+        scaled = logits if self.temperature == 1.0 else logits.float() / self.temperature
+        probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)
+        return sample_from_weights(probs, u), probs
 
     def commit(self, gamma: int, accepted: torch.Tensor, max_acc: int, min_acc: int, drafted: torch.Tensor,
                next_token: torch.Tensor) -> None:

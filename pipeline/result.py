@@ -10,6 +10,9 @@ Version history (``specsweep_results``):
   1  the first: config, resolved, provenance, metrics, measurement, quality, samples. Runs record the
      baseline's quality in ``resolved.baseline_quality`` (older files of this version may lack it; readers
      then fall back to the baseline file) and rule parameters flat in ``config`` (``alpha``, ``beta``, ...).
+     Later files of this version add optional keys that older readers ignore and newer ones do without:
+     token provenance per sample (``samples[].origins``, ``samples[].origin_steps``; absent for --engine hf),
+     ``metrics.token_class_acceptance`` and ``metrics.roofline`` (pipeline/provenance.py, pipeline/roofline.py).
 """
 
 from __future__ import annotations
@@ -78,6 +81,11 @@ class Metrics(TypedDict, total=False):
     predicted_speedup: float | None
     accepted_histogram: list[int] | None
     position_acceptance: list[float] | None
+    # {"token": {class: {offered, accepted}}, "previous": {class or "start": {...}}}: over the positions where a
+    # draft token was on offer, how many were accepted, by token class (pipeline/provenance.py); None at γ = 0
+    token_class_acceptance: dict | None
+    # analytic FLOPs and bytes per phase against measured time and the machine's peak (pipeline/roofline.py)
+    roofline: dict | None
 
 
 class Sample(TypedDict, total=False):
@@ -95,6 +103,8 @@ class Sample(TypedDict, total=False):
     mean_accepted_tokens: float
     reference: str | None
     quality: dict
+    origins: str                     # one letter per token (A accepted draft, C corrected, B bonus, T target alone)
+    origin_steps: list[int]          # tokens emitted per verify step, in order (they sum to new_tokens)
 
 
 class RunResult(TypedDict):

@@ -17,8 +17,9 @@ from pipeline.rules import param_names
 
 # Config columns first (what was run; every acceptance rule's parameters by name), then the metrics (what it
 # measured), then quality scores.
-CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "dtype", "temperature", *param_names(),
-                  "preset", "engine", "batch_size", "max_new_tokens", "limit", "seed", "device")
+CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "draft_schedule", "draft_confidence",
+                  "gamma_max", "dtype", "temperature", *param_names(), "preset", "engine", "batch_size",
+                  "max_new_tokens", "limit", "seed", "device")
 METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",
                   "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
                   "theoretical_speedup", "predicted_speedup", "cost_ratio", "verify_cost_ratio", "wall_time_s",

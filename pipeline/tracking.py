@@ -92,19 +92,27 @@ def run_summary(result: dict) -> dict:
 
 
 def samples_table(result: dict):
-    """A wandb.Table with one row per sample: id, output, reference, its quality scores, accepted tokens."""
+    """A wandb.Table with one row per sample: id, output, reference, its quality scores, accepted tokens, and the
+    output coloured by each token's origin (an HTML column; None where the engine recorded no origins)."""
     import wandb
+    from pipeline.provenance import legend_html, pieces_for, render_html, sample_origins
 
     samples = result.get("samples", [])
+    pieces = None
     quality_keys = sorted({k for s in samples for k, v in (s.get("quality") or {}).items()
                            if isinstance(v, (int, float))})
     columns = ["id", "output", "reference", *quality_keys, "accepted_tokens", "drafted_tokens", "new_tokens",
-               "acceptance_rate"]
+               "acceptance_rate", "token_origins"]
     table = wandb.Table(columns=columns)
     for s in samples:
         q = s.get("quality") or {}
+        origins, coloured = sample_origins(s), None
+        if origins is not None and len(origins) == len(s.get("token_ids") or []):
+            pieces = pieces or pieces_for(result.get("config") or {})[0]
+            coloured = wandb.Html(legend_html() + render_html(pieces(s["token_ids"]), origins, s.get("origin_steps")),
+                                  inject=False)
         table.add_data(str(s["id"]), s.get("text"), s.get("reference"), *[q.get(k) for k in quality_keys],
-                       s.get("accepted"), s.get("drafted"), s.get("new_tokens"), s.get("acceptance_rate"))
+                       s.get("accepted"), s.get("drafted"), s.get("new_tokens"), s.get("acceptance_rate"), coloured)
     return table
 
 

@@ -2,8 +2,9 @@
 
 Search space (a YAML file, by default sweeps/optuna_space.yaml): γ, the acceptance rule (the tunable ones of
 pipeline/rules.py, e.g. exact, sigmoid, typical), each rule's parameters over the registry's ranges (sampled only
-in that rule's trials: the sigmoid's alpha and beta; integer ones such as relaxed's top_k with suggest_int), and
-optionally dtype. Each trial is one :func:`pipeline.runner.run`
+in that rule's trials: the sigmoid's alpha and beta; integer ones such as relaxed's top_k with suggest_int),
+optionally dtype, and the draft length (``draft``: fixed γ, the heuristic schedule up to a sampled γ_max, or a
+sampled confidence threshold; pipeline/draft_policy.py). Each trial is one :func:`pipeline.runner.run`
 of the base RunConfig with the trial's settings; its objectives are
 
     speedup   the paired median speedup: tokens/s over the γ = 0 loop's of the same engine and target, timed in
@@ -30,6 +31,10 @@ the shared one); otherwise the first worker that needs one measures it into the 
 comparable on one kind of machine: on many machines without a shared folder, each measures its own.
 
 The Pareto front (``study.best_trials``) is written atomically to JSON after every trial and at the end.
+
+Batch size and prompt length (:func:`tune_schedule`, ``--batch-sizes``, ``--context-buckets``): one study per cell,
+then the schedule of what to deploy per cell (pipeline/schedule.py), written next to the front by each worker as it
+finishes.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ from pipeline.io import write_json_atomic
 from pipeline.objectives import QUALITY, quality_value, tradeoff
 from pipeline.result import read_result
 from pipeline.rules import get_rule, param_names, tunable
+from pipeline.schedule import MAX_QUALITY_LOSS, PENALTY
+from pipeline.tasks import get_task
 
 OBJECTIVES = ("speedup", "quality")
 
@@ -72,17 +79,27 @@ def _integer_params(rule_name: str) -> set[str]:
     return {p.name for p in get_rule(rule_name).params if p.integer}
 
 
+DRAFT_MODES = ("fixed", "heuristic", "confidence")
+"""How a trial drafts (pipeline/draft_policy.py): fixed γ; the heuristic schedule from γ up to γ_max; or the
+confidence threshold with γ as the most a step drafts."""
+_DRAFT_DEFAULTS = {"drafts": ("fixed",), "draft_confidence": (0.1, 0.9, False), "gamma_max": (2, 8)}
+
+
 @dataclasses.dataclass
 class SearchSpace:
     """Ranges a trial samples from (see sweeps/optuna_space.yaml). ``params``: per acceptance rule, the range of
     each of its parameters; a rule's parameters are sampled only in trials that chose it. Unset ranges are the
-    registry's."""
+    registry's. ``drafts``: the draft-length modes (:data:`DRAFT_MODES`) a trial chooses from, with the confidence
+    threshold's range (confidence trials) and γ_max's (heuristic trials, at least the trial's γ)."""
 
     gamma: tuple[int, int] = (1, 8)
     samplers: tuple[str, ...] = dataclasses.field(default_factory=tunable)
     params: dict[str, dict[str, Range]] = dataclasses.field(default_factory=dict)
     dtypes: tuple[str, ...] = ("float32",)
     known_good: dict = dataclasses.field(default_factory=lambda: {"sampler": "exact", "gamma": 4})
+    drafts: tuple[str, ...] = ("fixed",)
+    draft_confidence: Range = (0.1, 0.9, False)
+    gamma_max: tuple[int, int] = (2, 8)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SearchSpace:
@@ -93,7 +110,7 @@ class SearchSpace:
             raise SpecsweepError(f"search space {path}: cannot read it ({' '.join(str(e).split())[:160]})") from None
         if not isinstance(raw, dict):
             raise SpecsweepError(f"search space {path}: expected a mapping of settings")
-        known = {"gamma", "sampler", "params", "dtype", "known_good"}
+        known = {"gamma", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence", "gamma_max"}
         if set(raw) - known:
             moved = sorted(set(raw) & set(param_names()))
             hint = (f" (rule parameters go under params: <rule>:, e.g. params: {{sigmoid: {{{moved[0]}: ...}}}})"
@@ -108,6 +125,9 @@ class SearchSpace:
                         for rule, ranges in (raw.get("params") or {}).items()},
                 dtypes=tuple(raw.get("dtype", ("float32",))),
                 known_good=dict(raw.get("known_good", {"sampler": "exact", "gamma": 4})),
+                drafts=tuple(raw.get("draft", ("fixed",))),
+                draft_confidence=_range(raw.get("draft_confidence", {"low": 0.1, "high": 0.9})),
+                gamma_max=tuple(int(v) for v in _range(raw.get("gamma_max", {"low": 2, "high": 8}))[:2]),
             )
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise SpecsweepError(f"search space {path}: {e}") from None
@@ -120,6 +140,14 @@ class SearchSpace:
             raise SpecsweepError(f"{where}: dtype must be a non-empty list from {list(DTYPES)}")
         if self.gamma[0] < 1 or self.gamma[0] > self.gamma[1]:
             raise SpecsweepError(f"{where}: gamma needs 1 <= low <= high; got {list(self.gamma)}")
+        if not self.drafts or set(self.drafts) - set(DRAFT_MODES):
+            raise SpecsweepError(f"{where}: draft must be a non-empty list from {list(DRAFT_MODES)}")
+        lo, hi, _ = self.draft_confidence
+        if not 0 < lo <= hi < 1:
+            raise SpecsweepError(f"{where}: draft_confidence needs 0 < low <= high < 1 (a probability); got {[lo, hi]}")
+        if self.gamma_max[0] > self.gamma_max[1] or self.gamma_max[1] < self.gamma[0]:
+            raise SpecsweepError(f"{where}: gamma_max needs low <= high and high >= gamma's low; got "
+                                 f"{list(self.gamma_max)}")
         for rule, ranges in self.params.items():
             if rule not in self.samplers:
                 raise SpecsweepError(f"{where}: params for {rule!r}, which is not in sampler {list(self.samplers)}")
@@ -146,7 +174,23 @@ class SearchSpace:
         point["gamma"] = min(max(int(point["gamma"]), self.gamma[0]), self.gamma[1])
         if point["sampler"] not in self.samplers:
             point["sampler"] = self.samplers[0]
+        if self.searches_drafts:
+            point["draft"] = "fixed" if "fixed" in self.drafts else self.drafts[0]
         return point
+
+    @property
+    def searches_drafts(self) -> bool:
+        """Whether trials choose a draft-length mode (else every trial drafts a fixed γ, as before)."""
+        return self.drafts != ("fixed",)
+
+    def recorded(self) -> dict:
+        """The space as a study records it (JSON types); the draft-length settings only when they are searched, so a
+        study created before they existed continues with the same space."""
+        space = json.loads(json.dumps(dataclasses.asdict(self)))
+        if not self.searches_drafts:
+            for key in _DRAFT_DEFAULTS:
+                space.pop(key)
+        return space
 
     def suggest(self, trial) -> dict:
         """Sample one trial's settings (a rule's parameters exist only in trials of that rule)."""
@@ -159,7 +203,22 @@ class SearchSpace:
                 params[name] = trial.suggest_int(name, math.ceil(lo), math.floor(hi), log=log)
             else:
                 params[name] = trial.suggest_float(name, lo, hi, log=log)
+        if self.searches_drafts:
+            params.update(self._suggest_draft(trial, params["gamma"]))
         return params
+
+    def _suggest_draft(self, trial, gamma: int) -> dict:
+        """The trial's draft length as run settings (draft_schedule, draft_confidence, gamma_max)."""
+        mode = trial.suggest_categorical("draft", list(self.drafts))
+        if mode == "heuristic":
+            top = max(gamma, self.gamma_max[1])
+            return {"draft_schedule": "heuristic", "draft_confidence": 0.0,
+                    "gamma_max": trial.suggest_int("gamma_max", min(max(gamma, self.gamma_max[0]), top), top)}
+        if mode == "confidence":
+            lo, hi, log = self.draft_confidence
+            return {"draft_schedule": "constant", "gamma_max": None,
+                    "draft_confidence": trial.suggest_float("draft_confidence", lo, hi, log=log)}
+        return {"draft_schedule": "constant", "draft_confidence": 0.0, "gamma_max": None}
 
 
 def _range(spec) -> Range:
@@ -396,6 +455,90 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
     return front
 
 
+def tune_schedule(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str | os.PathLike, out: str,
+                  batch_sizes: list[int] | None = None, context_buckets: list | None = None,
+                  penalty: float = PENALTY, max_quality_loss: float = MAX_QUALITY_LOSS, progress: bool = True,
+                  **study_kwargs) -> dict:
+    """The study per (batch size, prompt-length bucket) cell (pipeline/schedule.py), then the schedule, written next
+    to the front (:func:`pipeline.schedule.schedule_path`); returns {"fronts": [(cell, front)], "schedule", "path"}.
+
+    The cell of the base batch size over every prompt is the study itself (``study_dir``, ``study_name``, ``out``:
+    what a study without these dimensions writes, and what the report reads); every other cell is a study of its
+    own in ``study_dir/cells/<key>/`` named ``<study_name>-<key>``, on the prompts of its bucket. Each trial's
+    speedup is paired against the γ = 0 loop at the cell's batch size, inside its run; each cell measures its own
+    AR baseline unless a ``--baseline`` file matches it. With no cell left at the base, ``out`` lists the cells."""
+    from pipeline.schedule import build_schedule, cells_of, schedule_path, write_cell, write_schedule
+
+    study_dir = Path(study_dir)
+    if context_buckets and get_task(base.task).speech:
+        raise SpecsweepError(f"--context-buckets splits text prompts by their length; --task {base.task} is speech: "
+                             "leave --context-buckets out")
+    cells = cells_of(batch_sizes, context_buckets, base.batch_size)
+    fronts, folders = [], []
+    for cell in cells:
+        root = cell.context is None and cell.batch_size == base.batch_size
+        folder = study_dir if root else study_dir / "cells" / cell.key
+        name = study_name if root else f"{study_name}-{cell.key}"
+        cell_out = out if root else str(folder / "pareto.json")
+        data = base.data if cell.context is None else str(bucket_data(base, cell, folder))
+        cell_base = dataclasses.replace(base, batch_size=cell.batch_size, data=data, out=cell_out).validate()
+        if not root:
+            write_cell(folder, cell, name)
+        if progress and len(cells) > 1:
+            print(f"study {name}: {cell.label}", flush=True)
+        fronts.append((cell, tune(cell_base, space, study_name=name, study_dir=folder, out=cell_out,
+                                  progress=progress, **study_kwargs)))
+        folders.append((cell, folder))
+    if not any(c.context is None and c.batch_size == base.batch_size for c in cells):
+        listed = [{**cell.to_dict(), "study": front["study"], "front": str(folder / "pareto.json"),
+                   "n_complete": front["n_complete"], "n_failed": front["n_failed"]}
+                  for (cell, front), (_, folder) in zip(fronts, folders)]
+        write_json_atomic(out, {"study": study_name, "objectives": list(OBJECTIVES), "best_trials": [],
+                                "cells": listed})
+    schedule = build_schedule(folders, study=study_name, penalty=penalty, max_quality_loss=max_quality_loss)
+    path = write_schedule(schedule_path(out), schedule)
+    return {"fronts": fronts, "schedule": schedule, "path": str(path)}
+
+
+def bucket_data(base: RunConfig, cell, folder: Path) -> Path:
+    """``folder/prompts.jsonl``: the records of ``base.data`` whose prompt, as the run encodes it (the target's
+    tokenizer, --max-prompt-tokens, the long-inputs rule), has a length in the cell's bucket; in the task's source
+    schema, so the cell's runs read it as they read any data file (and take its --limit subset)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from pipeline.data import load_task_data
+    from pipeline.io import write_text_atomic
+    from pipeline.models import load_tokenizer
+    from pipeline.schedule import context_label
+
+    task = get_task(base.task)
+    records = load_task_data(base.task, base.data)
+    tokenizer = load_tokenizer(base.target)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    try:
+        target_config = AutoConfig.from_pretrained(base.target)
+    except (OSError, ValueError) as e:
+        raise SpecsweepError(f"--target {base.target}: cannot read its config ({' '.join(str(e).split())[:120]})") \
+            from None
+    encode = task.encoder(SimpleNamespace(config=target_config), tokenizer, None, base)
+    kept = []
+    for start in range(0, len(records), 64):
+        batch = records[start: start + 64]
+        lengths = encode(batch)[0]["attention_mask"].sum(dim=1).tolist()
+        kept += [r for r, n in zip(batch, lengths) if cell.holds(int(n))]
+    if not kept:
+        raise SpecsweepError(f"--context-buckets: no prompt of {base.data} has a length in "
+                             f"{context_label(cell.context)} (of {len(records)}, as the target's tokenizer counts "
+                             "them after --max-prompt-tokens): "
+                             "widen or drop that bucket")
+    path = folder / "prompts.jsonl"
+    write_text_atomic(path, "".join(json.dumps({k: r[k] for k in task.columns}) + "\n" for r in kept))
+    return path
+
+
 def _check_tune_args(base: RunConfig, n_trials: int) -> None:
     """Raise SpecsweepError unless ``base.task`` has a quality metric and ``n_trials`` >= 1."""
     if base.task not in QUALITY:
@@ -420,7 +563,7 @@ def _open_worker_study(space: SearchSpace, name: str, url: str, seed: int, heart
 def _check_same_space(study, space: SearchSpace, name: str, url: str) -> None:
     """Record the search space on a new study; refuse to continue a study with another one (Optuna cannot change a
     categorical choice list mid-study, and mixing spaces would make its front meaningless)."""
-    ours = json.loads(json.dumps(dataclasses.asdict(space)))  # tuples as lists, as the storage returns them
+    ours = space.recorded()  # tuples as lists, as the storage returns them
     stored = study.user_attrs.get("space")
     if stored is None:
         study.set_user_attr("space", ours)

@@ -29,3 +29,12 @@ def fixtures_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"real sample data not found at {path} (set SPECSWEEP_FIXTURES)")
     return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _machine_cache_in_a_temporary_folder(tmp_path_factory):
+    """Runs cache the machine's probed peak (pipeline/roofline.py) under $SPECSWEEP_CACHE_DIR: the suite keeps it
+    in a temporary folder of its own rather than the user's cache (subprocesses inherit the variable)."""
+    if "SPECSWEEP_CACHE_DIR" not in os.environ:
+        os.environ["SPECSWEEP_CACHE_DIR"] = str(tmp_path_factory.mktemp("specsweep-cache"))
+    yield

@@ -49,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
         if name not in exclude:
             p.add_argument(f"--{name}", type=int if param_is_integer(name) else float, help=param_help(name))
     p.add_argument("--no-progress", "--no_progress", action="store_true", help="no progress bar")
+    if not exclude:  # `specsweep run`'s own display flag (tune, which excludes what it chooses, prints no samples)
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="print each sample's output coloured by where each token came from (accepted draft token, "
+                            "the target's correction, bonus token; plain markers when not a terminal), with a legend "
+                            "and the sample's acceptance (`specsweep show` does the same from a results file)")
 
 
 def expand_grid(values: dict) -> list[dict]:
@@ -91,14 +96,21 @@ def _grid_value(name: str, item: str):
 def main(args: argparse.Namespace) -> int:
     from pipeline.runner import run_grid
 
-    values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "no_progress")}
+    values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "no_progress", "verbose")}
     configs = [RunConfig.from_dict(point) for point in expand_grid(values)]
-    run_grid(configs, progress=not args.no_progress, on_result=_report)
+    verbose = getattr(args, "verbose", False)
+    run_grid(configs, progress=not args.no_progress, on_result=lambda c, r: _report(c, r, verbose))
     return 0
 
 
-def _report(config: RunConfig, result: dict) -> None:
-    """One line of what the run measured, then its W&B log (which never fails the run: a problem is a warning)."""
+def _report(config: RunConfig, result: dict, verbose: bool = False) -> None:
+    """One line of what the run measured (with ``verbose``, each sample coloured by token origin first), then its
+    W&B log (which never fails the run: a problem is a warning)."""
+    if verbose:
+        from pipeline.provenance import pieces_for, print_samples
+
+        pieces, note = pieces_for(result["config"])
+        print_samples(result["samples"], pieces, note=note)
     m = result["metrics"]
     meas = result["measurement"]
     parts = [f"{m['new_tokens']} tokens in {m['wall_time_s']:.2f} s; median {m['tokens_per_second']:.1f} tok/s "

@@ -1,0 +1,147 @@
+"""Adaptive draft length: how many tokens the draft proposes in each verify step, row by row.
+
+Two rules, as transformers' assisted generation has them, alone or together (:class:`DraftPolicy`):
+
+  heuristic    ``num_assistant_tokens_schedule="heuristic"``: a row's draft length grows by 2 after a step in which
+               the target accepted every token the row drafted, and shrinks by 1 (never below 1) after a step that
+               rejected one; it starts at γ in every generate call (transformers' "heuristic_transient") and never
+               passes γ_max
+  confidence   ``assistant_confidence_threshold`` (the "dynamic speculation lookahead"): a row stops proposing once
+               the draft's confidence at a position, the largest probability of its distribution there, falls below
+               the threshold; the position that fell is still proposed (as transformers does)
+
+Exactness. Each rule decides from the draft's own distributions (the confidence at positions already drafted) and from
+what earlier steps emitted and accepted, never from the target's logits of the step being drafted; the verify step
+is exact for any draft distribution that is a function of what precedes it, so the output still follows the target.
+tests/test_adaptive_draft.py tests it with chi-square tests (and a negative control the same test rejects).
+
+How a batch drafts without extra host syncs. A step drafts γ_step = the longest draft length any active row wants,
+capped by γ_max and by the room left. A row that wants fewer, or whose confidence fell, fills its remaining
+positions with a deterministic proposal: the draft's argmax with a one-hot draft distribution (drafted token t, draft
+probability 1 at t). That is a valid draft under the verify contract (pipeline/samplers/contract.py): the exact rule
+accepts t with probability p(t) and on rejection samples p without t, renormalised, so the output stays exact, and
+the rows of the batch stay ragged.
+What a row wants next is decided on the host from what the step's one sync brings: the accepted counts, and each
+row's confident length (how many positions it proposed before stopping), copied to pinned host memory without
+blocking before that sync (:meth:`DraftLengths.record`). With the confidence rule alone, a row wants its last
+confident length next, one more after a step in which its confidence never fell. Saving draft forwards inside a
+step would need a host read per draft position (transformers does one); this engine does not (docs/tuning.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+SCHEDULES = ("constant", "heuristic")
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    """How long the draft drafts. schedule: "constant" (γ every step) or "heuristic" (see the module docstring);
+    confidence: stop a row's proposals after the first position whose draft confidence is below it (0: never);
+    gamma_max: the most tokens a step may draft (None: γ)."""
+
+    schedule: str = "constant"
+    confidence: float = 0.0
+    gamma_max: int | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        return self.schedule == "heuristic" or self.confidence > 0
+
+    def ceiling(self, gamma: int) -> int:
+        """The most draft tokens a step may propose with starting draft length ``gamma``."""
+        return max(gamma, self.gamma_max or gamma)
+
+    @classmethod
+    def of(cls, config) -> DraftPolicy | None:
+        """The policy of a RunConfig (or anything with draft_schedule, draft_confidence, gamma_max, gamma); None
+        for a fixed γ."""
+        policy = cls(getattr(config, "draft_schedule", "constant") or "constant",
+                     float(getattr(config, "draft_confidence", 0.0) or 0.0), getattr(config, "gamma_max", None))
+        return policy if policy.adaptive and config.gamma > 0 else None
+
+
+class DraftLengths:
+    """The draft length each row wants, for one generate call (host side; the engine keeps one per call).
+
+    want[r]     int: the draft length original row r wants in the next step, in [1, ceiling]
+    The device tensor ``confident`` int64 [b] (per active row of the last step, how many positions it proposed before
+    its confidence fell, or all of its positions) reaches the host through :meth:`record`.
+    """
+
+    def __init__(self, policy: DraftPolicy, gamma: int, ceiling: int) -> None:
+        self.policy, self.start, self.ceiling = policy, gamma, ceiling
+        self.want: dict[int, int] = {}
+        self._rows: list[int] = []
+        self._gamma = 0
+        self._accepted: dict[int, int] = {}
+        self._confident: torch.Tensor | None = None
+        self._ready = None   # a CUDA event recorded after the device-to-host copy of ``confident``
+
+    def step_gamma(self, rows: list[int], accepted: list[int], room: int) -> int:
+        """γ for the next step of the active original ``rows``, after taking in the last step's outcome.
+        ``accepted``: per original row, its accepted draft tokens so far (the engine's host statistics, kept by the
+        step's sync); ``room``: tokens the roomiest row may still emit."""
+        self._learn(accepted)
+        for r in rows:
+            self.want.setdefault(r, self.start)
+        gamma = min(max(self.want[r] for r in rows), self.ceiling, room - 1)
+        self._rows, self._gamma = list(rows), max(gamma, 0)
+        for r in rows:
+            self._accepted[r] = accepted[r]
+        return self._gamma
+
+    def row_limits(self, device: torch.device) -> torch.Tensor | None:
+        """int64 [b]: the draft length each active row wants this step, where some row wants fewer than γ_step;
+        None when none does (every row drafts all γ_step positions). A pinned host tensor copied without blocking."""
+        import torch
+
+        limits = [self.want[r] for r in self._rows]
+        if min(limits) >= self._gamma:
+            return None
+        host = torch.tensor(limits, dtype=torch.int64, pin_memory=device.type == "cuda")
+        return host.to(device, non_blocking=True)
+
+    def record(self, confident: torch.Tensor | None) -> None:
+        """Keep the step's per-row confident lengths (int64 [b], on the device) for the host: a copy to pinned memory
+        queued before the step's sync, so reading it after that sync waits for nothing."""
+        if confident is None:
+            self._confident = None
+            return
+        import torch
+
+        if confident.device.type != "cuda":
+            self._confident = confident
+            return
+        host = torch.empty(confident.shape, dtype=confident.dtype, pin_memory=True)
+        host.copy_(confident, non_blocking=True)
+        self._ready = torch.cuda.Event()
+        self._ready.record()
+        self._confident = host
+
+    def _learn(self, accepted: list[int]) -> None:
+        """Update want[r] of the last step's rows from their accepted counts and confident lengths."""
+        if not self._rows or self._gamma == 0:
+            return
+        confident = None
+        if self._confident is not None:
+            if self._ready is not None:
+                self._ready.synchronize()   # already complete: the step's sync came after it on the same stream
+            confident = self._confident.tolist()
+        for i, r in enumerate(self._rows):
+            own = min(self.want[r], self._gamma)           # the positions row r drafted for itself
+            fell = False
+            if confident is not None:
+                fell = confident[i] < own
+                own = confident[i]
+            if self.policy.schedule == "heuristic":
+                hit = accepted[r] - self._accepted[r] >= own   # every token it drafted for itself was accepted
+                self.want[r] = min(self.want[r] + 2, self.ceiling) if hit else max(1, self.want[r] - 1)
+            else:                                              # the confidence rule alone
+                self.want[r] = max(1, own) if fell else min(own + 1, self.ceiling)
+        self._confident = self._ready = None

@@ -1,0 +1,284 @@
+"""`specsweep export` (pipeline/export.py): the chosen setting as transformers', vLLM's and TensorRT-LLM's
+configuration and as our own settings JSON.
+
+The transformers export is loaded with ``GenerationConfig`` and drives assisted generation of the tiny pair. The vLLM
+and TensorRT-LLM exports are held to those tools' documented schemas, written out below from their documentation and
+validators (neither package is installed): vLLM's ``SpeculativeConfig`` (method "draft_model", ``model``,
+``num_speculative_tokens``, and the Dynamic Speculative Decoding schedule ``num_speculative_tokens_per_batch_size``
+of vLLM 0.24, vllm/v1/spec_decode/dynamic/utils.py), and TensorRT-LLM's ``DraftTargetDecodingConfig`` with
+``DecodingBaseConfig.draft_len_schedule`` (tensorrt_llm/llmapi/llm_args.py: keys are batch-size upper bounds, the
+smallest key's value equals max_draft_len, none exceeds it, batch sizes above the largest key draft 0).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from test_schedule import fake_result
+from tiny_models import PROMPTS, save_pair
+
+from pipeline.cli import main
+from pipeline.config import RunConfig
+from pipeline.errors import SpecsweepError
+from pipeline.export import export, load_settings, load_source
+from pipeline.schedule import Cell, build_schedule
+
+# ---- the documented schemas ------------------------------------------------------------------------------------
+
+VLLM_KEYS = {"method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"}
+
+
+def check_vllm(config: dict) -> None:
+    """vLLM's SpeculativeConfig for a draft model, and its per-batch-size schedule's validator."""
+    assert set(config) <= VLLM_KEYS, set(config) - VLLM_KEYS
+    assert config["method"] == "draft_model" and isinstance(config["model"], str) and config["model"]
+    assert isinstance(config["num_speculative_tokens"], int) and config["num_speculative_tokens"] > 0
+    schedule = config.get("num_speculative_tokens_per_batch_size")
+    if schedule is None:
+        return
+    assert isinstance(schedule, list) and schedule
+    previous_end = 0
+    for entry in schedule:
+        assert isinstance(entry, list) and len(entry) == 3 and all(isinstance(v, int) for v in entry)
+        start, end, k = entry
+        assert 0 < start <= end and k >= 0
+        assert start > previous_end            # sorted, non-overlapping inclusive ranges
+        previous_end = end
+    assert schedule[0][0] == 1                 # every batch size has a defined K
+
+
+def vllm_k(config: dict, batch_size: int) -> int:
+    """vLLM's lookup: the range holding the batch size; gaps and the tail carry the previous range's K; capped at
+    num_speculative_tokens."""
+    k = config["num_speculative_tokens"]
+    for start, end, value in config.get("num_speculative_tokens_per_batch_size") or []:
+        if start <= batch_size:
+            k = value
+        if batch_size <= end:
+            break
+    return min(k, config["num_speculative_tokens"])
+
+
+def check_trtllm(options: dict) -> None:
+    """TensorRT-LLM's LLM API options with a Draft_Target speculative_config."""
+    config = options["speculative_config"]
+    assert set(config) <= {"decoding_type", "max_draft_len", "speculative_model", "draft_len_schedule"}
+    assert config["decoding_type"] == "Draft_Target"
+    assert isinstance(config["max_draft_len"], int) and config["max_draft_len"] > 0
+    assert isinstance(config["speculative_model"], str) and config["speculative_model"]
+    schedule = config.get("draft_len_schedule")
+    if schedule is None:
+        return
+    assert schedule and all(isinstance(b, int) and b >= 1 and isinstance(k, int) and k >= 0
+                            for b, k in schedule.items())
+    assert schedule[min(schedule)] == config["max_draft_len"]
+    assert all(k <= config["max_draft_len"] for k in schedule.values())
+
+
+def trtllm_k(config: dict, batch_size: int) -> int:
+    schedule = config.get("draft_len_schedule")
+    if schedule is None:
+        return config["max_draft_len"]
+    return next((schedule[b] for b in sorted(schedule) if batch_size <= b), 0)
+
+
+# ---- schedules to export ---------------------------------------------------------------------------------------
+
+STEADY = [1.0, 1.02, 1.04, 1.01, 1.03, 1.02]
+
+
+def _study(tmp_path, cells: dict[int, list[dict]], draft: str = "models/draft") -> dict:
+    """A schedule of the given cells: {batch size: [fake_result kwargs, ...]}."""
+    folders = []
+    for batch, trials in cells.items():
+        folder = tmp_path / f"b{batch}"
+        for i, kwargs in enumerate(trials):
+            fake_result(folder / "trials" / f"{i:05d}.json", batch_size=batch, draft=draft, **kwargs)
+        folders.append((Cell(batch), folder))
+    return build_schedule(folders, study="s")
+
+
+def _speedup(x: float) -> list[float]:
+    return [x * r for r in STEADY]
+
+
+def test_vllm_and_trtllm_exports_follow_their_schemas_and_the_measured_schedule(tmp_path):
+    schedule = _study(tmp_path, {1: [{"gamma": 4, "ratios": _speedup(1.8)}, {"gamma": 2, "ratios": _speedup(1.3)}],
+                                 4: [{"gamma": 2, "ratios": _speedup(1.4)}, {"gamma": 4, "ratios": _speedup(1.1)}],
+                                 16: [{"gamma": 2, "ratios": _speedup(0.8)}]})
+    path, notes = export(schedule, "vllm", tmp_path / "vllm.json")
+    config = json.loads(path.read_text())
+    check_vllm(config)
+    assert config["num_speculative_tokens"] == 4 and config["model"] == "models/draft"
+    assert [vllm_k(config, b) for b in (1, 2, 4, 5, 16, 64)] == [4, 2, 2, 0, 0, 0]
+    path, notes = export(schedule, "vllm", tmp_path / "old.json", batch_schedule=False)
+    old = json.loads(path.read_text())
+    check_vllm(old)
+    assert "num_speculative_tokens_per_batch_size" not in old and old["num_speculative_tokens"] == 4 and notes
+
+    path, notes = export(schedule, "trtllm", tmp_path / "trtllm.yaml")
+    options = yaml.safe_load(path.read_text())
+    check_trtllm(options)
+    config = options["speculative_config"]
+    assert config["max_draft_len"] == 4 and config["speculative_model"] == "models/draft"
+    assert [trtllm_k(config, b) for b in (1, 2, 4, 5, 16, 64)] == [4, 2, 2, 0, 0, 0]
+
+
+def test_trtllm_export_lowers_a_larger_gamma_at_a_larger_batch_and_can_extend_the_last(tmp_path):
+    schedule = _study(tmp_path, {1: [{"gamma": 2, "ratios": _speedup(1.5)}],
+                                 8: [{"gamma": 3, "ratios": _speedup(1.2)}]})
+    path, notes = export(schedule, "trtllm", tmp_path / "t.yaml", max_batch_size=64)
+    options = yaml.safe_load(path.read_text())
+    check_trtllm(options)
+    assert options["speculative_config"]["draft_len_schedule"] == {64: 2} and any("lowered" in n for n in notes)
+
+
+def test_adaptive_and_lossy_picks_only_go_where_the_tool_has_them(tmp_path):
+    schedule = _study(tmp_path, {1: [{"gamma": 2, "ratios": _speedup(1.6), "schedule": "heuristic", "gamma_max": 2},
+                                     {"gamma": 3, "ratios": _speedup(1.2)},
+                                     {"gamma": 2, "ratios": _speedup(2.5), "sampler": "typical", "rouge": 0.499,
+                                      "params": {"epsilon": 0.09, "delta": 0.3}}]})
+    cell = schedule["cells"][0]
+    assert cell["choice"]["settings"]["sampler"] == "typical"
+    assert cell["standard"]["adaptive"] and not cell["standard_fixed"]["adaptive"]
+    path, _ = export(schedule, "vllm", tmp_path / "v.json")                       # standard_fixed: exact γ 3
+    assert json.loads(path.read_text())["num_speculative_tokens"] == 3
+    with pytest.raises(SpecsweepError, match=r"no adaptive draft length.*--pick standard_fixed"):
+        export(schedule, "vllm", tmp_path / "v2.json", pick="standard")
+    with pytest.raises(SpecsweepError, match="not standard speculative sampling"):
+        export(schedule, "trtllm", tmp_path / "t.yaml", pick="choice")
+    path, _ = export(schedule, "json", tmp_path / "ours.json")
+    assert json.loads(path.read_text())["entries"][0]["settings"]["sampler"] == "typical"
+
+
+def test_no_speculation_is_exported_where_a_tool_can_say_it_and_refused_where_it_cannot(tmp_path):
+    schedule = _study(tmp_path, {1: [{"gamma": 2, "ratios": _speedup(0.7)}]})
+    assert schedule["cells"][0]["choice"]["settings"]["gamma"] == 0
+    for fmt, words in (("hf", "generate without assistant_model"), ("vllm", "serve without"),
+                       ("trtllm", "serve without speculative_config")):
+        with pytest.raises(SpecsweepError, match=words) as e:
+            export(schedule, fmt, tmp_path / f"x.{fmt}")
+        assert "\n" not in str(e.value)
+        assert not (tmp_path / f"x.{fmt}").exists()
+    path, _ = export(schedule, "json", tmp_path / "ours.json")
+    assert json.loads(path.read_text())["entries"][0]["settings"]["gamma"] == 0
+
+
+def test_our_json_is_read_back_by_run_settings_per_batch_size(tmp_path):
+    schedule = _study(tmp_path, {1: [{"gamma": 4, "ratios": _speedup(1.8)}],
+                                 8: [{"gamma": 2, "ratios": _speedup(1.3), "schedule": "heuristic", "gamma_max": 5}]})
+    path, _ = export(schedule, "json", tmp_path / "ours.json")
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"id": "a", "prompt": "the storm"}\n')
+    base = {"target": "models/target", "data": str(data), "from_config": str(path)}
+    one = RunConfig.from_dict(base).validate()
+    assert (one.gamma, one.draft, one.draft_schedule) == (4, "models/draft", "constant")
+    four = RunConfig.from_dict({**base, "batch_size": 4}).validate()      # the next measured size up: 8
+    assert (four.gamma, four.draft_schedule, four.gamma_max) == (2, "heuristic", 5)
+    assert RunConfig.from_dict({**base, "batch_size": 64}).gamma == 2     # beyond the largest: the largest
+    assert RunConfig.from_dict({**base, "gamma": 4}).gamma == 4           # the flag's default: the file's value
+    with pytest.raises(SpecsweepError, match="--gamma 3 disagrees with --from-config") as e:
+        RunConfig.from_dict({**base, "gamma": 3})
+    assert "\n" not in str(e.value)
+    assert load_settings(path).entry(2)["batch_size"] == 8
+    with pytest.raises(SpecsweepError, match="not a settings file"):
+        load_settings(tmp_path / "b1" / "trials" / "00000.json")
+
+
+def test_the_cli_exports_from_a_study_folder_and_reports_bad_input_in_one_line(tmp_path, capsys):
+    fake_result(tmp_path / "study" / "trials" / "00000.json", gamma=3, ratios=_speedup(1.5))
+    out = tmp_path / "v.json"
+    assert main(["export", "--from", str(tmp_path / "study"), "--format", "vllm", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["num_speculative_tokens"] == 3
+    for args in (["--from", str(tmp_path / "missing"), "--format", "json"],
+                 ["--from", str(tmp_path / "study"), "--format", "json", "--context-bucket", "0-128"],
+                 ["--from", str(tmp_path / "study"), "--format", "vllm", "--out", str(tmp_path)]):
+        assert main(["export", "--out", str(tmp_path / "x.json"), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("specsweep export: error:") and "\n" not in err
+
+
+def test_the_report_recommendation_exports_its_lossless_choice(tmp_path):
+    import pandas as pd
+
+    source = fake_result(tmp_path / "runs" / "exact.json", gamma=3, ratios=_speedup(1.4), schedule="constant")
+    rows = [{"run": "ar", "kind": "baseline", "task": "cnn_dailymail", "target": "models/target",
+             "draft": "models/draft", "dtype": "float32", "rougeL": 0.5, "source": "ar.json"},
+            {"run": "exact", "kind": "run", "task": "cnn_dailymail", "target": "models/target", "draft": "models/draft",
+             "dtype": "float32", "sampler": "exact", "temperature": 1.0, "gamma": 3, "speedup": 1.42,
+             "speedup_ci_low": 1.4, "speedup_ci_high": 1.46, "rougeL": 0.5, "quality": 0.5, "flagged": False,
+             "source": str(source)}]
+    (tmp_path / "report").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "report" / "results.csv", index=False)
+    schedule = load_source(tmp_path / "report")
+    path, _ = export(schedule, "trtllm", tmp_path / "t.yaml")
+    options = yaml.safe_load(path.read_text())
+    check_trtllm(options)
+    assert options["speculative_config"]["max_draft_len"] == 3
+
+
+@pytest.mark.parametrize("draft_schedule,confidence", [("constant", 0.0), ("heuristic", 0.3)])
+def test_the_hf_export_loads_in_transformers_and_drives_assisted_generation(tmp_path, draft_schedule, confidence):
+    """The exported generation_config.json, loaded with GenerationConfig as the assistant's config: assisted
+    generation of the tiny pair drafts as it says (at most num_assistant_tokens per call with the constant
+    schedule; more after full acceptances with the heuristic one) and, being greedy, equals the target's own
+    greedy decoding."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tp, dp = save_pair(tmp_path / "pair")
+    schedule = _study(tmp_path, {1: [{"gamma": 2, "ratios": _speedup(1.5), "schedule": draft_schedule,
+                                      "confidence": confidence, "gamma_max": 6 if draft_schedule == "heuristic"
+                                      else None}]}, draft=str(dp))
+    path, _ = export(schedule, "hf", tmp_path / "hf")
+    loaded = GenerationConfig.from_pretrained(str(path.parent))
+    assert loaded.num_assistant_tokens == 2
+    assert loaded.num_assistant_tokens_schedule == {"constant": "constant", "heuristic": "heuristic_transient"}[
+        draft_schedule]
+    assert loaded.assistant_confidence_threshold == pytest.approx(confidence)
+
+    tok = AutoTokenizer.from_pretrained(str(tp))
+    target, draft = AutoModelForCausalLM.from_pretrained(str(tp)), AutoModelForCausalLM.from_pretrained(str(dp))
+    draft.generation_config = loaded
+    asked = []
+    real_generate = draft.generate
+
+    def recording_generate(*args, **kwargs):
+        asked.append(kwargs["max_new_tokens"])
+        return real_generate(*args, **kwargs)
+
+    draft.generate = recording_generate
+    enc = tok(PROMPTS[0], return_tensors="pt")
+    settings = GenerationConfig(max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        assisted = target.generate(**enc, assistant_model=draft, generation_config=settings)
+        alone = target.generate(**enc, generation_config=settings)
+    assert assisted.tolist() == alone.tolist()
+    assert asked and asked[0] == 2
+    if draft_schedule == "constant":
+        assert max(asked) <= 2
+    else:
+        assert max(asked) > 2
+
+
+def test_specsweep_run_reads_the_json_back(tmp_path):
+    """`specsweep run --from-config`: the run at batch size 4 uses the entry measured at batch size 4 (and records
+    where its settings came from); a flag that contradicts the file stops the run with one line."""
+    from tiny_models import write_prompts
+
+    tp, dp = save_pair(tmp_path / "pair")
+    schedule = _study(tmp_path, {1: [{"gamma": 3, "ratios": _speedup(1.5), "schedule": "heuristic", "gamma_max": 5}],
+                                 4: [{"gamma": 2, "ratios": _speedup(1.2)}]}, draft=str(dp))
+    settings, _ = export(schedule, "json", tmp_path / "settings.json")
+    data = write_prompts(tmp_path / "p.jsonl")
+    args = ["run", "--target", str(tp), "--data", str(data), "--task", "prompts", "--device", "cpu",
+            "--max-new-tokens", "8", "--repeats", "3", "--samples-per-repeat", "4", "--no-progress",
+            "--wandb-mode", "disabled", "--max-cpu-wait", "1", "--max-spread", "1e9", "--from-config", str(settings)]
+    assert main([*args, "--batch-size", "4", "--out", str(tmp_path / "r4.json")]) == 0
+    config = json.loads((tmp_path / "r4.json").read_text())["config"]
+    assert (config["gamma"], config["draft"], config["draft_schedule"]) == (2, str(dp), "constant")
+    assert config["from_config"] == str(settings)
+    assert main([*args, "--gamma", "5", "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
