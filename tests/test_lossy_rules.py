@@ -391,14 +391,14 @@ def test_rule_flags_parse_with_each_parameters_type_and_reach_the_sampler():
     run_command.add_arguments(parser)
     args = vars(parser.parse_args(["--target", "t", "--data", "d", "--sampler", "relaxed", "--top_k", "3",
                                    "--prob_delta", "0.2"]))
-    cfg = RunConfig.from_dict({k: v for k, v in args.items() if k != "no_progress"})
+    cfg = RunConfig.from_dict({k: v for k, v in args.items() if k not in run_command.DISPLAY_FLAGS})
     assert cfg.rule_params == {"top_k": 3, "prob_delta": 0.2} and isinstance(cfg.rule_params["top_k"], int)
     assert cfg.sampler_params() == {"top_k": 3, "prob_delta": 0.2}  # relaxed takes no temperature
     with pytest.raises(SystemExit):
         parser.parse_args(["--target", "t", "--data", "d", "--top_k", "2.5"])
     args = vars(parser.parse_args(["--target", "t", "--data", "d", "--sampler", "typical", "--epsilon", "0.05"]))
-    assert RunConfig.from_dict({k: v for k, v in args.items() if k != "no_progress"}).sampler_params() == \
-        {"epsilon": 0.05, "temperature": 1.0}
+    settings = {k: v for k, v in args.items() if k not in run_command.DISPLAY_FLAGS}
+    assert RunConfig.from_dict(settings).sampler_params() == {"epsilon": 0.05, "temperature": 1.0}
 
 
 def test_run_checks_an_integer_parameter_through_the_registry():

@@ -52,7 +52,7 @@ def test_lossless_comes_from_the_registry(sampler, temperature, lossless):
 def _parse(argv: list[str], exclude: tuple[str, ...] = ()) -> dict:
     parser = argparse.ArgumentParser()
     run_command.add_arguments(parser, exclude=exclude)
-    return {k: v for k, v in vars(parser.parse_args(argv)).items() if k != "no_progress"}
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if k not in run_command.DISPLAY_FLAGS}
 
 
 def test_cli_flags_are_derived_from_the_run_config_so_defaults_exist_once():

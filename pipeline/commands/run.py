@@ -21,6 +21,10 @@ _GRID_HELP = ("; a comma-separated list runs every combination of the listed set
               "names them, e.g. results/runs/{sampler}-g{gamma}.json)")
 
 
+# flags that change what the command prints, not what it runs: not RunConfig settings
+DISPLAY_FLAGS = ("no_progress", "verbose")
+
+
 def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """One flag per run setting, derived from the :class:`RunConfig` fields (name, type, default, choices, help)
     and one per acceptance-rule parameter (pipeline/rules.py). Each ``--a-b`` flag is also ``--a_b``: W&B sweep
@@ -96,7 +100,7 @@ def _grid_value(name: str, item: str):
 def main(args: argparse.Namespace) -> int:
     from pipeline.runner import run_grid
 
-    values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", "no_progress", "verbose")}
+    values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", *DISPLAY_FLAGS)}
     configs = [RunConfig.from_dict(point) for point in expand_grid(values)]
     verbose = getattr(args, "verbose", False)
     run_grid(configs, progress=not args.no_progress, on_result=lambda c, r: _report(c, r, verbose))
