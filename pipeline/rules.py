@@ -24,7 +24,7 @@ import importlib
 import math
 from dataclasses import dataclass, field
 
-from pipeline.errors import SpecsweepError
+from pipeline.errors import SamplerInputError, SpecsweepError
 
 # Sampler backends: the module that says whether it can run here (available(), unavailable_reason()).
 BACKENDS = {"torch": None, "cupy": "pipeline.samplers.cupy_backend"}
@@ -89,6 +89,21 @@ class Rule:
         module, _, cls = self.backends[backend].partition(":")
         return getattr(importlib.import_module(module), cls)
 
+    def with_preset(self, preset: str | None, params: dict) -> dict:
+        """``params`` with the preset's values added (a copy; unchanged without a preset). One-line
+        SamplerInputError for a preset this rule does not have, or one given with a parameter it fixes. The CLI's
+        checks (:meth:`check_run`) and :func:`pipeline.samplers.get_sampler` both come here."""
+        if preset is None:
+            return dict(params)
+        if preset not in self.presets:
+            has = f"its presets: {', '.join(self.presets)}" if self.presets else "it has none"
+            raise SamplerInputError(f"preset {preset!r} does not exist for rule {self.name} ({has})")
+        fixed = self.presets[preset]
+        if set(fixed) & set(params):
+            raise SamplerInputError(f"preset {preset!r} fixes {', '.join(fixed)}: give either the preset or those "
+                                    "parameters")
+        return {**params, **fixed}
+
     def check_run(self, *, backend: str, temperature: float, batch_size: int, engine: str, params: dict,
                   preset: str | None) -> None:
         """Raise SpecsweepError (one line: what is wrong, what to do) when a run cannot use this rule so."""
@@ -100,13 +115,7 @@ class Rule:
             takes = ", ".join(f"--{n}" for n in self.param_names) or "no parameters"
             raise SpecsweepError(f"--{'/--'.join(unknown)} do(es) not apply to --sampler {self.name} (it takes "
                                  f"{takes})")
-        if preset is not None:
-            if preset not in self.presets:
-                raise SpecsweepError(f"--preset {preset!r} does not exist for --sampler {self.name}"
-                                     f"{': it has ' + ', '.join(self.presets) if self.presets else ''}")
-            if params:
-                raise SpecsweepError(f"--preset {preset} fixes {', '.join(self.presets[preset])}: pass either the "
-                                     "preset or the parameters")
+        self.with_preset(preset, params)
         if self.needs_sampling and temperature == 0:
             raise SpecsweepError(f"--sampler {self.name} needs --temperature > 0: at T = 0 use --sampler greedy")
         if self.batch_one and engine == "specsweep" and batch_size != 1:

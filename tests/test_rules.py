@@ -81,8 +81,8 @@ def test_rule_parameters_are_flat_outside_the_config_and_round_trip():
 
 @pytest.mark.parametrize("settings,message", [
     ({"sampler": "exact", "alpha": 1.0}, "--alpha do(es) not apply to --sampler exact (it takes no parameters)"),
-    ({"sampler": "greedy", "preset": "paper"}, "--preset 'paper' does not exist for --sampler greedy"),
-    ({"sampler": "sigmoid", "preset": "paper", "beta": 1.0}, "--preset paper fixes alpha, beta"),
+    ({"sampler": "greedy", "preset": "paper"}, "preset 'paper' does not exist for rule greedy (it has none)"),
+    ({"sampler": "sigmoid", "preset": "paper", "beta": 1.0}, "preset 'paper' fixes alpha, beta"),
     ({"sampler": "sigmoid", "alpha": float("inf")}, "--alpha must be a finite number"),
     ({"sampler": "hf", "temperature": 0.0}, "--sampler hf needs --temperature > 0"),
     ({"sampler": "hf", "batch_size": 2}, "--sampler hf runs batch 1"),

@@ -44,8 +44,8 @@ def test_registry_lists_torch_samplers_and_builds_them():
     ({"name": "exact", "temperature": -0.1}, "temperature must be >= 0"),
     ({"name": "sigmoid", "alpha": 0.0}, "alpha must be a finite number > 0"),
     ({"name": "sigmoid", "beta": float("nan")}, "beta must be finite"),
-    ({"name": "exact", "preset": "paper"}, "preset 'paper' does not exist for 'exact'"),
-    ({"name": "sigmoid", "preset": "paper", "alpha": 2.0}, "preset 'paper' fixes ['alpha', 'beta']"),
+    ({"name": "exact", "preset": "paper"}, "preset 'paper' does not exist for rule exact"),
+    ({"name": "sigmoid", "preset": "paper", "alpha": 2.0}, "preset 'paper' fixes alpha, beta"),
     ({"name": "hf", "temperature": 0.0}, "use sampler greedy"),
 ])
 def test_registry_rejects_bad_requests_with_one_line(kwargs, message):

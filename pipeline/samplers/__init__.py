@@ -57,14 +57,7 @@ def get_sampler(name: str, backend: str = "torch", preset: str | None = None, **
     _check_backend(backend)
     if backend not in rule.backends:
         raise SamplerInputError(f"sampler {name!r} has no {backend!r} backend: choose one of {list(rule.backends)}")
-    if preset is not None:
-        if preset not in rule.presets:
-            raise SamplerInputError(f"preset {preset!r} does not exist for {name!r}: "
-                                    f"{list(rule.presets) or 'it has none'}")
-        if set(rule.presets[preset]) & params.keys():
-            raise SamplerInputError(f"preset {preset!r} fixes {sorted(rule.presets[preset])}: pass either the "
-                                    "preset or the parameters")
-        params = {**params, **rule.presets[preset]}
+    params = rule.with_preset(preset, params)
     cls = rule.implementation(backend)
     accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(params) - set(accepted))
