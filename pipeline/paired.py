@@ -78,8 +78,8 @@ def forward_costs(timings: dict[str, dict]) -> dict[str, float | None]:
                           one draft run over the time of one target run, both decoding one token
       verify_cost_ratio   r = verify_forward_s / target_forward_s: what scoring γ + 1 tokens in one forward costs
                           in target steps. Leviathan et al.'s speedup assumes r = 1 (the forward is bound by reading
-                          weights, so extra tokens are free); where a forward is bound by arithmetic (small models on
-                          a CPU) r > 1, and the speedup falls short of that theory by (γc + 1) / (γc + r)
+                          weights, so extra tokens are free); where a forward's time grows with its tokens (small
+                          models on a CPU) r > 1, and the speedup falls short of that theory by (γc + 1) / (γc + r)
 
     Values are None where a loop or phase is missing (a γ = 0 run; a phase with no calls).
     """
