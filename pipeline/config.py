@@ -77,6 +77,13 @@ class RunConfig:
     chat_template: bool = setting(False, "wrap prompts in the tokenizer's chat template")
     limit: int | None = setting(None, "use N samples (a seeded subset when the data has more)")
     seed: int = setting(0, "seed for sampling and subset selection")
+    seed_per_example: bool = setting(False, "draw each example's randomness from its own generator, seeded from "
+                                            "--seed and the example's id (pipeline/rng.py): its tokens then do not "
+                                            "depend on its batch, its position in it or the number of processes "
+                                            "(default: one generator for the run)")
+    processes: int = setting(1, "data-parallel processes: `specsweep run` starts `accelerate launch --num_processes "
+                                "N` (one GPU per process, or CPU processes), splits the examples between them and "
+                                "writes one results file; N > 1 implies --seed-per-example")
     engine: str = setting("specsweep", "specsweep: our loop; hf: transformers' generate(assistant_model=...) with "
                                        "our sampler", choices=ENGINES)
     draft_decoder_only: bool = setting(False, "librispeech: the draft is a decoder-only assistant "
@@ -144,6 +151,8 @@ class RunConfig:
             raise bad(f"--max-cpu-wait must be in (0, 1] (the part of its threads' ready time a measurement may spend "
                       f"waiting for a CPU before it is flagged; default 0.1, 1 turns the check off); got "
                       f"{self.max_cpu_wait}")
+        if self.processes < 1:
+            raise bad(f"--processes must be >= 1 (1: this process only); got {self.processes}")
         if self.threads is not None and self.threads < 1:
             raise bad(f"--threads must be >= 1 (or leave it out: half the usable cores, at most 8); got {self.threads}")
         if self.limit is not None and self.limit < 1:

@@ -41,6 +41,7 @@ import torch
 from pipeline.draft_policy import DraftLengths, DraftPolicy
 from pipeline.errors import SpecsweepError
 from pipeline.provenance import N_ORIGINS, origin_table
+from pipeline.rng import RowGenerators
 from pipeline.samplers import FiniteCheck, Sampler
 from pipeline.samplers.contract import sample_from_weights
 
@@ -438,6 +439,9 @@ class SpeculativeEngine:
                  on_step=None) -> GenerationResult:
         """input_ids, attention_mask: int64 [B, L], left-padded (the last column is a real token).
         encoder_inputs: for an encoder-decoder target, e.g. {"input_features": float [B, n_mels, frames]}.
+        generator: a ``torch.Generator`` (None: torch's global one) for every draw of the batch, or a
+        :class:`pipeline.rng.RowGenerators` with one generator per row (per example: a row's tokens then do not
+        depend on the other rows of its batch); the draft and the verify step draw from it.
 
         on_step: None, or called after every verify step (for streaming) as
         ``on_step(rows, tokens, accepted, finished, gamma)``: the original row indices active in the step, the
@@ -478,7 +482,7 @@ class SpeculativeEngine:
 
         while state.rows_host and max_new_tokens > 0:                   # one verify step per trip
             state.steps += 1
-            gamma = self._step_gamma(state, max_new_tokens)
+            gamma = self._step_gamma(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
             drafted, draft_logits = self._draft(drafter, state, gamma, generator, timer)
             target_logits, scored = self._score(state, drafted, gamma, timer)
             if draft_logits is None:
@@ -496,24 +500,35 @@ class SpeculativeEngine:
 
     # ---- the steps of generate ---------------------------------------------------------------------------------
 
-    def _step_gamma(self, state: _Decoding, max_new_tokens: int) -> int:
+    def _step_gamma(self, state: _Decoding, max_new_tokens: int, per_row: bool = False) -> int:
         """γ for this step: never more than the roomiest row can still emit (one slot is the corrected token). With
         an adaptive draft length (self.policy), the longest any active row wants (pipeline/draft_policy.py), decided
-        on the host from what the last step's sync brought."""
+        on the host from what the last step's sync brought. With per-row generators (``per_row``) a constant γ is
+        never cut near the end: how much room the other rows have would change a row's last step, and so its
+        tokens (the tokens past max_new_tokens are not emitted either way)."""
         room = max_new_tokens - min(state.len_host[r] for r in state.rows_host)
         if self.policy is None:
-            return min(self.gamma, room - 1)
+            return self.gamma if per_row else min(self.gamma, room - 1)
         if state.steps == 1:
             self._lengths = DraftLengths(self.policy, self.gamma_start, self.gamma)
         return self._lengths.step_gamma(state.rows_host, state.accepted, room)
 
     def _draft(self, drafter: Drafter | None, state: _Decoding, gamma: int, generator, timer: PhaseTimer):
         """The draft's γ proposals: (int64 [b, γ], logits [b, γ, V_d]); (empty [b, 0], None) when γ = 0. With an
-        adaptive draft length, a row past its own length proposes the draft's argmax with one-hot logits."""
+        adaptive draft length, a row past its own length proposes the draft's argmax with one-hot logits.
+
+        A :class:`~pipeline.rng.RowGenerators` first follows the active rows (finished rows were dropped after the
+        last step), so this step's draws, the draft's and the verify step's, come from each active row's own
+        generator."""
+        if isinstance(generator, RowGenerators):
+            generator.follow(state.rows_host)
         if gamma <= 0:
             return torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None
         with timer.phase("draft"):
-            u = torch.rand((state.batch, gamma), generator=generator, device=self.device)
+            if isinstance(generator, RowGenerators):
+                u = generator.rand((state.batch, gamma))
+            else:
+                u = torch.rand((state.batch, gamma), generator=generator, device=self.device)
             if self.policy is None:
                 return drafter.propose(gamma, u, first_step=state.steps == 1)
             out = drafter.propose(gamma, u, first_step=state.steps == 1, limits=self._lengths.row_limits(self.device),

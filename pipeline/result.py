@@ -12,7 +12,9 @@ Version history (``specsweep_results``):
      then fall back to the baseline file) and rule parameters flat in ``config`` (``alpha``, ``beta``, ...).
      Later files of this version add optional keys that older readers ignore and newer ones do without:
      token provenance per sample (``samples[].origins``, ``samples[].origin_steps``; absent for --engine hf),
-     ``metrics.token_class_acceptance`` and ``metrics.roofline`` (pipeline/provenance.py, pipeline/roofline.py).
+     ``metrics.token_class_acceptance`` and ``metrics.roofline`` (pipeline/provenance.py, pipeline/roofline.py);
+     ``resolved.processes`` and ``resolved.seed_per_example`` (absent: 1 process, one generator), and for a
+     data-parallel run ``resolved.rank_wall_time_s`` and ``resolved.speed_measured_on`` (pipeline/distributed.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class Resolved(TypedDict, total=False):
     baseline: str | None             # --baseline path
     baseline_quality: dict | None    # that baseline's quality scores (so later steps need not read it again)
     forward: dict                    # model -> "static" | "transformers": which forward each model ran
+    processes: int                   # data-parallel processes that decoded the samples (1: this process alone)
+    seed_per_example: bool           # each example drew from its own generator (pipeline/rng.py)
+    rank_wall_time_s: list[float]    # with processes > 1: each rank's seconds inside generate (wall_time_s: the most)
+    speed_measured_on: str           # with processes > 1: where the paired speed measurement ran, "rank 0 (cpu)"
     # and the task's record of inputs it cut to fit (pipeline/tasks: e.g. truncated, long_inputs)
 
 

@@ -180,14 +180,29 @@ def _ar_engine(config: RunConfig, target, tokenizer, device: str):
     return _build_engine(ar, _build_sampler(ar), target, None, tokenizer, device)
 
 
-def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) -> dict:
+def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) -> dict | None:
+    """One run in this process, or this rank's part of a data-parallel run (pipeline/distributed.py: the ranks
+    decode their shares of the examples, rank 0 gathers them, measures speed, scores and writes; the other ranks
+    return None)."""
+    from pipeline import distributed
     from pipeline.data import load_task_data
     from pipeline.models import parse_dtype, resolve_device
     from pipeline.tasks import get_task
 
+    world = distributed.current_world()
+    if config.processes > 1 and world is None:
+        raise SpecsweepError(f"--processes {config.processes} needs its processes started: run it through "
+                             "`specsweep run` (which starts accelerate launch) or `accelerate launch -m pipeline "
+                             "run ...`")
+    if world is not None and config.processes not in (1, world.size):
+        raise SpecsweepError(f"--processes {config.processes} but accelerate started {world.size} processes: make "
+                             "them agree (or leave --processes out under accelerate launch)")
     dtype = parse_dtype(config.dtype)
-    device = resolve_device(config.device, dtype)
-    baseline = _load_baseline(config.baseline, config, device) if config.baseline else None
+    device = resolve_device(config.device if world is None else distributed.rank_device(world, config.device), dtype)
+    # a data-parallel run is compared with its baseline on rank 0's device, the same on every rank
+    main_device = device if world is None else resolve_device(
+        distributed.rank_device(distributed.World(0, world.size, 0), config.device), dtype)
+    baseline = _load_baseline(config.baseline, config, main_device) if config.baseline else None
     sampler = _build_sampler(config)  # before loading models: a bad sampler request fails fast
     task = get_task(config.task)
     if not progress:
@@ -195,28 +210,54 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
 
         hf_logging.disable_progress_bar()
     records = load_task_data(config.task, config.data, config.limit, config.seed if config.limit else None)
-    key = (config.target, config.draft if config.gamma > 0 else None, config.dtype, device, config.task,
-           config.draft_decoder_only)
-    loaded = (models or {}).get(key) or _load_models(config, task, dtype, device)
-    if models is not None:
-        models[key] = loaded
-    target, draft, tokenizer, processor = loaded
-    engine = _build_engine(config, sampler, target, draft, tokenizer, device)
-    loops = {paired.SPECULATIVE: engine, paired.AUTOREGRESSIVE: _ar_engine(config, target, tokenizer, device)} \
-        if config.gamma > 0 else {paired.AUTOREGRESSIVE: engine}
-    encode = task.encoder(target, tokenizer, processor, config)  # cuts long inputs by the run's long-inputs rule
+    if world is not None and len(records) < world.size:
+        raise SpecsweepError(f"{len(records)} examples for {world.size} processes: use at most {len(records)} "
+                             "processes (or more data, --limit)")
+    per_example = config.seed_per_example or world is not None
 
-    # Warm-up: one short, untimed generation of the first batch by each loop, so one-time costs (allocations, lazy
-    # initialisation, kernel loading on a GPU) stay out of the measured tokens/s. Its own generator leaves the
-    # run's random stream, and so its tokens, unchanged.
-    first, _ = encode(records[: config.batch_size])
-    for loop in loops.values():
-        loop.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
-                      torch.Generator(device=device).manual_seed(config.seed + 1),
-                      encoder_inputs=first.get("encoder_inputs"))
-    torch.manual_seed(config.seed)
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    samples, totals = _quality_pass(config, engine, encode, records, tokenizer, task, generator, progress)
+    def decode(where) -> tuple[tuple, tuple[list[dict], dict]]:
+        """Load, warm up and decode this process's examples -> ((loaded models, engine, loops, encode), (samples,
+        totals))."""
+        key = (config.target, config.draft if config.gamma > 0 else None, config.dtype, device, config.task,
+               config.draft_decoder_only)
+        # a rank's models stay on its own device (never spread over the GPUs of the other ranks)
+        loading = config if world is None else dataclasses.replace(config, device=device)
+        loaded = (models or {}).get(key) or _load_models(loading, task, dtype, device)
+        if models is not None:
+            models[key] = loaded
+        target, _, tokenizer, processor = loaded
+        engine = _build_engine(config, sampler, target, loaded[1], tokenizer, device)
+        loops = {paired.SPECULATIVE: engine, paired.AUTOREGRESSIVE: _ar_engine(config, target, tokenizer, device)} \
+            if config.gamma > 0 else {paired.AUTOREGRESSIVE: engine}
+        encode = task.encoder(target, tokenizer, processor, config)  # cuts long inputs by the run's long-inputs rule
+        share = records if world is None else world.shard(records)
+
+        # Warm-up: one short, untimed generation of the first batch by each loop, so one-time costs (allocations,
+        # lazy initialisation, kernel loading on a GPU) stay out of the measured tokens/s. Its own generator leaves
+        # the run's random stream, and so its tokens, unchanged.
+        where.on(share[: config.batch_size])
+        first, _ = encode(share[: config.batch_size])
+        for loop in loops.values():
+            loop.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
+                          torch.Generator(device=device).manual_seed(config.seed + 1),
+                          encoder_inputs=first.get("encoder_inputs"))
+        torch.manual_seed(config.seed)
+        generators = _generators(config, device, per_example)
+        shared = _quality_pass(config, engine, encode, share, tokenizer, task, generators, progress and
+                               (world is None or world.main), where)
+        return (loaded, engine, loops, encode), shared
+
+    if world is None:
+        (loaded, engine, loops, encode), (samples, totals) = decode(distributed.Where())
+    else:
+        distributed.start(device)
+        local, shares = distributed.gather_shares(world, decode)
+        if not world.main:
+            return None
+        loaded, engine, loops, encode = local
+        samples = distributed.unshard([s for s, _ in shares])
+        totals = distributed.merge_totals([t for _, t in shares])
+    target, draft, tokenizer, _ = loaded
     metrics = _summarize(samples, totals)
     metrics["roofline"] = _roofline(config, target, draft, samples, totals, device)
     measurement = _measure(config, loops, records, encode, device, metrics, threads, progress)
@@ -231,17 +272,39 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
         s["quality"] = q
     resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
                 "baseline_quality": baseline["quality"] if baseline else None,
-                "forward": _forwards(engine), **encode.record(totals["cuts"])}
+                "forward": _forwards(engine), **encode.record(totals["cuts"]),
+                "processes": 1 if world is None else world.size, "seed_per_example": per_example}
+    if world is not None:
+        # the quality pass ran on every rank; the paired speed measurement (a per-device property) on rank 0 alone
+        resolved["rank_wall_time_s"] = totals["rank_wall"]
+        resolved["speed_measured_on"] = f"rank 0 ({device})"
     results = make_result(config.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
     write_result(config.out, results)
     return results
 
 
-def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokenizer, task, generator,
-                  progress: bool) -> tuple[list[dict], dict]:
-    """Decode every record once, in batches, with the run's generator -> (per-sample results, totals: engine
-    seconds, phase times and calls, draft forwards, accepted-count histogram, peak memory, and the task's Cuts of
-    inputs too long for the model, about which it warns once)."""
+def _generators(config: RunConfig, device: str, per_example: bool):
+    """The quality pass's randomness, as batch (records) -> what ``generate`` takes: one generator seeded with --seed
+    for the whole run, or with per-example randomness a :class:`pipeline.rng.RowGenerators` per batch (seeded from
+    --seed and each example's id; ``--engine hf`` runs batch 1 and takes its one row's plain generator)."""
+    from pipeline.rng import RowGenerators
+
+    if not per_example:
+        generator = torch.Generator(device=device).manual_seed(config.seed)
+        return lambda batch: generator
+
+    def per_batch(batch: list[dict]):
+        rows = RowGenerators(config.seed, [r["id"] for r in batch], device)
+        return rows if config.engine == "specsweep" else rows.row_generator(0)
+    return per_batch
+
+
+def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokenizer, task, generators,
+                  progress: bool, where=None) -> tuple[list[dict], dict]:
+    """Decode every record once, in batches, with the run's randomness (``generators``: batch -> generator, see
+    :func:`_generators`) -> (per-sample results, totals: engine seconds, phase times and calls, draft forwards,
+    accepted-count histogram, peak memory, and the task's Cuts of inputs too long for the model, about which it
+    warns once). ``where`` (pipeline/distributed.py Where) is told which examples each batch holds."""
     from pipeline.tasks.base import Cuts
 
     samples, cuts = [], Cuts()
@@ -249,10 +312,12 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
     bar = tqdm(total=len(records), desc=f"{config.sampler} γ={config.gamma}", unit="sample", disable=not progress)
     for start in range(0, len(records), config.batch_size):
         batch = records[start: start + config.batch_size]
+        if where is not None:
+            where.on(batch)
         inputs, cut = encode(batch)
         cuts += cut
-        result = engine.generate(inputs["input_ids"], inputs["attention_mask"], config.max_new_tokens, generator,
-                                 encoder_inputs=inputs.get("encoder_inputs"))
+        result = engine.generate(inputs["input_ids"], inputs["attention_mask"], config.max_new_tokens,
+                                 generators(batch), encoder_inputs=inputs.get("encoder_inputs"))
         totals["wall"] += result.wall_time_s
         totals["draft_forwards"] += result.extra.get("draft_forwards", 0)
         hist = result.extra.get("accepted_histogram")

@@ -98,18 +98,65 @@ def _grid_value(name: str, item: str):
 
 
 def main(args: argparse.Namespace) -> int:
+    from pipeline import distributed
     from pipeline.runner import run_grid
 
     values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", *DISPLAY_FLAGS)}
     configs = [RunConfig.from_dict(point) for point in expand_grid(values)]
     verbose = getattr(args, "verbose", False)
-    run_grid(configs, progress=not args.no_progress, on_result=lambda c, r: _report(c, r, verbose))
+    processes = max(c.processes for c in configs)
+    if processes > 1 and distributed.current_world() is None:
+        # not started by accelerate yet: check every run here (one line, before any process starts), then run the
+        # same command in N processes; rank 0 prints and writes each run's results
+        for config in configs:
+            config.validate()
+        cpu = all(c.device == "cpu" for c in configs) or not _has_cuda()
+        distributed.launch(processes, cpu, ["run", *argv_of(values, args.no_progress, verbose)])
+        return 0
+    try:
+        run_grid(configs, progress=not args.no_progress, on_result=lambda c, r: _report(c, r, verbose))
+    except SpecsweepError as e:
+        if distributed.report_failure(e):  # a rank of `--processes N`: the launching process prints the line
+            return 0
+        raise
+    finally:
+        distributed.finish()
     return 0
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def argv_of(values: dict, no_progress: bool = False, verbose: bool = False) -> list[str]:
+    """The `specsweep run` arguments that give these parsed settings (as :func:`add_arguments` reads them): what
+    `specsweep run --processes N` hands each process it starts."""
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    out = []
+    for name, value in values.items():
+        f = fields.get(name)
+        if f is None:  # a rule parameter
+            if value is not None:
+                out.append(f"--{name}={value}")
+            continue
+        if not f.metadata.get("help") or value is None:
+            continue
+        flag = f.metadata["flag"] or "--" + name.replace("_", "-")
+        if f.type == "bool":
+            if bool(value) != bool(f.default):
+                out.append(flag)
+            continue
+        out.append(f"{flag}={value}")
+    return out + (["--no-progress"] if no_progress else []) + (["--verbose"] if verbose else [])
 
 
 def _report(config: RunConfig, result: dict, verbose: bool = False) -> None:
     """One line of what the run measured (with ``verbose``, each sample coloured by token origin first), then its
     W&B log (which never fails the run: a problem is a warning)."""
+    if result is None:  # a rank other than 0 of a data-parallel run: rank 0 reports
+        return
     if verbose:
         from pipeline.provenance import pieces_for, print_samples
 

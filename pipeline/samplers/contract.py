@@ -24,7 +24,8 @@ chooses to sync (:meth:`SamplerResult.check`, or :class:`FiniteCheck` across a w
 
 Randomness: one ``torch.rand((B, γ+1))`` call per step. Column i < γ is the acceptance uniform of draft
 token i; column γ picks the emitted token by inverse CDF (:func:`sample_from_weights`). Backends that are
-held to the reference take these same uniforms.
+held to the reference take these same uniforms. With per-example randomness (a :class:`pipeline.rng.RowGenerators`
+in place of the generator) row b's uniforms come from its own example's generator instead.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from pipeline.dtypes import DTYPES, torch_dtype
 from pipeline.errors import NonFiniteLogitsError, SamplerInputError
+from pipeline.rng import RowGenerators
 
 FLOAT_DTYPES = tuple(torch_dtype(name) for name in DTYPES)
 
@@ -144,8 +146,15 @@ def validate_inputs(draft_tokens: torch.Tensor, draft_logits: torch.Tensor, targ
             "the target has no logits for some draft tokens; use a draft with the target's tokenizer")
 
 
-def uniforms(batch: int, gamma: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-    """float32 [B, γ+1] uniforms in [0, 1): acceptance tests in columns 0..γ-1, the emitted-token draw in γ."""
+def uniforms(batch: int, gamma: int, device: torch.device, generator: torch.Generator | RowGenerators | None
+             ) -> torch.Tensor:
+    """float32 [B, γ+1] uniforms in [0, 1): acceptance tests in columns 0..γ-1, the emitted-token draw in γ.
+
+    generator: one ``torch.Generator`` for the batch (None: torch's global one), or a
+    :class:`pipeline.rng.RowGenerators` (per-example randomness): row b then comes from active row b's own generator.
+    """
+    if isinstance(generator, RowGenerators):
+        return generator.rand((batch, gamma + 1), torch.float32)
     return torch.rand((batch, gamma + 1), generator=generator, device=device, dtype=torch.float32)
 
 

@@ -6,6 +6,7 @@
 Same contract, samplers and tokens as the wrapped sampler: the uniforms are drawn eagerly from the caller's
 generator, by the same one ``torch.rand((B, γ+1))`` an eager step makes, and copied into the graph, so a replayed
 step emits exactly what an eager step with the same generator state would (greedy steps draw none, as eager).
+With per-example randomness (a pipeline.rng.RowGenerators) the same helper draws each row from its own generator.
 
 One graph per input signature (B, γ, V_t, V_d, dtypes, device), captured at its first call: the kernels are
 loaded first (``prepare``), the step runs twice on a private stream to size that stream's workspace, then it is

@@ -2,7 +2,8 @@
 
 This calls transformers' ``_speculative_sampling`` itself (it is not copied), so it measures what HF users
 run: two full-vocabulary softmaxes, host syncs, batch 1. HF's function draws from torch's global RNG; when a
-``generator`` is passed, a seed is drawn from it and HF runs under a forked, re-seeded global RNG.
+``generator`` is passed, a seed is drawn from it (from the one row's own generator of a RowGenerators) and HF runs
+under a forked, re-seeded global RNG.
 HF has no NaN check of its own: NaN logits reach ``torch.multinomial``, which raises.
 """
 
@@ -13,6 +14,7 @@ import inspect
 import torch
 
 from pipeline.errors import SamplerInputError, SpecsweepError
+from pipeline.rng import RowGenerators
 from pipeline.samplers.contract import SamplerResult
 from pipeline.samplers.torch_ref import ExactSampler, Sampler
 
@@ -74,6 +76,8 @@ class HFSampler(Sampler):
         if generator is None:
             valid, n_matches = self._fn(draft_tokens, candidate_logits, gamma, new_logits)
         else:
+            if isinstance(generator, RowGenerators):  # batch 1: the one row's own generator
+                generator = generator.row_generator(0)
             seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device).item())
             devices = [draft_tokens.device] if draft_tokens.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
