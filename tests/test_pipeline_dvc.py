@@ -125,3 +125,39 @@ def test_second_repro_does_nothing_and_a_new_gamma_reruns_only_its_stages(repo):
     would_run = {line.split("'")[1] for line in dry.splitlines() if line.startswith("Running stage")}
     # the report follows once results/runs changes; nothing else (data, models, baseline, tune) re-runs
     assert would_run - {"report"} == {"run@task0-grid0-float32"}
+
+
+@pytest.mark.slow
+def test_queued_profile_variants_run_side_by_side_in_dvc_queue_workers(repo):
+    """`dvc exp run --queue` + `dvc queue start -j 2`: two variants of the profile (two γ of the run grid) run by a
+    queue of two CPU workers, each to a successful experiment with its own settings (docs/pipeline.md: GPUs are
+    divided among workers with CUDA_VISIBLE_DEVICES)."""
+    import time
+
+    repo, env = repo
+    (repo / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))   # the earlier test edited it
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "the pipeline's state"]):
+        subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
+    for gamma in (3, 4):
+        _dvc(repo, "exp", "run", "--queue", "-S", f"grids.0.config.gamma={gamma}", "--name", f"gamma{gamma}", env=env)
+    _dvc(repo, "queue", "start", "-j", "2", env=env)
+    deadline, status = time.monotonic() + 400, ""
+    try:
+        while time.monotonic() < deadline:
+            status = _dvc(repo, "queue", "status", env=env)
+            if "Queued" not in status and "Running" not in status:
+                break
+            time.sleep(2)
+    finally:
+        subprocess.run([sys.executable, "-m", "dvc", "queue", "stop"], cwd=repo, env=env, capture_output=True)
+    done = {line.split()[1]: line.split()[-1] for line in status.splitlines() if line.split()[1:2] in
+            (["gamma3"], ["gamma4"])}
+    assert done == {"gamma3": "Success", "gamma4": "Success"}, status
+    shown = json.loads(_dvc(repo, "exp", "show", "--json", env=env))
+    runs = {}
+    for commit in shown:
+        for exp in commit.get("experiments") or []:
+            for rev in exp.get("revs", []):
+                params = rev.get("data", {}).get("params", {}).get("params.yaml", {}).get("data", {})
+                runs[exp.get("name")] = params["grids"][0]["config"]["gamma"]
+    assert runs == {"gamma3": 3, "gamma4": 4}, runs     # each experiment ran the profile with its own γ
