@@ -326,26 +326,34 @@ def _point(config: dict, rng: random.Random) -> dict:
     return point
 
 
-@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
-def test_an_agent_style_invocation_runs_to_a_result_offline(path, tiny, tmp_path, monkeypatch):
-    """Build the command as `wandb agent` does (wandb's own create_sweep_command_args and macro expansion) from
-    a proposed point, with the tiny pair and offline W&B, and run it in a fresh process."""
+def _agent_command(config: dict, point: dict, tiny, out_dir: Path) -> tuple[list[str], dict]:
+    """The command `wandb agent` would run for ``point`` of sweep ``config`` (wandb's own create_sweep_command_args
+    and macro expansion), pointed at the tiny pair, offline W&B and ``out_dir``; and the completed point."""
     from wandb.sdk.launch.sweeps import utils as sweep_utils
 
     root, tp, dp, data = tiny
-    config = yaml.safe_load(path.read_text())
-    point = _point(config, random.Random(path.name))
+    point = dict(point)
     if point.get("sampler") == "greedy":
         point["sampler"] = "sigmoid"
     point.update(target=str(tp), draft=str(dp), data=str(data), wandb_mode="offline", limit=3, max_new_tokens=8,
                  max_prompt_tokens=256, seed=0, device="cpu",
                  baseline=str(root / "runs" / "text-ar-{dtype}.json"), dtype="float32",
-                 out=str(tmp_path / Path(point["out"]).name))
+                 out=str(out_dir / Path(point["out"]).name))
     args = sweep_utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in point.items()}})
     macros = {**args, "env": ["/usr/bin/env"], "interpreter": ["python"], "program": [config["program"]]}
     command = []
     for chunk in sweep_utils.create_sweep_command(config["command"]):
         command += macros.get(chunk[2:-1], []) if chunk.startswith("${") else [chunk]
+    return command, point
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_an_agent_style_invocation_runs_to_a_result_offline(path, tiny, tmp_path, monkeypatch):
+    """Build the command as `wandb agent` does from a proposed point, with the tiny pair and offline W&B, and run
+    it in a fresh process."""
+    root = tiny[0]
+    config = yaml.safe_load(path.read_text())
+    command, point = _agent_command(config, _point(config, random.Random(path.name)), tiny, tmp_path)
     assert command[:3] == ["/usr/bin/env", "specsweep", "run"] and "--no_progress" in command
     assert any(c.startswith("--gamma=") for c in command) and any(c.startswith("--max_new_tokens=") for c in command)
     env = {**os.environ, "WANDB_DIR": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -359,6 +367,31 @@ def test_an_agent_style_invocation_runs_to_a_result_offline(path, tiny, tmp_path
     assert "warning" not in proc.stderr  # W&B started and logged; the flags agreed with wandb.config
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+@pytest.mark.slow
+def test_two_agents_side_by_side_each_on_its_own_devices(tiny, tmp_path):
+    """Two agent-style invocations at once, as two `wandb agent` processes would run them on one machine, each
+    given its own devices through CUDA_VISIBLE_DEVICES (docs/pipeline.md; here both are CPU runs, so each sees no
+    GPU): both finish, each with its own results file and its own offline W&B run. Their speed measurements may be
+    flagged as contended (two runs share two cores): that is the point of the flags, not a failure."""
+    config = yaml.safe_load((REPO / "sweeps" / "grid.yaml").read_text())
+    procs = []
+    for k, gamma in enumerate((2, 3)):
+        out = tmp_path / f"agent{k}"
+        out.mkdir()
+        point = {**_point(config, random.Random(k)), "gamma": gamma, "sampler": "exact", "backend": "torch"}
+        command, point = _agent_command(config, point, tiny, out)
+        env = {**os.environ, "WANDB_DIR": str(out), "CUDA_VISIBLE_DEVICES": "",
+               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        procs.append((subprocess.Popen(command, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True), out, point))
+    for proc, out, point in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-2000:]
+        result = json.loads((out / Path(point["out"]).name.format(**point)).read_text())
+        assert result["config"]["gamma"] == point["gamma"] and result["resolved"]["device"] == "cpu"
+        assert len(list((out / "wandb").glob("offline-run-*"))) == 1
 
 
 def test_config_names_work_with_underscores_and_from_wandb_config(tiny, tmp_path):
