@@ -7,6 +7,7 @@ Filled from CLI flags (``specsweep run``), and by the same ``from_dict`` from pa
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,25 +120,12 @@ class RunConfig:
     wandb_group: str | None = setting(None, "W&B group, e.g. the DVC profile or sweep name")
 
     def validate(self) -> RunConfig:
-        """Raise SpecsweepError (one line: what is wrong, what to do) for the first problem found."""
+        """Raise SpecsweepError (one line: what is wrong, what to do) for the first problem found: the decoding
+        settings (:meth:`validate_decoding`), then what only a measured run has (repeats, flags, data, baseline)."""
         def bad(msg: str) -> SpecsweepError:
             return SpecsweepError(msg)
 
-        for f in dataclasses.fields(self):
-            allowed = f.metadata.get("choices")
-            value = getattr(self, f.name)
-            if allowed and value is not None and value not in allowed:
-                raise bad(f"--{f.name.replace('_', '-')} {value!r} is not one of {list(allowed)}")
-        if self.gamma < 0:
-            raise bad(f"--gamma must be >= 0 (0 = autoregressive decoding); got {self.gamma}")
-        if not self.temperature >= 0:
-            raise bad(f"--temperature must be >= 0 (0 = greedy); got {self.temperature}")
-        self._validate_draft_length()
-        if self.gamma > 0 and not self.draft:
-            raise bad("--gamma > 0 needs --draft MODEL (or use --gamma 0 for autoregressive decoding)")
-        for name in ("batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise bad(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+        self.validate_decoding()
         if self.repeats < 3:
             raise bad(f"--repeats must be >= 3 (the speedup's interval needs several repeats; 6 gives a 97 % "
                       f"interval); got {self.repeats}")
@@ -153,15 +141,8 @@ class RunConfig:
                       f"{self.max_cpu_wait}")
         if self.processes < 1:
             raise bad(f"--processes must be >= 1 (1: this process only); got {self.processes}")
-        if self.threads is not None and self.threads < 1:
-            raise bad(f"--threads must be >= 1 (or leave it out: half the usable cores, at most 8); got {self.threads}")
         if self.limit is not None and self.limit < 1:
             raise bad(f"--limit must be >= 1; got {self.limit}")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise bad(f"--max-prompt-tokens must be >= 1; got {self.max_prompt_tokens}")
-        get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
-                                         batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
-                                         preset=self.preset)
         if self.verify_graphs and (self.backend != "cupy" or self.engine != "specsweep" or self.device == "cpu"):
             raise bad("--verify-graphs replays the CUDA kernels' verify step from CUDA graphs: use it with "
                       "--backend cupy, --engine specsweep and a CUDA device")
@@ -171,6 +152,37 @@ class RunConfig:
             raise bad(f"--data {self.data} does not exist: give a JSONL file or a folder written by specsweep fetch")
         if self.baseline is not None and not Path(self.baseline).is_file():
             raise bad(f"--baseline {self.baseline} does not exist: run the γ = 0 baseline first with --out")
+        return self
+
+    def validate_decoding(self) -> RunConfig:
+        """The checks of the settings any decoding needs, a run's or a server's (`specsweep serve` has no data,
+        repeats or results file): choices, γ and its draft, temperature, the draft length, lengths, threads, and the
+        acceptance rule's own checks (pipeline/rules.py). One-line SpecsweepError for the first problem."""
+        def bad(msg: str) -> SpecsweepError:
+            return SpecsweepError(msg)
+
+        for f in dataclasses.fields(self):
+            allowed = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if allowed and value is not None and value not in allowed:
+                raise bad(f"--{f.name.replace('_', '-')} {value!r} is not one of {list(allowed)}")
+        if self.gamma < 0:
+            raise bad(f"--gamma must be >= 0 (0 = autoregressive decoding); got {self.gamma}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise bad(f"--temperature must be >= 0 (0 = greedy); got {self.temperature}")
+        self._validate_draft_length()
+        if self.gamma > 0 and not self.draft:
+            raise bad("--gamma > 0 needs --draft MODEL (or use --gamma 0 for autoregressive decoding)")
+        for name in ("batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise bad(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise bad(f"--threads must be >= 1 (or leave it out: half the usable cores, at most 8); got {self.threads}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise bad(f"--max-prompt-tokens must be >= 1; got {self.max_prompt_tokens}")
+        get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
+                                         batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
+                                         preset=self.preset)
         return self
 
     def _validate_draft_length(self) -> None:

@@ -454,6 +454,8 @@ def test_a_study_or_a_report_gives_its_recommended_point(tmp_path):
     (["--draft", "d"], "--target is required"),
     (["--target", "t", "--lossless"], "add --from-study DIR or --from-report DIR"),
     (["--target", "t", "--draft", "d", "--sampler", "hf", "--max-batch", "4"], "use --max-batch 1"),
+    (["--target", "t", "--draft", "d", "--draft-confidence", "1.5"], "--draft-confidence must be in [0, 1)"),
+    (["--target", "t", "--gamma", "2"], "--gamma > 0 needs --draft MODEL"),
 ])
 def test_serve_refuses_bad_settings_with_one_line(tmp_path, capsys, argv, message):
     study = _study(tmp_path / "study")

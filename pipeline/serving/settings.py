@@ -47,30 +47,12 @@ class Served:
 
 
 def check(config: RunConfig, max_batch: int) -> RunConfig:
-    """Raise SpecsweepError (one line) for served settings no engine can run; RunConfig.validate's checks that
-    apply to a server (a server has no data file, no repeats, no results file)."""
-    for name in ("sampler", "backend", "dtype", "preset"):
-        f = next(f for f in dataclasses.fields(RunConfig) if f.name == name)
-        value, allowed = getattr(config, name), f.metadata.get("choices")
-        if allowed and value is not None and value not in allowed:
-            raise SpecsweepError(f"--{name} {value!r} is not one of {list(allowed)}")
-    if config.gamma < 0:
-        raise SpecsweepError(f"--gamma must be >= 0 (0 = autoregressive decoding); got {config.gamma}")
-    if config.gamma > 0 and not config.draft:
-        raise SpecsweepError("--gamma > 0 needs --draft MODEL (or use --gamma 0 to serve the target alone)")
-    if not (config.temperature >= 0 and math.isfinite(config.temperature)):
-        raise SpecsweepError(f"--temperature must be >= 0 (0 = greedy); got {config.temperature}")
-    if config.max_new_tokens < 1:
-        raise SpecsweepError(f"--max-new-tokens must be >= 1; got {config.max_new_tokens}")
-    if config.max_prompt_tokens is not None and config.max_prompt_tokens < 1:
-        raise SpecsweepError(f"--max-prompt-tokens must be >= 1; got {config.max_prompt_tokens}")
-    if config.threads is not None and config.threads < 1:
-        raise SpecsweepError(f"--threads must be >= 1 (or leave it out: half the usable cores); got {config.threads}")
+    """Raise SpecsweepError (one line) for served settings no engine can run: the decoding checks every run makes
+    (RunConfig.validate_decoding), and a rule that decodes one request at a time with a larger --max-batch."""
+    config.validate_decoding()
     rule = get_rule(config.sampler)
     if rule.batch_one and max_batch != 1:
         raise SpecsweepError(f"--sampler {rule.name} decodes one request at a time: use --max-batch 1")
-    rule.check_run(backend=config.backend, temperature=config.temperature, batch_size=1, engine="specsweep",
-                   params=config.rule_params, preset=config.preset)
     return config
 
 
