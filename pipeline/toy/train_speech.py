@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from pipeline.toy.train_text import lr_at, optimizer_step, training_summary
+from pipeline.toy.train_text import lr_at, new_layer_states, optimizer_step, training_summary
 
 N_MELS = 80
 MAX_TARGET_POSITIONS = 48
@@ -146,12 +146,9 @@ def grow_decoder(model, decoder_layers: int):
     config = copy.deepcopy(model.config)
     config.decoder_layers = decoder_layers
     grown = WhisperForConditionalGeneration(config)
-    state = dict(model.state_dict())
-    layers = model.model.decoder.layers
-    for i in range(k, decoder_layers):
-        for name, tensor in layers[i % k].state_dict().items():
-            zero = name.startswith(("self_attn.out_proj.", "encoder_attn.out_proj.", "fc2."))
-            state[f"model.decoder.layers.{i}.{name}"] = torch.zeros_like(tensor) if zero else tensor.clone()
+    state = {**model.state_dict(),
+             **new_layer_states(model.model.decoder.layers, decoder_layers, "model.decoder.layers",
+                                zeroed=("self_attn.out_proj.", "encoder_attn.out_proj.", "fc2."))}
     missing, unexpected = grown.load_state_dict(state, strict=False)
     if unexpected or any(not k.endswith("proj_out.weight") for k in missing):   # the head is tied to the embeddings
         raise RuntimeError(f"grow_decoder: missing {missing}, unexpected {unexpected}")

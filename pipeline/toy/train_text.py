@@ -104,6 +104,17 @@ def build_model(spec: TextModelSpec, tokenizer, seed: int):
     return model
 
 
+def new_layer_states(layers, n: int, prefix: str, zeroed: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The state of layers k..n-1 of a model grown from the k ``layers`` (a ModuleList whose state keys start with
+    ``prefix``): layer i copies layer i mod k, except the parameters whose names start with one of ``zeroed`` (its
+    output projections), which are zeros, so each new layer adds nothing to the residual stream until trained."""
+    k, state = len(layers), {}
+    for i in range(k, n):
+        for name, tensor in layers[i % k].state_dict().items():
+            state[f"{prefix}.{i}.{name}"] = torch.zeros_like(tensor) if name.startswith(zeroed) else tensor.clone()
+    return state
+
+
 def grow_deeper(model, n_layer: int):
     """A ``GPT2LMHeadModel`` with ``n_layer`` blocks that computes exactly what ``model`` (k < n_layer blocks)
     computes: blocks 0..k-1 are ``model``'s; block i >= k copies block i mod k but with its attention and MLP output
@@ -117,11 +128,8 @@ def grow_deeper(model, n_layer: int):
     config = copy.deepcopy(model.config)
     config.n_layer = n_layer
     grown = GPT2LMHeadModel(config)
-    state = dict(model.state_dict())
-    for i in range(k, n_layer):
-        for name, tensor in model.transformer.h[i % k].state_dict().items():
-            zero = name.startswith(("attn.c_proj.", "mlp.c_proj."))
-            state[f"transformer.h.{i}.{name}"] = torch.zeros_like(tensor) if zero else tensor.clone()
+    state = {**model.state_dict(), **new_layer_states(model.transformer.h, n_layer, "transformer.h",
+                                                      zeroed=("attn.c_proj.", "mlp.c_proj."))}
     grown.load_state_dict(state, strict=True)
     grown.generation_config = copy.deepcopy(model.generation_config)
     return grown
