@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline import rng
 from pipeline.draft_policy import DraftLengths, DraftPolicy
 from pipeline.errors import SpecsweepError
 from pipeline.provenance import N_ORIGINS, origin_table
@@ -525,10 +526,7 @@ class SpeculativeEngine:
         if gamma <= 0:
             return torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None
         with timer.phase("draft"):
-            if isinstance(generator, RowGenerators):
-                u = generator.rand((state.batch, gamma))
-            else:
-                u = torch.rand((state.batch, gamma), generator=generator, device=self.device)
+            u = rng.rand(generator, (state.batch, gamma), self.device)
             if self.policy is None:
                 return drafter.propose(gamma, u, first_step=state.steps == 1)
             out = drafter.propose(gamma, u, first_step=state.steps == 1, limits=self._lengths.row_limits(self.device),

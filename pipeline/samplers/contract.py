@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline import rng
 from pipeline.dtypes import DTYPES, torch_dtype
 from pipeline.errors import NonFiniteLogitsError, SamplerInputError
 from pipeline.rng import RowGenerators
@@ -153,9 +154,7 @@ def uniforms(batch: int, gamma: int, device: torch.device, generator: torch.Gene
     generator: one ``torch.Generator`` for the batch (None: torch's global one), or a
     :class:`pipeline.rng.RowGenerators` (per-example randomness): row b then comes from active row b's own generator.
     """
-    if isinstance(generator, RowGenerators):
-        return generator.rand((batch, gamma + 1), torch.float32)
-    return torch.rand((batch, gamma + 1), generator=generator, device=device, dtype=torch.float32)
+    return rng.rand(generator, (batch, gamma + 1), device, torch.float32)
 
 
 def count_accepted(accept: torch.Tensor) -> torch.Tensor:
