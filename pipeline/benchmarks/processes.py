@@ -7,7 +7,10 @@ accelerate) with T torch threads each, every one with per-example randomness (so
 tokens, which is checked). The figure that counts is the quality pass's examples/s: samples / the slowest rank's
 seconds inside ``generate`` (``metrics.wall_time_s`` of a data-parallel run). The command's own wall time
 (process start, model loading, the gather, rank 0's paired speed measurement, scoring) is recorded beside it.
-Writes a table and ``results/bench/processes-<device>.json``; the scaling efficiency is rate(P) / (P x rate(1)).
+Settings are run ``--repeats`` times, interleaved (every setting once per repeat, in turn), so a load change
+affects them alike; each figure is the median over repeats with its order-statistic interval, and a setting's
+speedup over the base (the first single-process setting) is the median of the per-repeat ratios. Writes a table
+and ``results/bench/processes-<device>.json``; the scaling efficiency is speedup / P.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pipeline.benchmarks.timing import format_table
 from pipeline.env_info import provenance
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
+from pipeline.measure import median_ci
 
 
 def parse_settings(text: str) -> list[tuple[int, int]]:
@@ -88,26 +92,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--out", type=Path, default=None, help="JSON (default: results/bench/processes-<device>.json)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every setting (default: 3)")
     args = p.parse_args(argv)
     settings = parse_settings(args.settings)
-    rows = []
+    if args.repeats < 1:
+        raise SpecsweepError(f"--repeats must be >= 1; got {args.repeats}")
+    runs: dict[str, list[dict]] = {f"{pr}x{th}": [] for pr, th in settings}
     with tempfile.TemporaryDirectory(prefix="specsweep-bench-processes-") as tmp:
-        for processes, threads in settings:
-            rows.append(run_setting(args, processes, threads, Path(tmp) / f"{processes}x{threads}.json"))
-            print(f"{rows[-1]['setting']}: {rows[-1]['examples_per_s']:.2f} examples/s", file=sys.stderr)
-    same_tokens = all(r["tokens"] == rows[0]["tokens"] for r in rows)
-    base = next((r for r in rows if r["processes"] == 1), rows[0])
-    for r in rows:
-        r["speedup_vs_" + base["setting"]] = r["examples_per_s"] / base["examples_per_s"]
-        r["scaling_efficiency"] = r["examples_per_s"] / (r["processes"] * base["examples_per_s"]) \
-            if base["threads"] == r["threads"] else None
-        del r["tokens"]
-    table = format_table([{**r, **{k: f"{v:.3f}" if isinstance(v, float) else v for k, v in r.items()},
-                           "rank_wall_s": " ".join(f"{w:.2f}" for w in r["rank_wall_s"])} for r in rows],
-                         ["setting", "samples", "new_tokens", "pass_wall_s", "rank_wall_s", "examples_per_s",
-                          "tokens_per_s", f"speedup_vs_{base['setting']}", "scaling_efficiency", "command_s"])
+        for rep in range(args.repeats):
+            for processes, threads in settings:
+                run = run_setting(args, processes, threads, Path(tmp) / f"{processes}x{threads}.json")
+                runs[run["setting"]].append(run)
+                print(f"repeat {rep + 1}/{args.repeats}, {run['setting']}: {run['examples_per_s']:.2f} examples/s",
+                      file=sys.stderr)
+    first = next(iter(runs.values()))[0]["tokens"]
+    same_tokens = all(r["tokens"] == first for reps in runs.values() for r in reps)
+    base = next((k for k, (pr, _) in zip(runs, settings) if pr == 1), next(iter(runs)))
+    rows = []
+    for (name, reps), (processes, threads) in zip(runs.items(), settings):
+        ratios = [r["examples_per_s"] / b["examples_per_s"] for r, b in zip(reps, runs[base])]   # paired by repeat
+        speedup = median_ci(ratios).to_dict()
+        rows.append({"setting": name, "processes": processes, "threads": threads, "samples": reps[0]["samples"],
+                     "new_tokens": reps[0]["new_tokens"],
+                     "examples_per_s": median_ci([r["examples_per_s"] for r in reps]).to_dict(),
+                     "tokens_per_s": median_ci([r["tokens_per_s"] for r in reps]).to_dict(),
+                     f"speedup_vs_{base}": speedup,
+                     "scaling_efficiency": speedup["median"] / processes if threads == runs[base][0]["threads"]
+                     else None,
+                     "repeats": [{k: v for k, v in r.items() if k != "tokens"} for r in reps]})
+
+    def cell(d):
+        return f"{d['median']:.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}]"
+
+    table = format_table([{"setting": r["setting"], "samples": r["samples"], "new_tokens": r["new_tokens"],
+                           "examples_per_s": cell(r["examples_per_s"]), "tokens_per_s": cell(r["tokens_per_s"]),
+                           f"speedup_vs_{base}": cell(r[f"speedup_vs_{base}"]),
+                           "scaling_efficiency": "-" if r["scaling_efficiency"] is None
+                           else f"{r['scaling_efficiency']:.2f}"} for r in rows],
+                         ["setting", "samples", "new_tokens", "examples_per_s", "tokens_per_s", f"speedup_vs_{base}",
+                          "scaling_efficiency"])
     print(table)
-    print(f"same tokens in every setting: {same_tokens}")
+    print(f"median over {args.repeats} interleaved repeats [order-statistic interval, "
+          f"{rows[0]['examples_per_s']['ci_coverage']:.0%} coverage]; same tokens in every run: {same_tokens}")
     out = args.out or Path("results/bench") / f"processes-{args.device.split(':')[0]}.json"
     shown = {k: shown_path(getattr(args, k)) for k in ("target", "draft", "data")}
     write_json_atomic(out, {"benchmark": "processes", "settings": vars(args) | shown | {"out": str(out)}, "rows": rows,
