@@ -33,9 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--seed", type=int, default=0, help="initialisation and batch-order seed (default: 0)")
     t.add_argument("--threads", type=int,
                    help="torch CPU threads per pair (default: the usable cores, at most 8, split between the pairs "
-                        "trained at once). Two pairs with one thread each side by side finished in 196 s on a 2-core "
-                        "machine where one after the other with two threads took 259 s: these small models use a "
-                        "second thread poorly. The thread count changes the trained weights (summation order)")
+                        "trained at once). On a 2-core machine two pairs with one thread each side by side took 196 s, "
+                        "one after the other with two threads 259 s (single timings, not a paired measurement): these "
+                        "small models use a second thread poorly. The thread count changes the trained weights "
+                        "(summation order)")
     t.add_argument("--quick", action="store_true", help="tiny models, a few steps (for tests)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
 
