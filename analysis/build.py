@@ -5,7 +5,15 @@
   report.html        the same report as one HTML page (inline CSS; the same relative figure paths)
   figures/*.png      per task and model pair: quality vs speedup with the Pareto front, acceptance vs theory, the
                      sigmoid's alpha/beta landscape; verify-step latency from the benchmarks; the roofline of
-                     every run's phases (analysis/provenance_view.py, with the samples coloured by token origin)
+                     every run's phases (analysis/provenance_view.py, with the samples coloured by token origin);
+                     per target run with a draft of another tokenizer, speedup and character acceptance against γ
+                     per draft and mode (analysis/tokenizers_view.py, section "Drafts with another tokenizer")
+
+Sections of report.md beyond this module's own: schedules (analysis/schedule_view.py), drafts with another tokenizer
+than the target's (analysis/tokenizers_view.py: matched against mismatched drafts of one target, in tokens and in
+characters, with the vocabulary intersection; absent when every draft shares its target's tokenizer), where the draft
+fails and where the time goes (analysis/provenance_view.py), serving (analysis/serving.py). A per-pair table of a
+draft with another tokenizer has a "draft tokenizer" column (its mode); the tables of other pairs are unchanged.
 
 PNG files in figures/ that this build did not write (left by an earlier report) are removed.
 """
@@ -14,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
@@ -23,10 +30,10 @@ from pipeline.objectives import QUALITY, expected_tokens_iid, expected_tokens_po
 from pipeline.rules import RULES, param_names
 from pipeline.tasks import TASK_NAMES, quality_metric
 
-from . import figures, provenance_view, schedule_view, serving
+from . import figures, provenance_view, schedule_view, serving, tokenizers_view
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
-from .recommend import GROUP, flagged, is_lossless, recommend, to_number, with_loss
+from .recommend import GROUP, baselines, flagged, is_lossless, recommend, to_number, with_loss
 from .theory import parse_rates
 
 TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
@@ -47,6 +54,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     blocks += _recommendations(table, max_quality_loss)
     blocks += _flagged(table)
     blocks += _per_pair(table, fig_dir, max_quality_loss, written)
+    blocks += tokenizers_view.section(table, fig_dir, written)   # drafts with another tokenizer than the target's
     blocks += schedule_view.section(table)   # tuned schedules per batch size and bucket; fixed vs adaptive γ
     blocks += provenance_view.section(table, fig_dir, written)   # token origins by class; the roofline
     blocks += _latency(table, fig_dir, written)
@@ -127,7 +135,7 @@ def _recommendations(table, max_quality_loss: float) -> list:
                         + [None] * (len(cols) - 5))
             continue
         rows.append([r["task"], r["target"], r["draft"], r["choice"], r["sampler"], r["backend"], _int(r["gamma"]),
-                     _params(r), r["dtype"], _speedup(r), _raw_quality(r),
+                     _with_mode(_params(r), r), r["dtype"], _speedup(r), _raw_quality(r),
                      _pct(r["quality_loss"]),
                      _device(r), r["date"], r["source"]])
     blocks.append(Table(cols, rows))
@@ -169,21 +177,25 @@ def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> l
         slug = _slug(f"{task}-{target}-{draft}")
         metric = QUALITY.get(task, (None,))[0]
         metric = metric if metric in group.columns else None
+        other = tokenizers_view.other_tokenizer(group)   # a draft with another tokenizer: its mode in the tables
+        base = baselines(cand, task, target, draft)
         blocks.append(Heading(2, f"{name}"))
         blocks += _quality_section(group, losses, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
-                                   written)
-        blocks += _rules_section(losses, task, target, draft, metric)
-        blocks += _acceptance_section(group, name, slug, fig_dir, written)
+                                   written, base, other)
+        blocks += _rules_section(losses, task, target, draft, metric, other)
+        blocks += _acceptance_section(group, name, slug, fig_dir, written, other)
         blocks += _sigmoid_section(group, metric, name, slug, fig_dir, written)
     return blocks
 
 
 def _quality_section(group, losses, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
-                     written) -> list:
+                     written, baseline_rows, other: bool = False) -> list:
+    """``baseline_rows``: the pair's AR baselines (recommend.baselines: its own, else the target's with another
+    draft); ``other``: the pair's draft has another tokenizer, so the front's table names each run's mode."""
     blocks = [Heading(3, "Quality against speedup")]
     if metric is None:
         return [*blocks, Para(f"Task {task} has no quality metric: no quality/speedup figure.")]
-    base = group[(group["kind"] == "baseline") & group[metric].notna()]
+    base = baseline_rows[baseline_rows[metric].notna()] if metric in baseline_rows.columns else baseline_rows[:0]
     reference = float(base[metric].iloc[0]) if not base.empty else None
     path = figures.quality_vs_speedup(group, metric, f"{name}: {METRIC_NAME[metric]} vs speedup",
                                       fig_dir / f"quality-{slug}.png", reference, max_quality_loss)
@@ -205,32 +217,61 @@ def _quality_section(group, losses, task, target, draft, metric, name, slug, fig
     front = sel[mask].sort_values("speedup")
     blocks.append(Para(f"Pareto front ({len(front)} of {len(sel)} runs and trials; speedup and quality both "
                        "maximised):"))
-    blocks.append(Table(["run", "kind", "sampler", "gamma", "parameters", "dtype", "speedup", METRIC_NAME[metric],
-                         "quality loss", "acceptance", "device"],
-                        [[r["run"], r["kind"], r["sampler"], _int(r["gamma"]), _params(r), r["dtype"], _speedup(r),
-                          r[metric], _pct(r["quality_loss"]), r["acceptance_rate"], _device(r)]
+    blocks.append(Table(["run", "kind", "sampler", "gamma", *_mode_column(other), "parameters", "dtype", "speedup",
+                         METRIC_NAME[metric], "quality loss", "acceptance", "device"],
+                        [[r["run"], r["kind"], r["sampler"], _int(r["gamma"]), *_mode_cell(r, other), _params(r),
+                          r["dtype"], _speedup(r), r[metric], _pct(r["quality_loss"]), r["acceptance_rate"],
+                          _device(r)]
                          for _, r in front.iterrows()]))
     return blocks
 
 
-def _rules_section(losses, task, target, draft, metric) -> list:
+def _rules_section(losses, task, target, draft, metric, other: bool = False) -> list:
     """Every acceptance rule side by side: per (rule, γ), the pipeline's runs (not trials, not flagged) with their
-    acceptance rate, tokens per step, quality loss and paired speedup, fastest first."""
+    acceptance rate, tokens per step, quality loss and paired speedup, fastest first (with ``other``, a draft with
+    another tokenizer: its mode, and acceptance and emitted length in characters too)."""
     blocks = [Heading(3, "Acceptance rules side by side")]
     sel = losses[(losses["task"] == task) & (losses["target"] == target) & (losses["draft"] == draft)
                  & (losses["kind"] == "run")] if not losses.empty else losses
     if sel.empty:
         return [*blocks, Para("No unflagged run.")]
+    chars = (lambda r: [r.get("acceptance_rate_chars"), r.get("chars_per_step")]) if other else (lambda r: [])
     rows = [[r["sampler"], "yes" if is_lossless(r["sampler"], r.get("temperature")) else "no", _int(r["gamma"]),
-             _params(r), r["dtype"], r.get("acceptance_rate"), r.get("mean_accepted_tokens"),
-             _pct(r["quality_loss"]) if metric else None, _speedup(r), r["run"]]
+             *_mode_cell(r, other), _params(r), r["dtype"], r.get("acceptance_rate"), r.get("mean_accepted_tokens"),
+             *chars(r), _pct(r["quality_loss"]) if metric else None, _speedup(r), r["run"]]
             for _, r in sel.sort_values("speedup", ascending=False).iterrows()]
-    blocks.append(Table(["rule", "lossless", "gamma", "parameters", "dtype", "acceptance", "tokens/step",
-                         "quality loss", "speedup", "run"], rows))
+    blocks.append(Table(["rule", "lossless", "gamma", *_mode_column(other), "parameters", "dtype", "acceptance",
+                         "tokens/step", *(["acceptance (chars)", "chars/step"] if other else []), "quality loss",
+                         "speedup", "run"], rows))
     blocks.append(Para("Acceptance is accepted / drafted tokens; tokens/step counts the corrected or bonus token "
                        "(pipeline/runner.py). Lossless is the registry's (pipeline/rules.py); a lossless rule's "
                        "quality loss is sampling noise. Rules and their parameters: `specsweep run --help`."))
+    if other:
+        blocks.append(Para(_OTHER_TOKENIZER_NOTE))
     return blocks
+
+
+_OTHER_TOKENIZER_NOTE = ("This draft's tokenizer is not the target's: the draft tokenizer column is how its proposals "
+                         "reached the target (pipeline/cross_tokenizer.py: intersection, or string), tokens are the "
+                         "target's, and acceptance and emitted length in characters compare it with a draft of the "
+                         "target's own tokenizer (section **Drafts with another tokenizer**).")
+
+
+def _mode_column(other: bool) -> list[str]:
+    """The per-pair tables' "draft tokenizer" column: only for a pair whose draft has another tokenizer."""
+    return ["draft tokenizer"] if other else []
+
+
+def _mode_cell(r, other: bool) -> list:
+    return [tokenizers_view.mode_of(r.get("draft_tokenizer_mode"))] if other else []
+
+
+def _with_mode(params: str | None, r) -> str | None:
+    """A recommendation's parameters, with the draft-tokenizer mode of a draft with another tokenizer."""
+    mode = tokenizers_view.mode_of(r.get("draft_tokenizer_mode"))
+    if mode == tokenizers_view.SHARED:
+        return params
+    return ", ".join(p for p in (params, f"draft tokenizer {mode}") if p)
 
 
 def _params(r) -> str | None:
@@ -252,7 +293,7 @@ def _draft_length(r) -> list[str]:
     return parts
 
 
-def _acceptance_section(group, name, slug, fig_dir, written) -> list:
+def _acceptance_section(group, name, slug, fig_dir, written, other: bool = False) -> list:
     blocks = [Heading(3, "Acceptance against theory")]
     path = figures.acceptance(group, f"{name}: acceptance", fig_dir / f"acceptance-{slug}.png")
     if path is None:
@@ -277,12 +318,14 @@ def _acceptance_section(group, name, slug, fig_dir, written) -> list:
         rates = parse_rates(r.get("position_acceptance"))
         alpha = r.get("iid_alpha")
         has_alpha = alpha is not None and alpha == alpha and g is not None
-        rows.append([r["run"], r["sampler"], g, r["acceptance_rate"], alpha, r["mean_accepted_tokens"],
+        rows.append([r["run"], r["sampler"], *_mode_cell(r, other), g, r["acceptance_rate"], alpha,
+                     r["mean_accepted_tokens"],
                      expected_tokens_iid(min(max(float(alpha), 0.0), 1.0), g) if has_alpha else None,
                      expected_tokens_positions(rates, g) if rates and g is not None else None,
                      r.get("cost_ratio"), r.get("verify_cost_ratio"), r["speedup"], r.get("predicted_speedup"),
                      r["theoretical_speedup"]])
-    blocks.append(Table(["run", "sampler", "γ", "acceptance", "α", "tokens/step", "i.i.d. prediction",
+    blocks.append(Table(["run", "sampler", *_mode_column(other), "γ", "acceptance", "α", "tokens/step",
+                         "i.i.d. prediction",
                          "per-position prediction", "c", "r", "speedup", "predicted speedup", "theoretical speedup"],
                         rows))
     return blocks
@@ -472,4 +515,4 @@ def _int(v):
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", str(text)).strip("-").lower()[:80] or "run"
+    return figures.slug(text)

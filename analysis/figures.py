@@ -4,7 +4,9 @@ to draw."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 
 import matplotlib
@@ -45,6 +47,17 @@ def style(name: str) -> tuple[str, str]:
         i = list(RULES).index(key)
         return f"C{i % 10}", _MARKERS[i % len(_MARKERS)]
     return "tab:gray", "x"
+
+
+def slug(text: str, limit: int = 80) -> str:
+    """A file-name part for ``text``: lower-case letters, digits and dashes, at most ``limit`` characters. A longer
+    one is cut and ends in a hash of the whole text, so two model pairs that differ only past the cut (two drafts of
+    one target, say) get two names."""
+    s = re.sub(r"[^A-Za-z0-9]+", "-", str(text)).strip("-").lower() or "run"
+    if len(s) <= limit:
+        return s
+    digest = hashlib.sha1(str(text).encode("utf-8")).hexdigest()[:8]
+    return f"{s[:limit - 9].rstrip('-')}-{digest}"
 
 
 def save(fig, path: str | os.PathLike) -> Path:

@@ -1,7 +1,10 @@
 """Which setting to use: per task and model pair, the fastest setting within a quality loss, and the best lossless.
 
 Quality loss is relative to the reference quality of the same task, model pair and dtype: the AR baseline
-(γ = 0 sampling from the target alone) when there is one, else the mean of the exact sampler's runs. It is
+(γ = 0 sampling from the target alone) when there is one, else the mean of the exact sampler's runs. The AR baseline
+does not use the draft, so a pair without its own takes one of the same task, target and dtype measured with another
+draft (the pipeline measures one per task, and a target may be run with several drafts, e.g. one with another
+tokenizer: pipeline/cross_tokenizer.py). It is
 1 - quality ratio, the ratio the project's ``tradeoff`` uses: ROUGE-L / reference ROUGE-L, or for WER
 (1 - WER) / (1 - reference WER). A negative loss means better than the reference (sampling noise, on few samples).
 
@@ -32,13 +35,28 @@ def reference_quality(table, task, target, draft, dtype) -> tuple[float | None, 
         return None, "no scores"
     same = table[(table["task"] == task) & (table["target"] == target) & (table["draft"] == draft)
                  & (table["dtype"] == dtype)]
-    base = same[(same["kind"] == "baseline") & same[key].notna()]
+    base = baselines(table, task, target, draft, dtype)
+    base = base[base[key].notna()]
     if not base.empty:
         return float(base[key].iloc[0]), f"AR baseline {base['source'].iloc[0]}"
     exact = same[same["kind"].isin(CANDIDATE_KINDS) & (same["sampler"] == "exact") & same[key].notna()]
     if not exact.empty:
         return float(exact[key].mean()), f"mean of {len(exact)} exact run(s)"
     return None, "no AR baseline or exact run"
+
+
+def baselines(table, task, target, draft, dtype=None):
+    """The AR baseline rows (γ = 0, the target alone) of a pair: its own (same draft), else those of the same task
+    and target measured with another draft (the draft is not used at γ = 0); of ``dtype`` when given."""
+    if table.empty or "kind" not in table.columns:
+        return table[:0]
+    base = table[(table["kind"] == "baseline") & (table["task"] == task) & (table["target"] == target)]
+    if dtype is not None:
+        base = base[base["dtype"] == dtype]
+    own = base[base["draft"] == draft]
+    if not own.empty:
+        return own
+    return base.sort_values("source", kind="stable") if "source" in base.columns else base
 
 
 def flagged(table):
@@ -108,7 +126,7 @@ def recommend(table, max_quality_loss: float = 0.01):
             out.append({**base, **{k: best.get(k) for k in (
                 "run", "kind", "sampler", "backend", "gamma", *param_names(), "preset", "dtype", "temperature",
                 "speedup", "speedup_ci_low", "speedup_ci_high", "quality", "quality_loss", "reference",
-                "reference_source", "acceptance_rate",
+                "reference_source", "acceptance_rate", "draft_tokenizer_mode",
                 "source", "device_name", "date", "cpu_only")}, "note": _slower_note(best)})
     return pd.DataFrame(out)
 

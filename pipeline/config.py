@@ -15,7 +15,7 @@ from pipeline.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
-from pipeline.tasks import LONG_INPUTS, TASK_NAMES
+from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
 
 ENGINES = ("specsweep", "hf")
 WANDB_MODES = ("online", "offline", "disabled")
@@ -87,6 +87,14 @@ class RunConfig:
                                 "writes one results file; N > 1 implies --seed-per-example")
     engine: str = setting("specsweep", "specsweep: our loop; hf: transformers' generate(assistant_model=...) with "
                                        "our sampler", choices=ENGINES)
+    draft_tokenizer_mode: str = setting("auto", "a draft with another tokenizer than the target's "
+                                                "(pipeline/cross_tokenizer.py): intersection = propose only tokens "
+                                                "both vocabularies share, lossless at any temperature; string = "
+                                                "re-tokenise the draft's text for the target (greedy, or exact-match "
+                                                "acceptance at T > 0); shared = one tokenizer. auto: shared when the "
+                                                "token -> id maps match, else string for greedy verification (T = 0 or "
+                                                "--sampler greedy), else intersection",
+                                        choices=("auto", "shared", "intersection", "string"))
     draft_decoder_only: bool = setting(False, "librispeech: the draft is a decoder-only assistant "
                                               "(WhisperForCausalLM, as distil-large-v2) that reads the target's "
                                               "encoder outputs")
@@ -146,6 +154,10 @@ class RunConfig:
         if self.verify_graphs and (self.backend != "cupy" or self.engine != "specsweep" or self.device == "cpu"):
             raise bad("--verify-graphs replays the CUDA kernels' verify step from CUDA graphs: use it with "
                       "--backend cupy, --engine specsweep and a CUDA device")
+        if self.draft_tokenizer_mode in ("intersection", "string") and (self.engine != "specsweep"
+                                                                       or get_task(self.task).speech):
+            raise bad(f"--draft-tokenizer-mode {self.draft_tokenizer_mode} runs in our engine on causal LMs: use "
+                      "--engine specsweep and a text task")
         if self.engine == "hf" and self.batch_size != 1:
             raise bad("--engine hf runs HF's assisted generation, which is batch 1: use --batch-size 1")
         if not Path(self.data).exists():

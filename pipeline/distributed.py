@@ -147,7 +147,8 @@ def unshard(shares: list[list]) -> list:
 def merge_totals(parts: list[dict]) -> dict:
     """Every rank's quality-pass totals (pipeline/runner.py ``_quality_pass``) as one run's: the wall time is the
     slowest rank's (the ranks run at once), phase times and calls, draft forwards, the accepted-count histogram,
-    token classes and cuts are summed, peak memory is the largest. ``rank_wall`` lists each rank's wall time."""
+    token classes, cuts and a cross-tokenizer draft's statistics are summed, peak memory is the largest.
+    ``rank_wall`` lists each rank's wall time."""
     from pipeline.provenance import merge_counts
 
     merged = {"wall": max(p["wall"] for p in parts), "rank_wall": [p["wall"] for p in parts],
@@ -165,6 +166,11 @@ def merge_totals(parts: list[dict]) -> dict:
         merged["token_classes"] = {}
         for counts in classes:
             merge_counts(merged["token_classes"], counts)
+    bridges = [p["cross_tokenizer"] for p in parts if p.get("cross_tokenizer")]
+    if bridges:
+        from pipeline.cross_tokenizer import merge_statistics
+
+        merged["cross_tokenizer"] = merge_statistics(bridges)
     cuts = parts[0]["cuts"]
     for part in parts[1:]:
         cuts = cuts + part["cuts"]

@@ -1,4 +1,4 @@
-"""The speculative decoding loop for a pair of causal LMs that share a tokenizer.
+"""The speculative decoding loop for a draft/target pair of causal LMs (or a Whisper-style target's decoder).
 
 One step, for B rows at once (``SpeculativeEngine.generate``: draft, score, verify, emit, sync, roll back, drop
 finished rows):
@@ -9,6 +9,10 @@ finished rows):
   3. the sampler verifies (any sampler from pipeline.samplers)              accepted [B], tokens [B, γ+1]
   4. both caches roll back to the accepted prefix; the emitted token is fed on.
 γ = 0 is plain autoregressive decoding through the same code (the draft is never called).
+
+A draft with another tokenizer (pipeline/cross_tokenizer.py) swaps :class:`Drafter` for ``TextDrafter``, which
+proposes in target ids (through the two vocabularies' intersection, or through text: then K ≤ γ target tokens per
+step) and re-reads the emitted text with its own tokenizer; the steps are the same.
 
 Cache layout. Both models keep one KV cache whose length is common to all rows, plus a per-row mask of which
 cache positions hold real tokens (:class:`CachedModel`): a static cache with the engine's own forward where the
@@ -24,7 +28,9 @@ Token bookkeeping (EOS, length limits, output buffers, statistics) stays on the 
 add none: with holes the engine hands the model a ready 4-D attention mask (transformers would otherwise
 read the 2-D mask back to decide whether it can skip masking: one sync per forward), and GPT-2-style
 models' "is there padding without a mask?" warning check (another per-forward read) is switched off while
-the engine calls them, since the engine tracks padding itself.
+the engine calls them, since the engine tracks padding itself. A draft with another tokenizer brings the step's
+tokens in that sync too (it re-reads the text on the host); in its string mode the proposals' text is built on the
+host, a second sync per step.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.provenance import N_ORIGINS, origin_table
 from pipeline.rng import RowGenerators
 from pipeline.samplers import FiniteCheck, Sampler
-from pipeline.samplers.contract import sample_from_weights
+from pipeline.samplers.contract import draft_sample, sample_from_weights
 
 
 class PhaseTimer:
@@ -285,6 +291,24 @@ class CachedModel:
             self.cache.crop(-(k - max_keep))
         self.length = start + max_keep
 
+    def truncate(self, cuts: list[int]) -> None:
+        """Row b keeps the cache positions before cuts[b] (host ints): later ones become holes, and the cache is
+        cropped to the largest cut. Unlike :meth:`retain` a cut may lie before the last step (a draft with another
+        tokenizer re-reads text whose tokenisation changed, pipeline/cross_tokenizer.py)."""
+        end = max(cuts)
+        if min(cuts) < end:
+            self._track_holes(self.mask.device if self.mask is not None else self._device())
+        if self.has_holes:
+            cut = torch.tensor(cuts, dtype=torch.int64).to(self.mask.device, non_blocking=True)
+            self.mask = (self.mask & (torch.arange(self.length, device=cut.device) < cut[:, None]))[:, :end]
+            self.n_real = self.mask.sum(dim=1)
+        if end < self.length and self.static is None:
+            self.cache.crop(end - self.length)
+        self.length = end
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (int64 indices, on the engine's device)."""
         # A model spread over several GPUs (device_map) keeps each layer's cache on that layer's GPU, and an
@@ -338,16 +362,6 @@ class GenerationResult:
     origin_steps: list[list[int]] | None = None
 
 
-def draft_sample(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
-    """Sample the draft's proposal from logits [B, V] (any float dtype) with uniforms u [B]: argmax at T = 0,
-    else inverse CDF of softmax(logits / T). int64 [B]. No host sync."""
-    if temperature == 0.0:
-        return logits.argmax(dim=-1)
-    if temperature != 1.0:
-        logits = logits.float() / temperature
-    return sample_from_weights(torch.softmax(logits, dim=-1, dtype=torch.float32), u)
-
-
 def max_positions(config) -> int | None:
     for name in ("max_position_embeddings", "n_positions", "max_target_positions"):
         value = getattr(config, name, None)
@@ -367,6 +381,10 @@ class SpeculativeEngine:
                       generation config asks; begin_suppress_tokens: the same for the first new token only
     static_cache      use the static-cache forward for models whose family has one (pipeline/static_cache.py);
                       False: transformers' forward for every model
+    bridge            a pipeline.cross_tokenizer.VocabBridge for a draft whose tokenizer is not the target's, with
+                      ``bridge_mode`` "intersection" or "string" (pipeline/cross_tokenizer.py); None: one tokenizer
+    char_lengths      int64 [V_t]: characters each target token adds; with it the statistics count accepted and
+                      drafted characters too, comparable across tokenizers (None: tokens only)
 
     Encoder-decoder targets (Whisper): ``generate`` takes the encoder inputs (``input_features``); the target's
     encoder runs once per batch; the draft uses its own encoder (a seq2seq draft) or the target's outputs (a
@@ -376,7 +394,8 @@ class SpeculativeEngine:
     def __init__(self, target, draft, sampler: Sampler, gamma: int, device: str, eos_token_ids: list[int],
                  pad_token_id: int = 0, suppress_tokens: list[int] = (),
                  begin_suppress_tokens: list[int] = (), static_cache: bool = True,
-                 draft_policy: DraftPolicy | None = None) -> None:
+                 draft_policy: DraftPolicy | None = None, bridge=None, bridge_mode: str = "shared",
+                 char_lengths: torch.Tensor | None = None) -> None:
         if gamma < 0:
             raise SpecsweepError(f"gamma must be >= 0; got {gamma}")
         if gamma > 0 and draft is None:
@@ -409,6 +428,14 @@ class SpeculativeEngine:
         # draft as the pad id: that only changes what the draft proposes (acceptance), never the output
         # distribution, which the verify step guarantees whatever the draft's context was.
         self.draft_vocab_in = draft.get_input_embeddings().num_embeddings if draft is not None else None
+        self.bridge = bridge if bridge_mode != "shared" and gamma > 0 else None
+        self.bridge_mode = bridge_mode if self.bridge is not None else "shared"
+        if self.bridge is not None:
+            if self.target.kind != "causal" or self.masked or self.policy is not None:
+                raise SpecsweepError("a draft with another tokenizer works with causal LMs, without suppressed tokens "
+                                     "and with a fixed γ: use a draft with the target's tokenizer here")
+            self.v_draft = target.get_output_embeddings().weight.shape[0]   # proposals arrive in target ids
+        self.char_lengths = char_lengths.to(self.device) if char_lengths is not None else None
 
     def _mask_logits(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
         """logits [..., V]: suppressed ids set to -inf in place; with ``first_position`` only begin_suppress
@@ -437,7 +464,7 @@ class SpeculativeEngine:
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                  generator: torch.Generator | None = None, encoder_inputs: dict | None = None,
-                 on_step=None) -> GenerationResult:
+                 on_step=None, prompt_texts: list[str] | None = None) -> GenerationResult:
         """input_ids, attention_mask: int64 [B, L], left-padded (the last column is a real token).
         encoder_inputs: for an encoder-decoder target, e.g. {"input_features": float [B, n_mels, frames]}.
         generator: a ``torch.Generator`` (None: torch's global one) for every draw of the batch, or a
@@ -449,7 +476,10 @@ class SpeculativeEngine:
         tokens each emitted in it (list of int lists), its accepted draft tokens, whether it finished (EOS or
         max_new_tokens), and the step's γ. It returns the original indices of rows to cancel (or None): they end
         as finished rows do, keeping the tokens emitted so far. The step's tokens come to the host in the step's
-        one sync; without on_step the loop is unchanged."""
+        one sync; without on_step the loop is unchanged.
+
+        prompt_texts: each row's prompt as text, which a draft with another tokenizer reads (tokenised its own way);
+        None: the prompt's tokens decoded with the target's tokenizer."""
         B, L = input_ids.shape
         dev = self.device
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev).bool()
@@ -473,7 +503,9 @@ class SpeculativeEngine:
         capacity = L + max_new_tokens + self.gamma + 2          # positions a static cache allocates up front
         self.target.reset(B, dev, h_target, capacity)
         drafter = None
-        if self.gamma > 0:
+        if self.bridge is not None:
+            drafter = self._text_drafter(input_ids, attention_mask, prompt_texts, max_new_tokens, timer)
+        elif self.gamma > 0:
             drafter = Drafter(self.draft, self.draft_temperature, self._mask_logits if self.masked else None,
                               self.pad, self.draft_vocab_in)
             with timer.phase("prefill"):
@@ -485,19 +517,45 @@ class SpeculativeEngine:
             state.steps += 1
             gamma = self._step_gamma(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
             drafted, draft_logits = self._draft(drafter, state, gamma, generator, timer)
-            target_logits, scored = self._score(state, drafted, gamma, timer)
+            width = drafted.shape[1]         # target tokens proposed: γ, or fewer from another tokenizer's text
+            target_logits, scored = self._score(state, drafted, width, timer)
             if draft_logits is None:
                 draft_logits = target_logits.new_empty(state.batch, 0, self.v_draft or target_logits.shape[-1])
+            if self.bridge is not None:
+                drafter.observe_target(target_logits, self.sampler.temperature)
             with timer.phase("verify"):
                 res = self.sampler(drafted, draft_logits, target_logits, generator=generator)
             guard.update(res)
-            finished = self._emit(state, res, gamma, max_new_tokens)
-            accepted_h, finished_h = self._sync(state, res, finished, gamma, time.perf_counter() - t_start, on_step)
-            self._roll_back(drafter, state, res, drafted, gamma, scored, accepted_h)
+            finished = self._emit(state, res, width, max_new_tokens)
+            accepted_h, finished_h = self._sync(state, res, finished, width, time.perf_counter() - t_start, on_step,
+                                                drafter, drafted)
+            self._roll_back(drafter, state, res, drafted, width, scored, accepted_h)
             self._drop_finished(drafter, state, finished_h)
 
         guard.check()
         return self._result(state, drafter, timer, time.perf_counter() - t_start)
+
+    def _text_drafter(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_texts: list[str] | None,
+                      max_new_tokens: int, timer: PhaseTimer):
+        """The drafter of a draft with another tokenizer, its prompts read (pipeline/cross_tokenizer.py)."""
+        from pipeline.cross_tokenizer import TextDrafter, draft_room
+
+        draft_tok = self.bridge.draft.tokenizer
+        pad = draft_tok.pad_token_id if draft_tok.pad_token_id is not None else (draft_tok.eos_token_id or 0)
+        drafter = TextDrafter(self.draft, self.bridge, self.bridge_mode, self.draft_temperature, pad,
+                              max_positions(self.draft.model.config))
+        if prompt_texts is None:
+            ids, real = input_ids.tolist(), attention_mask.tolist()
+            prompt_texts = [self.bridge.target.tokenizer.decode([t for t, m in zip(row, keep) if m],
+                                                                skip_special_tokens=True)
+                            for row, keep in zip(ids, real)]
+        if len(prompt_texts) != input_ids.shape[0]:
+            raise SpecsweepError(f"{len(prompt_texts)} prompt texts for {input_ids.shape[0]} prompts")
+        room = draft_room(self.bridge, max_new_tokens, self.gamma)
+        prompts = drafter.prompt_ids(prompt_texts, room)
+        with timer.phase("prefill"):
+            drafter.start(prompts, self.device, max(len(p) for p in prompts) + room + 2)
+        return drafter
 
     # ---- the steps of generate ---------------------------------------------------------------------------------
 
@@ -580,31 +638,65 @@ class SpeculativeEngine:
         state.act_len = state.act_len + n_emit
         return finished
 
-    def _sync(self, state: _Decoding, res, finished: torch.Tensor, gamma: int, now: float, on_step=None):
+    def _sync(self, state: _Decoding, res, finished: torch.Tensor, gamma: int, now: float, on_step=None,
+              drafter=None, drafted: torch.Tensor | None = None):
         """The one host sync of the step: accepted counts, finished flags and lengths come to the host, where the
-        per-row statistics are kept. With ``on_step`` (see generate) the step's tokens res.tokens [b, γ+1] come
-        in the same transfer, the callback sees each row's emitted ones, and the rows it cancels are marked
-        finished. Returns (accepted, finished) as host lists."""
-        if on_step is None:
-            acc_h, fin_h, len_h = torch.stack([res.accepted, finished.long(), state.act_len]).tolist()
-        else:
-            host = torch.cat([torch.stack([res.accepted, finished.long(), state.act_len]),
-                              res.tokens.long().T]).tolist()                        # [3 + γ + 1, b]
-            acc_h, fin_h, len_h, columns = host[0], host[1], host[2], host[3:]
-            rows = list(state.rows_host)
-            emitted = [[col[i] for col in columns[: len_h[i] - state.len_host[r]]] for i, r in enumerate(rows)]
-            cancel = set(on_step(rows, emitted, acc_h, [bool(f) for f in fin_h], gamma) or ())
+        per-row statistics are kept (with the engine's char_lengths, accepted and drafted characters too). The
+        step's tokens res.tokens [b, γ+1] come in the same transfer when something needs them: ``on_step`` (see
+        generate: the callback sees each row's emitted ones, and the rows it cancels are marked finished), or a
+        draft that reads text (pipeline/cross_tokenizer.py; with what it fed in the step). Returns (accepted,
+        finished) as host lists."""
+        reads_text = getattr(drafter, "reads_text", False)
+        # per row, the target tokens the draft proposed this step: γ, or fewer from another tokenizer's text
+        proposed = list(drafter.drafted_host) if reads_text and gamma else [gamma] * state.batch
+        parts = [res.accepted, finished.long(), state.act_len]
+        counts_chars = self.char_lengths is not None
+        if counts_chars:
+            parts += self._step_chars(res, drafted, gamma, proposed)
+        parts = [torch.stack(parts)]
+        if on_step is not None or reads_text:
+            parts.append(res.tokens.long().T)                                           # [γ + 1, b]
+        shipped = drafter.shipped() if reads_text else None
+        if shipped is not None:
+            parts.append(shipped.T)
+        host = torch.cat(parts).tolist() if len(parts) > 1 else parts[0].tolist()
+        acc_h, fin_h, len_h = host[0], host[1], host[2]
+        chars_h = host[3:5] if counts_chars else None
+        rest = host[5 if counts_chars else 3:]
+        rows = list(state.rows_host)
+        if rest:
+            columns = rest[: gamma + 1]
+            state.step_emitted = [[col[i] for col in columns[: len_h[i] - state.len_host[r]]]
+                                  for i, r in enumerate(rows)]
+            state.step_shipped = None if shipped is None else [list(x) for x in zip(*rest[gamma + 1:])] \
+                if rest[gamma + 1:] else [[] for _ in rows]
+        if on_step is not None:
+            cancel = set(on_step(rows, state.step_emitted, acc_h, [bool(f) for f in fin_h], gamma) or ())
             fin_h = [1 if r in cancel else f for r, f in zip(rows, fin_h)]
-        for i, r in enumerate(state.rows_host):
+        for i, r in enumerate(rows):
             state.len_host[r] = len_h[i]
-            state.accepted[r] += acc_h[i]
-            state.drafted[r] += gamma
+            state.accepted[r] += min(acc_h[i], proposed[i])
+            state.drafted[r] += proposed[i]
             state.row_steps[r] += 1
+            if chars_h is not None:
+                state.accepted_chars[r] += chars_h[0][i]
+                state.drafted_chars[r] += chars_h[1][i]
             if fin_h[i]:
                 state.finish_time[r] = now
             if gamma == self.gamma > 0:
                 state.accepted_hist[acc_h[i]] += 1
         return acc_h, fin_h
+
+    def _step_chars(self, res, drafted: torch.Tensor, gamma: int, proposed: list[int]) -> list[torch.Tensor]:
+        """int64 [b] each: characters of the accepted drafts and of the proposed ones (no sync)."""
+        if not gamma:
+            zero = torch.zeros_like(res.accepted)
+            return [zero, zero]
+        lengths = self.char_lengths[drafted.clamp(0, self.char_lengths.shape[0] - 1)]            # [b, γ]
+        j = torch.arange(gamma, device=self.device)
+        limit = torch.tensor(proposed, dtype=torch.int64).to(self.device, non_blocking=True)
+        accepted = (lengths * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
+        return [accepted, (lengths * (j < limit[:, None])).sum(dim=1)]
 
     def _roll_back(self, drafter: Drafter | None, state: _Decoding, res, drafted: torch.Tensor, gamma: int,
                    scored: int, accepted_h: list[int]) -> None:
@@ -613,7 +705,9 @@ class SpeculativeEngine:
         next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
         fed = scored - gamma         # the target keeps the pending token (if it was fed) and the accepted drafts
         self.target.retain(scored, res.accepted + fed, max_acc + fed, min_acc + fed)
-        if drafter is not None:
+        if getattr(drafter, "reads_text", False):
+            drafter.commit_text(state.step_emitted, state.step_shipped)
+        elif drafter is not None:
             if gamma > 0:
                 drafter.commit(gamma, res.accepted, max_acc, min_acc, drafted, next_token)
             else:                    # the draft sat this step out (the last step)
@@ -631,7 +725,10 @@ class SpeculativeEngine:
         keep_t = torch.tensor(keep, dtype=torch.int64, device=self.device)
         self.target.select(keep_t)
         if drafter is not None:
-            drafter.select(keep_t)
+            if getattr(drafter, "reads_text", False):
+                drafter.select(keep_t, keep)
+            else:
+                drafter.select(keep_t)
         state.rows, state.pending, state.act_len = state.rows[keep_t], state.pending[keep_t], state.act_len[keep_t]
 
     def _result(self, state: _Decoding, drafter: Drafter | None, timer: PhaseTimer, wall: float) -> GenerationResult:
@@ -644,10 +741,16 @@ class SpeculativeEngine:
         row_stats = [{"new_tokens": state.len_host[r], "verify_steps": state.row_steps[r],
                       "accepted": state.accepted[r], "drafted": state.drafted[r],
                       "wall_time_s": state.finish_time[r]} for r in range(B)]
+        if self.char_lengths is not None:
+            for r, stats in enumerate(row_stats):
+                stats.update(accepted_chars=state.accepted_chars[r], drafted_chars=state.drafted_chars[r])
+        extra = {"draft_forwards": drafter.forwards if drafter is not None else 0,
+                 "accepted_histogram": state.accepted_hist}
+        if getattr(drafter, "reads_text", False):
+            extra["cross_tokenizer"] = drafter.statistics()
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=state.steps,
                                 phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
-                                extra={"draft_forwards": drafter.forwards if drafter is not None else 0,
-                                       "accepted_histogram": state.accepted_hist},
+                                extra=extra,
                                 origins=[[c % N_ORIGINS for c in row] for row in packed],
                                 origin_steps=[[c // N_ORIGINS for c in row] for row in packed])
 
@@ -676,9 +779,13 @@ class _Decoding:
     drafted: list[int]
     row_steps: list[int]
     finish_time: list[float]
+    accepted_chars: list[int]    # characters of the accepted drafts (with the engine's char_lengths)
+    drafted_chars: list[int]
     accepted_hist: list[int]     # full-γ steps (one per row) that accepted k = 0..γ tokens
     pending: torch.Tensor | None = None
     steps: int = 0
+    step_emitted: list[list[int]] | None = None   # the step's emitted tokens per active row, when brought to the host
+    step_shipped: list[list[int]] | None = None   # what a text-reading draft fed in the step (cross_tokenizer.py)
 
     @classmethod
     def start(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: bool, width: int,
@@ -689,6 +796,7 @@ class _Decoding:
                    act_len=torch.zeros(B, dtype=torch.int64, device=dev), rows=torch.arange(B, device=dev),
                    prompt=input_ids, prompt_valid=attention_mask, padded=padded, rows_host=list(range(B)),
                    len_host=[0] * B, accepted=[0] * B, drafted=[0] * B, row_steps=[0] * B, finish_time=[0.0] * B,
+                   accepted_chars=[0] * B, drafted_chars=[0] * B,
                    accepted_hist=[0] * (gamma + 1))
 
     @property

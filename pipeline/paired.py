@@ -27,6 +27,14 @@ SPECULATIVE, AUTOREGRESSIVE = "speculative", "autoregressive"
 REPEAT_SEED = 10_000  # repeat generators start here, away from the quality pass's seed and the warm-up's seed + 1
 
 
+def prompt_texts(loop, batch: dict) -> dict:
+    """generate's ``prompt_texts`` keyword where the loop reads them (our engine with a draft of another tokenizer,
+    pipeline/cross_tokenizer.py) and the task's batch has them; else nothing."""
+    if getattr(loop, "bridge", None) is not None and "prompt_texts" in batch:
+        return {"prompt_texts": batch["prompt_texts"]}
+    return {}
+
+
 def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats: int, seed: int, device: str,
                  progress: bool = True) -> dict[str, dict[str, list]]:
     """Time each loop in ``loops`` ({name: engine}, one or two) on ``batches`` in ``repeats`` interleaved repeats.
@@ -48,7 +56,8 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
             seconds, tokens = 0.0, 0
             for batch in batches:
                 result = loops[name].generate(batch["input_ids"], batch["attention_mask"], max_new_tokens, generator,
-                                              encoder_inputs=batch.get("encoder_inputs"))
+                                              encoder_inputs=batch.get("encoder_inputs"), **prompt_texts(loops[name],
+                                                                                                       batch))
                 seconds += result.wall_time_s
                 tokens += sum(s["new_tokens"] for s in result.row_stats)
                 _add_phases(out[name]["phases"], result)

@@ -14,7 +14,10 @@ Version history (``specsweep_results``):
      token provenance per sample (``samples[].origins``, ``samples[].origin_steps``; absent for --engine hf),
      ``metrics.token_class_acceptance`` and ``metrics.roofline`` (pipeline/provenance.py, pipeline/roofline.py);
      ``resolved.processes`` and ``resolved.seed_per_example`` (absent: 1 process, one generator), and for a
-     data-parallel run ``resolved.rank_wall_time_s`` and ``resolved.speed_measured_on`` (pipeline/distributed.py).
+     data-parallel run ``resolved.rank_wall_time_s`` and ``resolved.speed_measured_on`` (pipeline/distributed.py);
+     ``resolved.draft_tokenizer_mode``, ``metrics.cross_tokenizer`` and the acceptance in characters
+     (``metrics.accepted_chars``, ``drafted_chars``, ``acceptance_rate_chars``, ``chars_per_step``;
+     ``samples[].accepted_chars``, ``drafted_chars``) (pipeline/cross_tokenizer.py; absent: one tokenizer).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Resolved(TypedDict, total=False):
     seed_per_example: bool           # each example drew from its own generator (pipeline/rng.py)
     rank_wall_time_s: list[float]    # with processes > 1: each rank's seconds inside generate (wall_time_s: the most)
     speed_measured_on: str           # with processes > 1: where the paired speed measurement ran, "rank 0 (cpu)"
+    draft_tokenizer_mode: str        # shared, intersection or string (pipeline/cross_tokenizer.py)
     # and the task's record of inputs it cut to fit (pipeline/tasks: e.g. truncated, long_inputs)
 
 
@@ -92,6 +96,15 @@ class Metrics(TypedDict, total=False):
     token_class_acceptance: dict | None
     # analytic FLOPs and bytes per phase against measured time and the machine's peak (pipeline/roofline.py)
     roofline: dict | None
+    # acceptance counted in characters (each target token's text as it decodes), comparable across tokenizers
+    accepted_chars: int
+    drafted_chars: int
+    acceptance_rate_chars: float | None
+    chars_per_step: float | None
+    # a draft with another tokenizer (pipeline/cross_tokenizer.py): mode, intersection_size, target_vocab,
+    # draft_vocab, target_share_in_intersection, and in intersection mode target_mass_on_intersection and
+    # draft_mass_on_intersection (with the sums they come from); None with one tokenizer
+    cross_tokenizer: dict | None
 
 
 class Sample(TypedDict, total=False):
@@ -111,6 +124,8 @@ class Sample(TypedDict, total=False):
     quality: dict
     origins: str                     # one letter per token (A accepted draft, C corrected, B bonus, T target alone)
     origin_steps: list[int]          # tokens emitted per verify step, in order (they sum to new_tokens)
+    accepted_chars: int              # characters of the accepted draft tokens, and of all proposed ones
+    drafted_chars: int
 
 
 class RunResult(TypedDict):

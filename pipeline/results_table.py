@@ -23,7 +23,11 @@ CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "dra
 METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",
                   "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
                   "theoretical_speedup", "predicted_speedup", "cost_ratio", "verify_cost_ratio", "wall_time_s",
-                  "new_tokens", "peak_memory_mb")
+                  "new_tokens", "peak_memory_mb", "acceptance_rate_chars", "chars_per_step")
+# A draft with another tokenizer than the target's (pipeline/cross_tokenizer.py): from metrics.cross_tokenizer, None
+# for a run with one tokenizer. The mode itself is the ``draft_tokenizer_mode`` column (resolved; "shared" for a
+# results file written before drafts could have another tokenizer).
+CROSS_TOKENIZER_COLUMNS = ("intersection_size", "target_share_in_intersection", "target_mass_on_intersection")
 # Per-step detail, kept as JSON text so the table stays flat (and survives CSV).
 LIST_COLUMNS = ("accepted_histogram", "position_acceptance")
 
@@ -42,7 +46,8 @@ def device_label(device: dict | None, fallback: str | None = None) -> str:
 
 
 def result_row(result: dict, source: str | os.PathLike, name: str | None = None) -> dict:
-    """One tidy row for a results dict: config, resolved device, metrics, quality, provenance."""
+    """One tidy row for a results dict: config, resolved device and draft-tokenizer mode, metrics (with a draft of
+    another tokenizer, its intersection with the target's), quality, provenance."""
     from pipeline.objectives import quality_value, tradeoff
 
     cfg, metrics, quality = result["config"], result["metrics"], result.get("quality", {})
@@ -50,7 +55,10 @@ def result_row(result: dict, source: str | os.PathLike, name: str | None = None)
     row = {"run": name or Path(source).stem}
     row.update({k: cfg.get(k) for k in CONFIG_COLUMNS})
     row["resolved_device"] = result.get("resolved", {}).get("device")
+    row["draft_tokenizer_mode"] = result.get("resolved", {}).get("draft_tokenizer_mode") or "shared"
     row.update({k: metrics.get(k) for k in METRIC_COLUMNS})
+    cross = metrics.get("cross_tokenizer") or {}
+    row.update({k: cross.get(k) for k in CROSS_TOKENIZER_COLUMNS})
     row.update({k: v for k, v in quality.items() if isinstance(v, (int, float))})
     row["quality"] = quality_value(cfg.get("task"), quality)
     row["tradeoff"] = tradeoff(result)

@@ -30,6 +30,7 @@ Speed metrics (pipeline/paired.py: after the quality pass over every sample, the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 
 import torch
@@ -83,16 +84,70 @@ def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: 
     eos = [] if config.ignore_eos else eos_token_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     if config.engine == "hf":
+        if draft_tokenizer_mode(config, sampler, draft, tokenizer) != "shared":
+            raise SpecsweepError("--engine hf runs a draft with the target's tokenizer only; for a draft with another "
+                                 "tokenizer use --engine specsweep (--draft-tokenizer-mode)")
         return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad)
     if config.verify_graphs:
         from pipeline.samplers.cuda_graphs import GraphedVerify
 
         sampler = GraphedVerify(sampler)
     gc = getattr(target, "generation_config", None)
+    mode, bridge = _draft_bridge(config, sampler, target, draft, tokenizer, device)
     return SpeculativeEngine(target, draft, sampler, config.gamma, device, eos, pad,
                              suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
                              begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
-                             static_cache=config.static_cache, draft_policy=DraftPolicy.of(config))
+                             static_cache=config.static_cache, draft_policy=DraftPolicy.of(config),
+                             bridge=bridge, bridge_mode=mode,
+                             char_lengths=_token_text(config.target, tokenizer).char_lengths(
+                                 target.get_output_embeddings().weight.shape[0], device))
+
+
+def draft_tokenizer_mode(config: RunConfig, sampler, draft, tokenizer) -> str:
+    """The run's draft-tokenizer mode, ``--draft-tokenizer-mode`` resolved (pipeline/cross_tokenizer.py): shared
+    for a speech pair (checked when loaded) or without a draft."""
+    from pipeline.cross_tokenizer import resolve_mode, same_vocabulary
+    from pipeline.tasks import get_task
+
+    if draft is None or config.gamma == 0 or get_task(config.task).speech:
+        return "shared"
+    return resolve_mode(config.draft_tokenizer_mode, same_vocabulary(tokenizer, _draft_tokenizer(config.draft)),
+                        sampler.verifies_by_argmax)
+
+
+def _draft_bridge(config: RunConfig, sampler, target, draft, tokenizer, device: str):
+    """(mode, VocabBridge or None) for the run's pair."""
+    from pipeline.cross_tokenizer import build_bridge
+
+    mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)
+    if mode == "shared":
+        return mode, None
+    key = (config.target, config.draft, str(device))
+    if key not in _BRIDGES:
+        _BRIDGES[key] = build_bridge(tokenizer, _draft_tokenizer(config.draft),
+                                     target.get_output_embeddings().weight.shape[0],
+                                     draft.get_output_embeddings().weight.shape[0], device)
+    return mode, _BRIDGES[key]
+
+
+_BRIDGES: dict = {}
+_TOKEN_TEXTS: dict = {}
+
+
+def _token_text(name: str, tokenizer):
+    """The target tokenizer's TokenText (what each token adds), built once per process."""
+    from pipeline.cross_tokenizer import TokenText
+
+    if name not in _TOKEN_TEXTS:
+        _TOKEN_TEXTS[name] = TokenText(tokenizer)
+    return _TOKEN_TEXTS[name]
+
+
+@functools.lru_cache(maxsize=8)
+def _draft_tokenizer(name: str):
+    from pipeline.models import load_tokenizer
+
+    return load_tokenizer(name)
 
 
 def _forwards(engine) -> dict:
@@ -129,13 +184,21 @@ def _load_models(config: RunConfig, task, dtype, device: str):
                      else load_speech_seq2seq(config.draft, dtype, device))
         return target, draft, tokenizer, processor
     tokenizer = load_tokenizer(config.target)
-    if use_draft:
-        check_same_tokenizer(tokenizer, load_tokenizer(config.draft), config.target, config.draft)
+    if use_draft:  # a draft with another tokenizer is bridged (pipeline/cross_tokenizer.py), unless asked not to be
+        _check_draft_tokenizer(config, tokenizer)
     target = load_causal_lm(config.target, dtype, device, spread=spread)
     draft = load_causal_lm(config.draft, dtype, device) if use_draft else None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return target, draft, tokenizer, None
+
+
+def _check_draft_tokenizer(config: RunConfig, tokenizer) -> None:
+    """--draft-tokenizer-mode shared with a draft whose vocabulary differs: refused before the models load."""
+    from pipeline.models import check_same_tokenizer
+
+    if config.draft_tokenizer_mode == "shared":
+        check_same_tokenizer(tokenizer, _draft_tokenizer(config.draft), config.target, config.draft)
 
 
 def run(config: RunConfig, progress: bool = True, models: dict | None = None) -> dict:
@@ -240,7 +303,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
         for loop in loops.values():
             loop.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
                           torch.Generator(device=device).manual_seed(config.seed + 1),
-                          encoder_inputs=first.get("encoder_inputs"))
+                          encoder_inputs=first.get("encoder_inputs"), **paired.prompt_texts(loop, first))
         torch.manual_seed(config.seed)
         generators = _generators(config, device, per_example)
         shared = _quality_pass(config, engine, encode, share, tokenizer, task, generators, progress and
@@ -273,7 +336,8 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
                 "baseline_quality": baseline["quality"] if baseline else None,
                 "forward": _forwards(engine), **encode.record(totals["cuts"]),
-                "processes": 1 if world is None else world.size, "seed_per_example": per_example}
+                "processes": 1 if world is None else world.size, "seed_per_example": per_example,
+                "draft_tokenizer_mode": getattr(engine, "bridge_mode", "shared")}
     if world is not None:
         # the quality pass ran on every rank; the paired speed measurement (a per-device property) on rank 0 alone
         resolved["rank_wall_time_s"] = totals["rank_wall"]
@@ -317,13 +381,19 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
         inputs, cut = encode(batch)
         cuts += cut
         result = engine.generate(inputs["input_ids"], inputs["attention_mask"], config.max_new_tokens,
-                                 generators(batch), encoder_inputs=inputs.get("encoder_inputs"))
+                                 generators(batch), encoder_inputs=inputs.get("encoder_inputs"),
+                                 **paired.prompt_texts(engine, inputs))
         totals["wall"] += result.wall_time_s
         totals["draft_forwards"] += result.extra.get("draft_forwards", 0)
         hist = result.extra.get("accepted_histogram")
         if hist:
             totals["hist"] = [a + b for a, b in zip(totals.get("hist", [0] * len(hist)), hist)]
         totals["peak"] = max(totals["peak"], result.peak_memory_mb)
+        if "cross_tokenizer" in result.extra:
+            from pipeline.cross_tokenizer import merge_statistics
+
+            parts = [totals["cross_tokenizer"]] if "cross_tokenizer" in totals else []
+            totals["cross_tokenizer"] = merge_statistics([*parts, result.extra["cross_tokenizer"]])
         for key, values in (("phase_time", result.phase_time_s), ("phase_calls", result.phase_calls)):
             for k, v in values.items():
                 totals[key][k] = totals[key].get(k, 0) + v
@@ -410,6 +480,8 @@ def _summarize(samples: list[dict], totals: dict) -> dict:
     steps = sum(s["verify_steps"] for s in samples)
     t, calls = totals["phase_time"], totals["phase_calls"]
     acceptance = accepted / drafted if drafted else None
+    accepted_chars = sum(s.get("accepted_chars", 0) for s in samples)
+    drafted_chars = sum(s.get("drafted_chars", 0) for s in samples)
     return {
         "pass_tokens_per_second": new_tokens / totals["wall"] if totals["wall"] > 0 else None,
         "wall_time_s": totals["wall"],
@@ -419,6 +491,14 @@ def _summarize(samples: list[dict], totals: dict) -> dict:
         "drafted_tokens": drafted,
         "acceptance_rate": acceptance,
         "mean_accepted_tokens": new_tokens / steps if steps else None,
+        # the same in characters (each token's text as it decodes), comparable across tokenizers
+        "accepted_chars": accepted_chars,
+        "drafted_chars": drafted_chars,
+        "acceptance_rate_chars": accepted_chars / drafted_chars if drafted_chars else None,
+        "chars_per_step": sum(len(s["text"]) for s in samples) / steps if steps else None,
+        # a draft with another tokenizer (pipeline/cross_tokenizer.py): the mode, the intersection's size and the
+        # probability mass it covers
+        "cross_tokenizer": totals.get("cross_tokenizer"),
         "prefill_time_s": t.get("prefill", 0.0),
         "draft_time_s": t.get("draft", 0.0),
         "target_time_s": t.get("target", 0.0),

@@ -55,3 +55,28 @@ def assert_fits(observed: np.ndarray, expected_prob: np.ndarray, what: str) -> f
 
 def counts(values: np.ndarray, n_cells: int) -> np.ndarray:
     return np.bincount(np.asarray(values).ravel(), minlength=n_cells)[:n_cells]
+
+
+def target_laws(target, prompt, temperature: float, n: int):
+    """The target's law of its first ``n`` (2 or 3) sampled tokens after ``prompt`` int64 [1, L], by enumeration:
+    (marginals, each float64 [V], and the joint of the first two, float64 [V, V])."""
+    import torch
+
+    V = target.config.vocab_size
+    with torch.no_grad():
+        p1 = torch.softmax(target(prompt).logits[0, -1].double() / temperature, -1)
+        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
+        p2 = torch.softmax(target(seqs).logits[:, -1].double() / temperature, -1)              # [V, V]: t1 -> t2
+        joint = p1[:, None] * p2
+        out = [p1, joint.sum(0)]
+        if n > 2:
+            pairs = torch.cat([seqs.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], 1)
+            p3 = torch.cat([torch.softmax(target(chunk).logits[:, -1].double() / temperature, -1)
+                            for chunk in pairs.split(2048)])                                  # [V*V, V]
+            out.append((joint.reshape(-1, 1) * p3).sum(0))
+    return [p.numpy() for p in out], joint.numpy()
+
+
+def target_marginals(target, prompt, temperature: float, n: int):
+    """The target's marginal law of its first ``n`` (<= 3) sampled tokens after ``prompt``, each float64 [V]."""
+    return target_laws(target, prompt, temperature, n)[0]

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from stat_utils import THRESHOLD, assert_fits, chisquare_pvalue, counts
+from stat_utils import THRESHOLD, assert_fits, chisquare_pvalue, counts, target_marginals
 from tiny_models import PROMPTS, save_pair
 
 from pipeline.config import RunConfig
@@ -145,23 +145,6 @@ def test_an_adaptive_length_adds_no_host_sync(pair, batch):
     assert len(mode.syncs) <= 2, sorted(set(mode.syncs))
 
 
-def _target_marginals(target, prompt: torch.Tensor, temperature: float, n: int) -> list[np.ndarray]:
-    """The target's marginal law of its first ``n`` (<= 3) sampled tokens after ``prompt`` int64 [1, L], each
-    float64 [V], by enumeration."""
-    V = target.config.vocab_size
-    with torch.no_grad():
-        p1 = torch.softmax(target(prompt).logits[0, -1].double() / temperature, -1)
-        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
-        p2 = torch.softmax(target(seqs).logits[:, -1].double() / temperature, -1)              # [V, V]: t1 -> t2
-        out = [p1, (p1[:, None] * p2).sum(0)]
-        if n > 2:
-            pairs = torch.cat([seqs.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], 1)
-            p3 = torch.cat([torch.softmax(target(chunk).logits[:, -1].double() / temperature, -1)
-                            for chunk in pairs.split(2048)])                                  # [V*V, V]
-            out.append(((p1[:, None] * p2).reshape(-1, 1) * p3).sum(0))
-    return [p.numpy() for p in out]
-
-
 def _emitted(engine, tok, prompt: str, n: int, seed: int) -> np.ndarray:
     """The first ``n`` tokens of N_ROWS rows of ``prompt``, decoded together for n + 2 tokens (so the second step has
     room for more than one draft token, and rows wanting fewer pad). int [N_ROWS, n]."""
@@ -198,7 +181,7 @@ def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, t
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     assert sum(padded) > 0 and (any(limited) or name == "confidence")
     V = target.config.vocab_size
-    laws = _target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, temperature, 3)
+    laws = target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, temperature, 3)
     for k, law in enumerate(laws):
         assert_fits(counts(out[:, k], V), law, f"{name}, T={temperature}: emitted token {k + 1}")
 
@@ -222,7 +205,7 @@ def test_negative_control_padding_that_disagrees_with_its_distribution_fails(pai
                                draft_policy=POLICIES["both"])
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     V = target.config.vocab_size
-    laws = _target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, 1.0, 3)
+    laws = target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, 1.0, 3)
     pvalues = [chisquare_pvalue(counts(out[:, k], V), law) for k, law in enumerate(laws)]
     assert min(pvalues) <= THRESHOLD, f"the wrong padding passed (p = {pvalues}): the test has no power"
 

@@ -22,8 +22,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def result(task="cnn_dailymail", sampler="exact", gamma=4, speedup=1.5, score=0.40, acceptance=0.7,
            hist=(2, 1, 1, 2, 4), alpha=None, beta=None, temperature=1.0, baseline=None, device="cpu", dtype="float32",
-           target="t", draft="d"):
-    """A results dict with every field the report reads, shaped as pipeline.runner.run writes it."""
+           target="t", draft="d", mode="shared", cross=None, chars=(None, None)):
+    """A results dict with every field the report reads, shaped as pipeline.runner.run writes it. ``mode``: the
+    resolved draft-tokenizer mode (None: a file from before drafts could have another tokenizer, without the key);
+    ``cross``: metrics.cross_tokenizer; ``chars``: (acceptance in characters, characters per verify step)."""
     quality = ({"rouge1": score, "rouge2": score / 2, "rougeL": score, "rougeLsum": score}
                if task == "cnn_dailymail" else {"wer": score, "normalizer": "basic"})
     hist = list(hist)[: gamma + 1] if gamma else None
@@ -36,7 +38,8 @@ def result(task="cnn_dailymail", sampler="exact", gamma=4, speedup=1.5, score=0.
                    "alpha": alpha, "beta": beta, "preset": None, "gamma": gamma, "temperature": temperature,
                    "dtype": dtype, "device": device, "batch_size": 1, "max_new_tokens": 32, "limit": 8, "seed": 0,
                    "engine": "specsweep", "baseline": baseline, "out": "x.json"},
-        "resolved": {"device": device, "samples": 8, "baseline": baseline},
+        "resolved": {"device": device, "samples": 8, "baseline": baseline,
+                     **({"draft_tokenizer_mode": mode} if mode else {})},
         "provenance": {"date": "2026-11-21T10:00:00+00:00", "host": "box", "versions": {"torch": "2.13.0"},
                        "device": prov_device},
         "metrics": {"tokens_per_second": 100.0 * (speedup or 1.0), "wall_time_s": 1.0, "new_tokens": 100,
@@ -45,6 +48,8 @@ def result(task="cnn_dailymail", sampler="exact", gamma=4, speedup=1.5, score=0.
                     "cost_ratio": 0.1 if gamma else None, "theoretical_speedup": speedup * 1.1 if gamma else 1.0,
                     "peak_memory_mb": 10.0, "accepted_histogram": hist,
                     "position_acceptance": position_acceptance(hist),
+                    **({"acceptance_rate_chars": chars[0] if gamma else None,
+                        "chars_per_step": chars[1] if gamma else None, "cross_tokenizer": cross} if mode else {}),
                     **({"speedup": speedup, "baseline_tokens_per_second": 100.0} if gamma else {})},
         "quality": quality,
         "samples": [{"id": f"s{i}"} for i in range(8)],
@@ -389,3 +394,172 @@ def test_every_acceptance_rule_appears_side_by_side_with_its_parameters_and_loss
     assert by_rule["relaxed"][3] == "top_k=10, prob_delta=0.25"                  # its default top_k, its own delta
     recommendation = (out / "report.md").read_text().split("## Recommendation")[1].split("\n## ")[0]
     assert "| relaxed | torch | 4 | top_k=10, prob_delta=0.25 | float32 |" in recommendation
+
+
+# ---------------------------------------------------------------------------------------------- drafts with another
+# tokenizer (pipeline/cross_tokenizer.py): the runs table's columns and the report's section
+
+BRIDGE = {"intersection_size": 412, "target_vocab": 1003, "draft_vocab": 2000, "target_share_in_intersection": 0.41,
+          "draft_tokens_per_target_token_max": 3}
+
+
+def cross(mode, mass=None):
+    """metrics.cross_tokenizer as the runner writes it: the bridge's summary, and in intersection mode the masses."""
+    out = {"mode": mode, **BRIDGE}
+    if mode == "intersection":
+        out.update(target_mass_sum=64.0, target_positions=100, draft_mass_sum=40.0, draft_positions=80,
+                   target_mass_on_intersection=mass, draft_mass_on_intersection=0.5)
+    return out
+
+
+def interval(r: dict, low: float, high: float) -> dict:
+    r["metrics"].update(speedup_ci_low=low, speedup_ci_high=high)
+    return r
+
+
+@pytest.fixture
+def cross_tree(tmp_path):
+    """One target, two drafts: d (the target's tokenizer) and d-bpe (another: intersection and string modes), an AR
+    baseline measured with d only, a flagged d-bpe run, a second d-bpe run at a setting it already has (slower), and
+    a run from a results file older than draft tokenizer modes."""
+    runs = tmp_path / "runs"
+    b = str(write(runs / "text-ar-float32.json", result(gamma=0, speedup=None, score=0.40)))
+    bpe = {"draft": "d-bpe", "baseline": b}
+    for name, r, ci in (
+        ("d-exact-g2", result(gamma=2, speedup=1.4, score=0.40, chars=(0.83, 4.0), baseline=b), (1.3, 1.5)),
+        ("d-exact-g4", result(gamma=4, speedup=1.7, score=0.401, chars=(0.81, 5.2), baseline=b), (1.6, 1.8)),
+        ("d-greedy-g4", result(sampler="greedy", gamma=4, speedup=2.0, score=0.40, temperature=0.0,
+                               chars=(0.9, 6.0), baseline=b), (1.9, 2.1)),
+        ("bpe-exact-g2", result(gamma=2, speedup=1.15, score=0.399, acceptance=0.55, mode="intersection",
+                                cross=cross("intersection", 0.66), chars=(0.5, 2.4), **bpe), (1.05, 1.25)),
+        ("bpe-exact-g4", result(gamma=4, speedup=1.3, score=0.40, acceptance=0.5, mode="intersection",
+                                cross=cross("intersection", 0.64), chars=(0.52, 3.1), **bpe), (1.2, 1.4)),
+        ("bpe-exact-g4-b4", result(gamma=4, speedup=1.1, score=0.40, acceptance=0.5, mode="intersection",
+                                   cross=cross("intersection", 0.64), chars=(0.52, 3.0), **bpe), (1.0, 1.2)),
+        ("bpe-greedy-g4", result(sampler="greedy", gamma=4, speedup=1.2, score=0.40, acceptance=0.45,
+                                 temperature=0.0, mode="string", cross=cross("string"), chars=(0.6, 3.5), **bpe),
+         (1.1, 1.3)),
+        ("bpe-sigmoid-g4", result(sampler="sigmoid", gamma=4, speedup=9.0, score=0.40, mode="intersection",
+                                  cross=cross("intersection", 0.6), chars=(0.5, 3.0), **bpe), (8.9, 9.1)),
+    ):
+        write(runs / f"{name}.json", interval(r, *ci))
+    flagged_run = json.loads((runs / "bpe-sigmoid-g4.json").read_text())
+    flagged_run["metrics"]["flagged"] = True
+    write(runs / "bpe-sigmoid-g4.json", flagged_run)
+    batch4 = json.loads((runs / "bpe-exact-g4-b4.json").read_text())
+    batch4["config"]["batch_size"] = 4
+    write(runs / "bpe-exact-g4-b4.json", batch4)
+    write(runs / "old.json", interval(result(gamma=4, speedup=1.6, score=0.40, mode=None, baseline=b), 1.5, 1.7))
+    return tmp_path
+
+
+def test_runs_table_has_the_draft_tokenizer_columns(cross_tree):
+    from pipeline.results_table import CROSS_TOKENIZER_COLUMNS
+
+    runs = load_runs(cross_tree / "runs").set_index("run")
+    for col in ("draft_tokenizer_mode", "acceptance_rate_chars", "chars_per_step", *CROSS_TOKENIZER_COLUMNS):
+        assert col in runs.columns, col
+    assert runs.loc["old", "draft_tokenizer_mode"] == "shared"            # an older results file: one tokenizer
+    assert runs.loc["text-ar-float32", "draft_tokenizer_mode"] == "shared"
+    assert runs.loc["bpe-greedy-g4", "draft_tokenizer_mode"] == "string"
+    bpe = runs.loc["bpe-exact-g4"]
+    assert (bpe["draft_tokenizer_mode"], bpe["intersection_size"], bpe["target_share_in_intersection"],
+            bpe["target_mass_on_intersection"], bpe["acceptance_rate_chars"], bpe["chars_per_step"]) == \
+        ("intersection", 412, 0.41, 0.64, 0.52, 3.1)
+    matched = runs.loc["d-exact-g4"]
+    assert matched["acceptance_rate_chars"] == 0.81 and matched["chars_per_step"] == 5.2
+    for col in CROSS_TOKENIZER_COLUMNS:   # None where the run has one tokenizer, and in string mode the mass
+        assert runs[col].isna()[["d-exact-g4", "old", "text-ar-float32"]].all(), col
+    assert pd_isna(runs.loc["bpe-greedy-g4", "target_mass_on_intersection"])
+    assert runs.loc["bpe-greedy-g4", "intersection_size"] == 412
+
+
+def pd_isna(v) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(v))
+
+
+def table_rows(md: str, after: str) -> list[list[str]]:
+    """The cells of the first Markdown table after the text ``after`` (header first)."""
+    lines = md.split(after, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        if "---" not in line:
+            rows.append([c.strip() for c in line.split("|")[1:-1]])
+    return rows
+
+
+def test_report_compares_drafts_with_another_tokenizer(cross_tree, capsys):
+    from pipeline.analysis import tokenizers_view
+    from pipeline.analysis.tables import load_all
+
+    out = cross_tree / "reports"
+    assert main(["report", "--runs", str(cross_tree / "runs"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    md = (out / "report.md").read_text()
+    section = md.split("## Drafts with another tokenizer")[1].split("\n## ")[0]
+    rows = table_rows(section, "### cnn_dailymail: t")
+    assert rows[0] == ["draft", "draft tokenizer", "rule", "γ", "T", "speedup [interval]", "acceptance (tokens)",
+                       "acceptance (chars)", "chars/step", "shared tokens", "target vocab in them",
+                       "target mass on them", "run"]
+    # one row per (draft, mode, rule, γ, T), the target's own tokenizer first: the fastest run of each (the old file
+    # and the batch-4 run are slower runs of a setting already there); the flagged sigmoid run is left out
+    assert [(r[0], r[1], r[2], r[3], r[4], r[-1]) for r in rows[1:]] == [
+        ("d", "shared", "exact", "2", "1", "d-exact-g2"), ("d", "shared", "exact", "4", "1", "d-exact-g4"),
+        ("d", "shared", "greedy", "4", "0", "d-greedy-g4"),
+        ("d-bpe", "intersection", "exact", "2", "1", "bpe-exact-g2"),
+        ("d-bpe", "intersection", "exact", "4", "1", "bpe-exact-g4"),
+        ("d-bpe", "string", "greedy", "4", "0", "bpe-greedy-g4")]
+    by_run = {r[-1]: r for r in rows[1:]}
+    assert by_run["bpe-exact-g4"][5:12] == ["1.30x [1.20, 1.40]", "0.50", "0.52", "3.10", "412", "41 %", "64 %"]
+    assert by_run["d-exact-g4"][5:12] == ["1.70x [1.60, 1.80]", "0.70", "0.81", "5.20", "–", "–", "–"]
+    assert by_run["bpe-greedy-g4"][9:12] == ["412", "41 %", "–"]
+    assert "1 flagged measurement(s)" in section
+    # the sentences: the numbers of the table's rows, compared at the same setting
+    assert ("At exact γ 4, T = 1, `d-bpe` (intersection) reaches 1.30x [1.20, 1.40] against 1.70x [1.60, 1.80] for "
+            "`d`, which shares the target's tokenizer (the intervals do not overlap); its acceptance in characters "
+            "is 0.52 against 0.81 and it emits 3.10 characters per verify step against 5.20.") in section
+    assert ("The 412 shared tokens are 41 % of the target's vocabulary and carry 64 % of the target's probability "
+            "where it scored, which bounds the token acceptance: measured 0.50.") in section
+    assert ("Best against best: 1.30x [1.20, 1.40] (exact γ 4, T = 1) against 2.00x [1.90, 2.10] for `d` (greedy γ "
+            "4, T = 0).") in section
+    assert ("At greedy γ 4, T = 0, `d-bpe` (string) reaches 1.20x [1.10, 1.30] against 2.00x [1.90, 2.10]"
+            in section)
+    assert (out / "figures" / "tokenizers-cnn-dailymail-t.png").read_bytes().startswith(PNG)
+    assert "figures/tokenizers-cnn-dailymail-t.png" in (out / "report.html").read_text()
+
+    # the two drafts are two pairs: the mismatched one's tables name each run's mode, the matched one's do not
+    mismatched = md.split("## cnn_dailymail: t ← d-bpe")[1].split("\n## ")[0]
+    matched = md.split("## cnn_dailymail: t ← d\n")[1].split("\n## ")[0]
+    assert "draft tokenizer" in table_rows(mismatched, "### Acceptance rules side by side")[0]
+    assert "draft tokenizer" not in table_rows(matched, "### Acceptance rules side by side")[0]
+    assert "draft tokenizer" not in matched
+    # and both are recommended, the mismatched one against the AR baseline measured with the other draft
+    table = load_all(load_runs(cross_tree / "runs"))
+    rec = recommend(table, 0.01).set_index(["draft", "choice"])
+    lossless = rec.loc[("d-bpe", "best lossless")]
+    assert lossless["run"] == "bpe-exact-g4" and lossless["reference_source"].startswith("AR baseline")
+    assert rec.loc[("d", "best lossless"), "run"] == "d-greedy-g4"   # greedy at T = 0 is lossless
+    recommendation = md.split("## Recommendation")[1].split("\n## ")[0]
+    assert "| exact | torch | 4 | draft tokenizer intersection | float32 | 1.30x [1.20, 1.40] |" in recommendation
+
+    blocks = tokenizers_view.section(table)   # without a figure folder: no figure, the same table
+    assert [type(b).__name__ for b in blocks].count("Table") == 1 and "Figure" not in map(lambda b: type(b).__name__,
+                                                                                            blocks)
+
+
+def test_no_section_without_a_draft_of_another_tokenizer(tree, capsys):
+    from pipeline.analysis import tokenizers_view
+    from pipeline.analysis.tables import load_all
+
+    assert tokenizers_view.section(load_all(load_runs(tree / "runs"), tune=tree / "tune")) == []
+    out = tree / "reports"
+    assert main(["report", "--runs", str(tree / "runs"), "--tune", str(tree / "tune"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    md = (out / "report.md").read_text()
+    assert "Drafts with another tokenizer" not in md and "draft tokenizer" not in md
+    assert not list((out / "figures").glob("tokenizers-*.png"))

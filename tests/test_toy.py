@@ -17,7 +17,14 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.cli import main
 from pipeline.data import load_task_data
 from pipeline.toy import speech_data, speech_synth, text_data, train_speech, train_text
-from pipeline.toy.vocab import WHISPER_SPECIAL_TOKENS, text_tokenizer, whisper_tokenizer
+from pipeline.toy.vocab import (
+    BPE_VOCAB_SIZE,
+    WHISPER_SPECIAL_TOKENS,
+    bpe_stats,
+    bpe_tokenizer,
+    text_tokenizer,
+    whisper_tokenizer,
+)
 
 
 def _tree_bytes(root: Path) -> dict[str, bytes]:
@@ -70,6 +77,44 @@ def test_text_tokenizer_covers_the_generated_text_and_the_prompt_is_a_prefix(toy
     prompt = tok(r["article"] + " Summary:").input_ids  # what a cnn_dailymail run feeds the model
     assert train_text.encode(tok, [r])[0][0][:len(prompt)] == prompt
     assert tok.decode(tok(r["highlights"]).input_ids) == r["highlights"]
+
+
+def test_bpe_tokenizer_round_trips_the_toy_text_and_is_not_the_targets(toy_data):
+    records = load_task_data("cnn_dailymail", toy_data / "text" / "train.jsonl")
+    texts = train_text.training_texts(records)
+    tok = bpe_tokenizer(texts)
+    assert (tok.pad_token, tok.pad_token_id, tok.eos_token, tok.eos_token_id) == ("<pad>", 0, "<eos>", 1)
+    assert tok.padding_side == "left" and tok.unk_token is None and len(tok) <= BPE_VOCAB_SIZE
+    test = load_task_data("cnn_dailymail", toy_data / "text" / "test.jsonl")
+    for r in records[:8] + test:
+        for text in (r["article"] + " Summary:", " " + r["highlights"], r["article"] + " Summary: " + r["highlights"]):
+            ids = tok(text).input_ids
+            assert ids == tok(text, add_special_tokens=False).input_ids  # nothing added around a prompt
+            assert tok.decode(ids) == text
+    assert tok.decode(tok("Any text, ÜNICODE — and\ttabs.").input_ids) == "Any text, ÜNICODE — and\ttabs."
+    for ids, n_prompt in train_text.encode(tok, records, positions=None):
+        assert ids[-1] == tok.eos_token_id and tok.eos_token_id not in ids[:-1] and 0 < n_prompt < len(ids)
+    word = text_tokenizer(text_data.vocabulary())
+    assert tok.get_vocab() != word.get_vocab() and len(tok) != len(word)
+    assert tok.convert_ids_to_tokens(tok(" Summary:").input_ids) == ["ĠSummary", ":"]
+    assert bpe_tokenizer(texts[::-1]).get_vocab() == tok.get_vocab()  # the same texts, the same vocabulary
+
+
+def test_bpe_tokenizer_at_its_size_keeps_template_words_whole_and_splits_entities():
+    """On the full train split: the numbers docs/results.md and pipeline/toy/vocab.py give."""
+    records = text_data.make_split(0, "train", text_data.TRAIN_EXAMPLES)
+    tok = bpe_tokenizer(train_text.training_texts(records))
+    assert len(tok) == BPE_VOCAB_SIZE
+
+    def single(w: str) -> bool:
+        return len(tok(" " + w).input_ids) == 1
+
+    assert all(single(w) for w in ("the", "said", "they", "were", "in", "on", ".", ",", "Summary"))
+    assert all(single(w) for w in text_data.CITIES + text_data.VERBS + text_data.DAYS)
+    assert sum(single(w) for w in text_data.FIRST) <= 2 and sum(single(w) for w in text_data.NUMBERS) <= 6
+    stats = bpe_stats(tok, text_data.vocabulary(), [r["highlights"] for r in text_data.make_split(0, "test", 100)])
+    assert (stats["single_token_words"], stats["words"]) == (145, 266)
+    assert stats["tokens_per_word"] == pytest.approx(1.29)
 
 
 def test_speech_manifest_loads_as_librispeech_with_the_documented_audio(toy_data):
@@ -207,6 +252,7 @@ def test_quick_text_pair_reloads_and_runs_through_specsweep_run(toy_data, tmp_pa
     assert record["models"]["target"]["n_layer"] == train_text.QUICK_TARGET_GROWN.n_layer
     assert growth["max_abs_logit_change_at_growth"] < 1e-5
     assert len(growth["fine_tune"]["losses"]) == train_text.QUICK_TARGET_GROWN.steps
+    _check_bpe_draft(models / "text", record, toy_data)
     out = tmp_path / "run.json"
     assert main(["run", "--task", "cnn_dailymail", "--target", str(models / "text" / "target"), "--draft",
                  str(models / "text" / "draft"), "--data", str(toy_data / "text" / "test.jsonl"), "--gamma", "2",
@@ -217,6 +263,35 @@ def test_quick_text_pair_reloads_and_runs_through_specsweep_run(toy_data, tmp_pa
         assert 0.0 <= res["quality"][k] <= 1.0
     assert res["metrics"]["drafted_tokens"] > 0
     assert "trained text pair" in capsys.readouterr().out
+
+
+def _check_bpe_draft(root: Path, record: dict, toy_data: Path) -> None:
+    """The quick BPE draft in ``root``/draft-bpe: recorded, loaded by the Auto classes, and it writes a summary
+    after the prompt, in its own tokens, that its tokenizer decodes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    entry, stats = record["models"]["draft-bpe"], record["draft_bpe_tokenizer"]
+    assert entry["path"] == str(root / "draft-bpe") and entry["spec"] == dataclasses.asdict(train_text.QUICK_DRAFT_BPE)
+    assert len(entry["training"]["losses"]) == train_text.QUICK_DRAFT_BPE.steps
+    assert entry["parameters"] < record["models"]["target"]["parameters"]
+    assert 0 < stats["single_token_share"] <= 1 and stats["tokens_per_word"] >= 1
+    assert stats["tokens_per_word_split"] == "test" and stats["longest_train_sequence"] <= stats["n_positions"]
+    model = AutoModelForCausalLM.from_pretrained(root / "draft-bpe").eval()
+    tok = AutoTokenizer.from_pretrained(root / "draft-bpe")
+    assert (tok.pad_token_id, tok.eos_token_id, tok.padding_side) == (0, 1, "left")
+    assert model.config.vocab_size == len(tok) == stats["vocab_size"]
+    assert model.config.n_positions == train_text.BPE_N_POSITIONS
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    word = AutoTokenizer.from_pretrained(root / "target")
+    assert tok.get_vocab() != word.get_vocab()
+    r = load_task_data("cnn_dailymail", toy_data / "text" / "test.jsonl")[0]
+    prompt = r["article"] + " Summary:"
+    enc = tok(prompt, return_tensors="pt")
+    assert tok.decode(enc.input_ids[0]) == prompt
+    with torch.inference_mode():
+        out = model.generate(**enc, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] <= enc.input_ids.shape[1] + 5 and torch.equal(out[0, :enc.input_ids.shape[1]], enc.input_ids[0])
+    assert isinstance(tok.decode(out[0, enc.input_ids.shape[1]:], skip_special_tokens=True), str)
 
 
 def test_quick_speech_pair_reloads_with_from_pretrained_and_transcribes(toy_data, tmp_path):
@@ -269,7 +344,7 @@ def test_pairs_trained_side_by_side_are_the_pairs_trained_alone(toy_data, tmp_pa
         assert (both / task / "train.log").is_file()
         assert main(["toy", "train", "--task", task, "--data", str(toy_data), "--out", str(alone), "--quick",
                      "--threads", "1", "--no-progress"]) == 0
-        for model in ("target", "draft"):
+        for model in ("target", "draft", "draft-bpe") if task == "text" else ("target", "draft"):
             a, b = (load_file(root / task / model / "model.safetensors") for root in (both, alone))
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (task, model)
 

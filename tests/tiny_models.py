@@ -24,3 +24,49 @@ def write_articles(path, n: int, repeat: int):
     path.write_text("".join(json.dumps({"id": f"a{i}", "article": " ".join([p] * repeat), "highlights": p}) + "\n"
                             for i, p in enumerate(PROMPTS[:n])))
     return path
+
+
+def build_bpe_tokenizer(words, vocab_size: int):
+    """A byte-level BPE over ``words`` (pipeline/toy/vocab.py ``bpe_tokenizer``: ``<pad>`` = 0, ``<eos>`` = 1),
+    another tokenizer than build_tokenizer's: earlier words are more frequent and merge first, so with a small
+    ``vocab_size`` only they are single tokens (" fox", and "fox" for a text's first word), the others split."""
+    from pipeline.toy.vocab import bpe_tokenizer
+
+    return bpe_tokenizer([s + w for i, w in enumerate(words) for s in ("", " ") for _ in range(len(words) - i)],
+                         vocab_size)
+
+
+def cross_tokenizer_pair(kind: str = "gpt2", bpe_size: int = 1000, noise: float = 0.05, seed: int = 0):
+    """(target, target tokenizer, draft, draft tokenizer): a tiny word-level target and a draft with a byte-level
+    BPE. The draft copies the target's layers (with noise) and, for each of its tokens whose text is a target word,
+    that word's embedding, so on the shared words it roughly agrees with the target (acceptance well above 0)."""
+    import torch
+
+    from pipeline.cross_tokenizer import build_bridge
+
+    target_tok, draft_tok = build_tokenizer(), build_bpe_tokenizer(WORDS, bpe_size)
+    target = build_model(kind, len(target_tok), 2, 32, seed)
+    draft = build_model(kind, len(draft_tok), 2, 32, seed + 1)
+    bridge = build_bridge(target_tok, draft_tok, len(target_tok), len(draft_tok), "cpu")
+    if draft.get_output_embeddings().weight is draft.get_input_embeddings().weight:   # GPT-2: untie them
+        draft.config.tie_word_embeddings = False
+        draft.get_output_embeddings().weight = torch.nn.Parameter(draft.get_input_embeddings().weight.clone())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        t_state = target.state_dict()
+        for name, tensor in draft.state_dict().items():
+            source = t_state[name]
+            if source.shape == tensor.shape:
+                tensor.copy_(source + noise * source.std() * torch.randn(source.shape, generator=g))
+        mapped = (bridge.d2t >= 0).nonzero().flatten()
+        # the draft's other tokens (bytes, pieces of words) get logit 0, far below the words' peaked logits; a word
+        # without its leading space (a text's first word) reads as the word does
+        draft.get_output_embeddings().weight[bridge.d2t < 0] = 0.0
+        words = {s.strip(): t for t, s in bridge.target.surfaces.items()}
+        for d, s in bridge.draft.surfaces.items():
+            if s.strip() in words:
+                draft.get_input_embeddings().weight[d] = target.get_input_embeddings().weight[words[s.strip()]]
+        for src, dst in ((target.get_input_embeddings(), draft.get_input_embeddings()),
+                         (target.get_output_embeddings(), draft.get_output_embeddings())):
+            dst.weight[mapped] = src.weight[bridge.d2t[mapped]]
+    return target.eval(), target_tok, draft.eval(), draft_tok

@@ -21,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--quick", action="store_true", help="a few examples per split (for tests)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     t = sub.add_parser("train", help="train a toy draft/target pair on data from `specsweep toy data`",
-                       description="text: a GPT-2 target and a much cheaper GPT-2 draft; speech: a small Whisper "
-                                   "target and a distil-Whisper-style draft. Writes <out>/<task>/{target,draft} "
+                       description="text: a GPT-2 target, a much cheaper GPT-2 draft and a draft of the same shape "
+                                   "with a byte-level BPE tokenizer (draft-bpe); speech: a small Whisper target and "
+                                   "a distil-Whisper-style draft. Writes <out>/<task>/{target,draft[,draft-bpe]} "
                                    "(save_pretrained, with tokenizer/processor) and <out>/<task>/training.json.")
     t.add_argument("--task", required=True, type=_tasks,
                    help="which pair to train: text, speech, or both as text,speech (then each in its own process, "
@@ -145,11 +146,15 @@ def _train_one(args: argparse.Namespace, task: str, threads: int) -> int:
         grown = record["target_growth"]
         line += (f"; target grown from {grown['from_layers']} to {grown['to_layers']} layers "
                  f"(fine-tune loss {grown['fine_tune']['final_loss']:.3f})")
+    if "draft-bpe" in m:
+        bpe, tok = m["draft-bpe"], record["draft_bpe_tokenizer"]
+        line += (f"; BPE draft {bpe['parameters']:,} params (loss {bpe['training']['final_loss']:.3f}, "
+                 f"{tok['vocab_size']} tokens, {tok['tokens_per_word']:.2f} per word)")
     if "eval_greedy" in record:
         ev = record["eval_greedy"]
         line += f"; greedy WER target {_pct(ev['target']['wer'])}, draft {_pct(ev['draft']['wer'])}"
     print(line)
-    print(f"wrote {args.out / task} (training.json, target/, draft/)")
+    print(f"wrote {args.out / task} (training.json, {', '.join(name + '/' for name in m)})")
     return 0
 
 

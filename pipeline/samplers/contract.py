@@ -221,3 +221,13 @@ def sample_from_weights(weights: torch.Tensor, u: torch.Tensor, chunk: int = CDF
     window = torch.where(in_range, weights.gather(1, idx.clamp_max(V - 1)), 0.0)
     j = first_positive_above(window.cumsum(dim=1), window, offset)
     return k.squeeze(1) * chunk + j
+
+
+def draft_sample(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
+    """Sample the draft's proposal from logits [B, V] (any float dtype) with uniforms u [B]: argmax at T = 0,
+    else inverse CDF of softmax(logits / T). int64 [B]. No host sync."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    return sample_from_weights(torch.softmax(logits, dim=-1, dtype=torch.float32), u)

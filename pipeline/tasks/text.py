@@ -32,6 +32,6 @@ def prompt_length(text: str, tokenizer, chat: bool) -> int:
 
 def left_padded(texts: list[str], tokenizer, chat: bool) -> dict:
     """Prompts -> ``{"input_ids", "attention_mask"}`` left-padded int64 [B, L] (a chat template brings its own
-    special tokens)."""
+    special tokens), and ``"prompt_texts"``: the texts, which a draft with another tokenizer reads."""
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not chat)
-    return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask}
+    return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "prompt_texts": list(texts)}

@@ -1,0 +1,241 @@
+"""Drafts with another tokenizer than the target's (pipeline/cross_tokenizer.py).
+
+The pair: a tiny word-level target and a draft over a byte-level BPE in which only the frequent words are one token
+(tests/tiny_models.py ``cross_tokenizer_pair``). Exactness of the intersection mode at T = 1 and T = 0.7, and of the
+string mode with the exact rule at T = 1: chi-square tests of the first emitted token and of the first two jointly,
+6000 rows decoded together, against the target's laws by enumeration, and a negative control (proposal logits that
+disagree with the proposals) that the same test rejects. Greedy: the string and intersection modes reproduce the
+target's greedy decoding token for token, batched and alone, for GPT-2 (static cache) and Llama (transformers'
+cache). Chi-square tests here: 6 (counted against tests/stat_utils.py's MAX_TESTS).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from stat_utils import THRESHOLD, assert_fits, chisquare_pvalue, counts, target_laws
+from tiny_models import PROMPTS, WORDS, build_bpe_tokenizer, build_tokenizer, cross_tokenizer_pair
+
+from pipeline.cross_tokenizer import TextDrafter, build_bridge, resolve_mode, same_vocabulary
+from pipeline.engine import SpeculativeEngine
+from pipeline.errors import SpecsweepError
+from pipeline.samplers import get_sampler
+
+EOS = 1
+N_ROWS = 6000
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, target_tok, draft, draft_tok = cross_tokenizer_pair()
+    bridge = build_bridge(target_tok, draft_tok, len(target_tok), len(draft_tok), "cpu")
+    return target, target_tok, draft, draft_tok, bridge
+
+
+def _engine(pair, mode: str, sampler, gamma: int = 3, eos=(EOS,)):
+    target, target_tok, draft, _, bridge = pair
+    return SpeculativeEngine(target, draft, sampler, gamma, "cpu", list(eos), 0, bridge=bridge, bridge_mode=mode,
+                             char_lengths=bridge.target.char_lengths(len(target_tok), "cpu"))
+
+
+# ---- the bridge ---------------------------------------------------------------------------------------------------
+
+def test_the_intersection_maps_tokens_by_the_text_they_add():
+    target_tok, draft_tok = build_tokenizer(), build_bpe_tokenizer(WORDS, 450)    # a BPE too small for every word
+    bridge = build_bridge(target_tok, draft_tok, len(target_tok), len(draft_tok), "cpu")
+    assert not same_vocabulary(target_tok, draft_tok)
+    fox = draft_tok.convert_tokens_to_ids("Ġthe")                 # the BPE's " the" is the word-level "the"
+    assert bridge.d2t[fox] == target_tok.convert_tokens_to_ids("the")
+    assert bridge.d2t[draft_tok.eos_token_id] == target_tok.eos_token_id
+    mapped = (bridge.d2t >= 0).nonzero().flatten().tolist()
+    for d in mapped:
+        if d != draft_tok.eos_token_id:
+            assert bridge.draft.surfaces[d] == bridge.target.surfaces[int(bridge.d2t[d])]
+    # some words are split in the BPE: the intersection is a real subset of the target's vocabulary
+    assert 10 < bridge.size < len(bridge.target.surfaces)
+    assert bridge.target_in.sum() == len(mapped) and bridge.expansion >= 2
+    assert 0 < bridge.summary()["target_share_in_intersection"] < 1
+
+
+def test_the_mode_is_chosen_from_the_vocabularies_and_the_rule():
+    assert resolve_mode("auto", True, False) == "shared"
+    assert resolve_mode("auto", False, True) == "string"
+    assert resolve_mode("auto", False, False) == "intersection"
+    assert resolve_mode("string", False, False) == "string"
+    with pytest.raises(SpecsweepError, match="shared needs the draft to use the target's tokenizer"):
+        resolve_mode("shared", False, False)
+    with pytest.raises(SpecsweepError, match="unknown draft tokenizer mode"):
+        resolve_mode("bytes", False, False)
+
+
+# ---- greedy: the target's own greedy output -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("mode", ["string", "intersection"])
+def test_greedy_output_is_the_targets_token_for_token(kind, mode):
+    target, target_tok, draft, draft_tok = cross_tokenizer_pair(kind)
+    bridge = build_bridge(target_tok, draft_tok, len(target_tok), len(draft_tok), "cpu")
+    enc = target_tok(PROMPTS, return_tensors="pt", padding=True)
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+        enc.input_ids, enc.attention_mask, 24).tokens
+    engine = _engine((target, target_tok, draft, draft_tok, bridge), mode, get_sampler("greedy"), gamma=4)
+    result = engine.generate(enc.input_ids, enc.attention_mask, 24, prompt_texts=PROMPTS)
+    assert result.tokens == reference
+    stats = result.row_stats
+    assert 0 < sum(s["accepted"] for s in stats) < sum(s["drafted"] for s in stats)
+    assert 0 < sum(s["accepted_chars"] for s in stats) < sum(s["drafted_chars"] for s in stats)
+    assert result.extra["cross_tokenizer"]["mode"] == mode
+    for i in (0, 3):                                                     # alone, and without the prompt text
+        one = target_tok(PROMPTS[i], return_tensors="pt")
+        assert engine.generate(one.input_ids, one.attention_mask, 24).tokens == [reference[i]]
+
+
+def test_string_mode_proposes_several_target_words_from_the_drafts_text(pair, monkeypatch):
+    """A step's proposals are the target tokens of the draft's text, at most γ, cut at a word the target does not
+    know; the draft reads what was emitted re-tokenised with its own tokenizer."""
+    target_tok = pair[1]
+    widths = []
+    through_text = TextDrafter._through_text
+
+    def spy(self, drafted, gamma):
+        out = through_text(self, drafted, gamma)
+        widths.append((out[0].shape[1], list(self.drafted_host)))
+        for row, n in zip(out[0].tolist(), self.drafted_host):
+            assert target_tok.unk_token_id not in row[:n]
+        return out
+
+    monkeypatch.setattr(TextDrafter, "_through_text", spy)
+    enc = target_tok(PROMPTS[:2], return_tensors="pt", padding=True)
+    engine = _engine(pair, "string", get_sampler("greedy"), gamma=4)
+    engine.generate(enc.input_ids, enc.attention_mask, 16, prompt_texts=PROMPTS[:2])
+    assert widths and all(w == max(d) <= 4 for w, d in widths)
+    assert any(max(d) >= 2 for _, d in widths)
+
+
+# ---- sampling: the target's distribution --------------------------------------------------------------------------
+
+def _emitted(engine, tok, prompt: str, seed: int) -> np.ndarray:
+    """The first two tokens of N_ROWS rows of ``prompt``, decoded together for 4 tokens. int [N_ROWS, 2]."""
+    enc = tok([prompt] * N_ROWS, return_tensors="pt", padding=True)
+    result = engine.generate(enc.input_ids, enc.attention_mask, 4, torch.Generator().manual_seed(seed),
+                             prompt_texts=[prompt] * N_ROWS)
+    stats = result.row_stats
+    assert 0.01 * sum(s["drafted"] for s in stats) < sum(s["accepted"] for s in stats)
+    return np.array(result.tokens)[:, :2]
+
+
+def _pvalues(out: np.ndarray, target, tok, temperature: float) -> tuple[float, float]:
+    V = target.config.vocab_size
+    (first, _), joint = target_laws(target, tok(PROMPTS[0], return_tensors="pt").input_ids, temperature, 2)
+    return (chisquare_pvalue(counts(out[:, 0], V), first),
+            chisquare_pvalue(counts(out[:, 0] * V + out[:, 1], V * V), joint.flatten()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,temperature", [("intersection", 1.0), ("intersection", 0.7), ("string", 1.0)])
+def test_exact_sampling_through_another_tokenizer_follows_the_target(pair, mode, temperature):
+    target, target_tok, *_ = pair
+    engine = _engine(pair, mode, get_sampler("exact", temperature=temperature), gamma=3, eos=())
+    out = _emitted(engine, target_tok, PROMPTS[0], seed=5)
+    V = target.config.vocab_size
+    (first, _), joint = target_laws(target, target_tok(PROMPTS[0], return_tensors="pt").input_ids, temperature, 2)
+    assert_fits(counts(out[:, 0], V), first, f"{mode}, T={temperature}: first token")
+    assert_fits(counts(out[:, 0] * V + out[:, 1], V * V), joint.flatten(), f"{mode}, T={temperature}: first two")
+
+
+class _ShiftedLogitsDrafter(TextDrafter):
+    """WRONG: hands the verifier each proposal with the distribution of the position before it (an off-by-one in
+    the scattered proposal logits)."""
+
+    def _scatter(self, logits):
+        return torch.roll(super()._scatter(logits), 1, dims=1)
+
+
+@pytest.mark.slow
+def test_negative_control_proposal_logits_off_the_proposals_fail(pair, monkeypatch):
+    import pipeline.cross_tokenizer
+
+    target, target_tok, *_ = pair
+    monkeypatch.setattr(pipeline.cross_tokenizer, "TextDrafter", _ShiftedLogitsDrafter)
+    engine = _engine(pair, "intersection", get_sampler("exact"), gamma=3, eos=())
+    pvalues = _pvalues(_emitted(engine, target_tok, PROMPTS[0], seed=5), target, target_tok, 1.0)
+    assert min(pvalues) <= THRESHOLD, f"the wrong proposal logits passed (p = {pvalues}): the test has no power"
+
+
+def test_intersection_mode_reports_the_mass_it_covers(pair):
+    target_tok = pair[1]
+    enc = target_tok(PROMPTS, return_tensors="pt", padding=True)
+    result = _engine(pair, "intersection", get_sampler("exact")).generate(
+        enc.input_ids, enc.attention_mask, 12, torch.Generator().manual_seed(0), prompt_texts=PROMPTS)
+    stats = result.extra["cross_tokenizer"]
+    assert 0 < stats["target_mass_on_intersection"] < 1 and 0 < stats["draft_mass_on_intersection"] < 1
+    accepted = sum(s["accepted"] for s in result.row_stats) / sum(s["drafted"] for s in result.row_stats)
+    assert accepted <= stats["target_mass_on_intersection"]
+    assert stats["intersection_size"] == int(pair[4].target_in.sum())
+
+
+def test_an_adaptive_draft_length_is_refused_with_another_tokenizer(pair):
+    from pipeline.draft_policy import DraftPolicy
+
+    target, _, draft, _, bridge = pair
+    with pytest.raises(SpecsweepError, match="fixed γ"):
+        SpeculativeEngine(target, draft, get_sampler("exact"), 3, "cpu", [EOS], 0, bridge=bridge,
+                          bridge_mode="intersection", draft_policy=DraftPolicy("heuristic", 0.0, 6))
+
+
+# ---- `specsweep run` ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """The pair saved with save_pretrained (models and tokenizers), and a prompts file."""
+    from tiny_models import write_prompts
+
+    root = tmp_path_factory.mktemp("cross")
+    target, target_tok, draft, draft_tok = cross_tokenizer_pair()
+    for name, model, tok in (("target", target, target_tok), ("draft", draft, draft_tok)):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root, write_prompts(root / "prompts.jsonl")
+
+
+def _run(saved, out, *extra):
+    from pipeline.cli import main
+
+    root, data = saved
+    return main(["run", "--target", str(root / "target"), "--draft", str(root / "draft"), "--data", str(data),
+                 "--device", "cpu", "--max-new-tokens", "10", "--gamma", "3", "--repeats", "3",
+                 "--samples-per-repeat", "2", "--no-progress", "--out", str(out), *extra])
+
+
+@pytest.mark.parametrize("extra,mode", [((), "intersection"), (("--sampler", "greedy"), "string"),
+                                        (("--temperature", "0", "--sampler", "greedy",
+                                          "--draft-tokenizer-mode", "intersection"), "intersection")])
+def test_run_picks_and_records_the_mode(saved, tmp_path, extra, mode):
+    import json
+
+    out = tmp_path / "run.json"
+    assert _run(saved, out, *extra) == 0
+    res = json.loads(out.read_text())
+    assert res["resolved"]["draft_tokenizer_mode"] == mode
+    m = res["metrics"]
+    bridge = m["cross_tokenizer"]
+    assert bridge["mode"] == mode and bridge["intersection_size"] > 10
+    if mode == "intersection":
+        assert 0 < bridge["target_mass_on_intersection"] <= 1
+    assert 0 <= m["acceptance_rate_chars"] <= 1 and m["chars_per_step"] > 0
+    assert m["accepted_chars"] == sum(s["accepted_chars"] for s in res["samples"])
+    assert m["speedup"] > 0
+
+
+def test_shared_mode_with_another_tokenizer_is_one_line_exit_2(saved, tmp_path, capsys):
+    assert _run(saved, tmp_path / "x.json", "--draft-tokenizer-mode", "shared") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "different tokenizers" in err[0]
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_the_hf_engine_refuses_another_tokenizer_in_one_line(saved, tmp_path, capsys):
+    assert _run(saved, tmp_path / "x.json", "--engine", "hf") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--engine specsweep" in err[0]
