@@ -137,11 +137,13 @@ def _same(r) -> tuple:
 
 def _sentences(rows) -> list[str]:
     """Per draft and mode with another tokenizer: against the fastest matched draft at the setting where it does
-    best among the settings both ran, then the bridge's numbers, then best against best."""
-    matched = [r for _, r in rows.iterrows() if r["mode"] == SHARED]
+    best among the settings both ran, then the bridge's numbers, then best against best. Only rules that keep the
+    target's output (:func:`_faithful`) are compared, lossless ones first where a draft has any."""
+    every_matched = _faithful([r for _, r in rows.iterrows() if r["mode"] == SHARED])
     out = []
     for (draft, mode), group in rows[rows["mode"] != SHARED].groupby(["draft", "mode"], sort=True):
-        mine = [r for _, r in group.iterrows()]
+        mine = _lossless_first(_faithful([r for _, r in group.iterrows()]))
+        matched = _lossless_first(every_matched) if _lossless(mine[0]) else every_matched
         best = max(mine, key=lambda r: to_number(r["speedup"]))
         parts = []
         if not matched:
@@ -171,6 +173,28 @@ def _sentences(rows) -> list[str]:
                              f"`{top['draft']}` ({_setting(top)}).")
         out.append(" ".join(p for p in parts if p))
     return out
+
+
+def _lossless_first(rows: list) -> list:
+    """The rows whose rule is lossless at their temperature (pipeline/rules.py), or all of them if none is."""
+    lossless = [r for r in rows if _lossless(r)]
+    return lossless or rows
+
+
+def _faithful(rows: list) -> list:
+    """The rows whose rule keeps the target's output (lossless at any temperature, or at T = 0 as greedy
+    verification, pipeline/rules.py), or all of them if none does: a lossy rule's speed comes with a quality loss
+    these sentences do not weigh."""
+    from pipeline.rules import RULES
+
+    kept = [r for r in rows if RULES.get(r["sampler"]) is None or RULES[r["sampler"]].lossless != "never"]
+    return kept or rows
+
+
+def _lossless(row) -> bool:
+    from pipeline.rules import is_lossless
+
+    return is_lossless(row["sampler"], _or_one(to_number(row["temperature"])))
 
 
 def _verdict(a, b) -> str:
@@ -250,9 +274,13 @@ def _figure(rows, title: str, path: Path) -> Path | None:
     for ax in (a1, a2):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6.5)
+    handles, labels = a1.get_legend_handles_labels()   # one legend for both panels, below them, off the data
+    lines = math.ceil(len(labels) / 3)
+    height = 4.4 + 0.17 * lines
+    fig.set_size_inches(12, height)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, (0.17 * lines + 0.1) / height, 1, 1))
     return save(fig, path)
 
 
@@ -285,3 +313,8 @@ def _int(v) -> int | None:
 def _temp(v) -> str | None:
     f = to_number(v)
     return None if f is None else f"{f:g}"
+
+
+def _or_one(temperature):
+    """A run without a recorded temperature ran the default, 1."""
+    return 1.0 if temperature is None else temperature

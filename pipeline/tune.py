@@ -46,6 +46,7 @@ import math
 import os
 import random
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -405,6 +406,20 @@ def pareto_front(study) -> dict:
                          "results": t.user_attrs.get("results"), "worker": t.user_attrs.get("worker")}
                         for t in sorted(best, key=lambda t: t.number)],
     }
+
+
+def fixed_draft_length_across_tokenizers(space: SearchSpace, base: RunConfig) -> SearchSpace:
+    """``space`` with a fixed draft length only when the pair's draft has another tokenizer than the target's (its
+    drafter, pipeline/cross_tokenizer.py, drafts a fixed γ; an adaptive trial could only fail), else ``space``."""
+    from pipeline.cross_tokenizer import same_vocabulary
+    from pipeline.models import load_tokenizer
+
+    if not space.searches_drafts or not base.draft or get_task(base.task).speech \
+            or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
+        return space
+    print(f"the draft {base.draft} has another tokenizer than the target's: trials draft a fixed γ (the space's "
+          f"draft lengths {list(space.drafts)} narrowed to [fixed])", file=sys.stderr)
+    return dataclasses.replace(space, drafts=("fixed",))
 
 
 def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str | os.PathLike, out: str,

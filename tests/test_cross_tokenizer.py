@@ -239,3 +239,20 @@ def test_the_hf_engine_refuses_another_tokenizer_in_one_line(saved, tmp_path, ca
     assert _run(saved, tmp_path / "x.json", "--engine", "hf") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--engine specsweep" in err[0]
+
+
+def test_a_study_of_a_pair_with_another_tokenizer_drafts_a_fixed_gamma(saved, capsys):
+    """The default space searches adaptive draft lengths, which this drafter does not run: the study narrows them
+    instead of failing those trials; a pair with one tokenizer keeps the space as it is."""
+    from pipeline.config import RunConfig
+    from pipeline.tune import SearchSpace, fixed_draft_length_across_tokenizers
+
+    root, data = saved
+    space = SearchSpace.load("sweeps/optuna_space.yaml")
+    assert space.searches_drafts
+    cross = RunConfig(task="prompts", data=str(data), target=str(root / "target"), draft=str(root / "draft"))
+    narrowed = fixed_draft_length_across_tokenizers(space, cross)
+    assert narrowed.drafts == ("fixed",) and not narrowed.searches_drafts
+    assert "another tokenizer" in capsys.readouterr().err
+    same = RunConfig(task="prompts", data=str(data), target=str(root / "target"), draft=str(root / "target"))
+    assert fixed_draft_length_across_tokenizers(space, same) is space
