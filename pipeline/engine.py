@@ -39,7 +39,7 @@ import inspect
 import resource
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -342,7 +342,7 @@ class GenerationResult:
 
     tokens            per row, the new token ids (EOS included when reached; nothing past it)
     row_stats         per row: new_tokens, verify_steps, accepted, drafted, wall_time_s
-    phase_time_s      seconds in prefill / draft / target / verify
+    phase_time_s      seconds in prefill / draft / target / verify (/ bridge: a draft with another tokenizer)
     phase_calls       forward or verify calls per phase
     extra             draft_forwards; accepted_histogram [γ+1]: full-γ steps (one per row) that accepted k tokens
     origins           per row, aligned with tokens: each token's origin code (pipeline/provenance.py: accepted
@@ -529,7 +529,7 @@ class SpeculativeEngine:
             finished = self._emit(state, res, width, max_new_tokens)
             accepted_h, finished_h = self._sync(state, res, finished, width, time.perf_counter() - t_start, on_step,
                                                 drafter, drafted)
-            self._roll_back(drafter, state, res, drafted, width, scored, accepted_h)
+            self._roll_back(drafter, state, res, drafted, width, scored, accepted_h, timer)
             self._drop_finished(drafter, state, finished_h)
 
         guard.check()
@@ -699,14 +699,16 @@ class SpeculativeEngine:
         return [accepted, (lengths * (j < limit[:, None])).sum(dim=1)]
 
     def _roll_back(self, drafter: Drafter | None, state: _Decoding, res, drafted: torch.Tensor, gamma: int,
-                   scored: int, accepted_h: list[int]) -> None:
-        """Both caches back to the accepted prefix; the emitted token becomes the pending one."""
+                   scored: int, accepted_h: list[int], timer: PhaseTimer | None = None) -> None:
+        """Both caches back to the accepted prefix; the emitted token becomes the pending one. A draft with another
+        tokenizer re-reads the emitted text instead, timed as the "bridge" phase (host work)."""
         max_acc, min_acc = max(accepted_h), min(accepted_h)
         next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
         fed = scored - gamma         # the target keeps the pending token (if it was fed) and the accepted drafts
         self.target.retain(scored, res.accepted + fed, max_acc + fed, min_acc + fed)
         if getattr(drafter, "reads_text", False):
-            drafter.commit_text(state.step_emitted, state.step_shipped)
+            with timer.phase("bridge") if timer is not None else nullcontext():
+                drafter.commit_text(state.step_emitted, state.step_shipped)
         elif drafter is not None:
             if gamma > 0:
                 drafter.commit(gamma, res.accepted, max_acc, min_acc, drafted, next_token)

@@ -77,6 +77,7 @@ class Metrics(TypedDict, total=False):
     draft_time_s: float
     target_time_s: float
     verify_time_s: float
+    bridge_time_s: float             # a draft with another tokenizer: re-reading the emitted text (host)
     draft_forwards: int
     target_forwards: int
     peak_memory_mb: float

@@ -503,6 +503,8 @@ def _summarize(samples: list[dict], totals: dict) -> dict:
         "draft_time_s": t.get("draft", 0.0),
         "target_time_s": t.get("target", 0.0),
         "verify_time_s": t.get("verify", 0.0),
+        # a draft with another tokenizer: re-reading the emitted text on the host (pipeline/cross_tokenizer.py)
+        "bridge_time_s": t.get("bridge", 0.0),
         "draft_forwards": totals["draft_forwards"],
         "target_forwards": calls.get("target", 0),
         "peak_memory_mb": totals["peak"],
