@@ -154,10 +154,12 @@ class RunConfig:
         if self.verify_graphs and (self.backend != "cupy" or self.engine != "specsweep" or self.device == "cpu"):
             raise bad("--verify-graphs replays the CUDA kernels' verify step from CUDA graphs: use it with "
                       "--backend cupy, --engine specsweep and a CUDA device")
-        if self.draft_tokenizer_mode in ("intersection", "string") and (self.engine != "specsweep"
-                                                                       or get_task(self.task).speech):
-            raise bad(f"--draft-tokenizer-mode {self.draft_tokenizer_mode} runs in our engine on causal LMs: use "
-                      "--engine specsweep and a text task")
+        if self.draft_tokenizer_mode in ("intersection", "string") and get_task(self.task).speech:
+            raise bad(f"--draft-tokenizer-mode {self.draft_tokenizer_mode} runs on causal LMs: use a text task (a "
+                      "Whisper pair shares one tokenizer)")
+        if self.draft_tokenizer_mode == "intersection" and self.engine != "specsweep":
+            raise bad("--draft-tokenizer-mode intersection runs in our engine: use --engine specsweep (--engine hf "
+                      "offers transformers' string-level drafting, at --temperature 0)")
         if self.engine == "hf" and self.batch_size != 1:
             raise bad("--engine hf runs HF's assisted generation, which is batch 1: use --batch-size 1")
         if not Path(self.data).exists():

@@ -11,6 +11,12 @@ our engine drafts. transformers 5 reads that schedule from the *assistant's* gen
 ``num_assistant_tokens`` & co. passed to ``generate`` (left at its defaults it drafts up to 20 tokens and stops
 early on a confidence threshold), so ``assistant_schedule`` sets it on the draft for the call and puts the old
 values back. Time in draft and target forwards is measured with forward hooks.
+
+A draft with another tokenizer (``tokenizers``: the target's and the draft's) runs transformers' Universal Assisted
+Generation (``generate(..., tokenizer=, assistant_tokenizer=)``) at T = 0: the draft's text re-tokenised for the
+target and matched greedily, the baseline of our string mode (pipeline/cross_tokenizer.py). Its sampling variant
+prunes the draft's LM head in place, which would change the draft that later runs of a grid share, so it is not
+offered (the runner refuses it in one line).
 """
 
 from __future__ import annotations
@@ -114,8 +120,12 @@ class HFEngine:
     """
 
     def __init__(self, target, draft, sampler: Sampler, gamma: int, temperature: float, device: str,
-                 eos_token_ids: list[int], pad_token_id: int = 0) -> None:
+                 eos_token_ids: list[int], pad_token_id: int = 0, tokenizers: tuple | None = None) -> None:
         self.target, self.draft, self.sampler = target, draft, sampler
+        self.tokenizers = tokenizers if gamma > 0 else None     # (target's, draft's): another tokenizer, T = 0
+        if self.tokenizers is not None and temperature > 0:
+            raise ValueError("transformers' assisted generation with another tokenizer runs here at T = 0 only")
+        self.bridge_mode = "string" if self.tokenizers is not None else "shared"
         self.gamma, self.temperature = gamma, temperature
         self.device = torch.device(device)
         self.eos, self.pad = eos_token_ids, pad_token_id
@@ -128,6 +138,8 @@ class HFEngine:
             kwargs["temperature"] = self.temperature
         if self.gamma > 0:
             kwargs["assistant_model"] = self.draft  # its schedule: assistant_schedule in generate
+        if self.tokenizers is not None:
+            kwargs["tokenizer"], kwargs["assistant_tokenizer"] = self.tokenizers
         return kwargs
 
     @torch.inference_mode()

@@ -84,10 +84,14 @@ def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: 
     eos = [] if config.ignore_eos else eos_token_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     if config.engine == "hf":
+        tokenizers = None
         if draft_tokenizer_mode(config, sampler, draft, tokenizer) != "shared":
-            raise SpecsweepError("--engine hf runs a draft with the target's tokenizer only; for a draft with another "
-                                 "tokenizer use --engine specsweep (--draft-tokenizer-mode)")
-        return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad)
+            if config.temperature > 0:
+                raise SpecsweepError("--engine hf with a draft of another tokenizer runs transformers' Universal "
+                                     "Assisted Generation at --temperature 0 only (its sampling variant prunes the "
+                                     "draft's LM head in place); at T > 0 use --engine specsweep")
+            tokenizers = (tokenizer, _draft_tokenizer(config.draft))
+        return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad, tokenizers)
     if config.verify_graphs:
         from pipeline.samplers.cuda_graphs import GraphedVerify
 

@@ -235,10 +235,25 @@ def test_shared_mode_with_another_tokenizer_is_one_line_exit_2(saved, tmp_path, 
     assert not (tmp_path / "x.json").exists()
 
 
-def test_the_hf_engine_refuses_another_tokenizer_in_one_line(saved, tmp_path, capsys):
+def test_the_hf_engine_refuses_another_tokenizer_when_sampling_in_one_line(saved, tmp_path, capsys):
     assert _run(saved, tmp_path / "x.json", "--engine", "hf") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--engine specsweep" in err[0]
+    assert len(err) == 1 and "--temperature 0 only" in err[0]
+
+
+def test_transformers_universal_assisted_generation_is_the_greedy_baseline(pair):
+    """--engine hf at T = 0 runs transformers' string-level drafting: the target's greedy output too, as our string
+    mode gives it."""
+    from pipeline.hf_engine import HFEngine
+
+    target, target_tok, draft, draft_tok, _ = pair
+    enc = target_tok(PROMPTS, return_tensors="pt", padding=True)
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+        enc.input_ids, enc.attention_mask, 16).tokens
+    hf = HFEngine(target, draft, get_sampler("greedy"), 4, 0.0, "cpu", [EOS], 0, (target_tok, draft_tok))
+    result = hf.generate(enc.input_ids, enc.attention_mask, 16)
+    assert result.tokens == reference and hf.bridge_mode == "string"
+    assert sum(s["accepted"] for s in result.row_stats) > 0
 
 
 def test_a_study_of_a_pair_with_another_tokenizer_drafts_a_fixed_gamma(saved, capsys):
@@ -256,3 +271,12 @@ def test_a_study_of_a_pair_with_another_tokenizer_drafts_a_fixed_gamma(saved, ca
     assert "another tokenizer" in capsys.readouterr().err
     same = RunConfig(task="prompts", data=str(data), target=str(root / "target"), draft=str(root / "target"))
     assert fixed_draft_length_across_tokenizers(space, same) is space
+
+
+def test_run_with_the_hf_engine_records_transformers_string_drafting(saved, tmp_path):
+    import json
+
+    out = tmp_path / "hf.json"
+    assert _run(saved, out, "--engine", "hf", "--temperature", "0", "--sampler", "greedy") == 0
+    res = json.loads(out.read_text())
+    assert res["resolved"]["draft_tokenizer_mode"] == "string" and res["metrics"]["speedup"] > 0
