@@ -6,7 +6,9 @@ string mode with the exact rule at T = 1: chi-square tests of the first emitted 
 6000 rows decoded together, against the target's laws by enumeration, and a negative control (proposal logits that
 disagree with the proposals) that the same test rejects. Greedy: the string and intersection modes reproduce the
 target's greedy decoding token for token, batched and alone, for GPT-2 (static cache) and Llama (transformers'
-cache). Chi-square tests here: 6 (counted against tests/stat_utils.py's MAX_TESTS).
+cache), over ragged batches, and with two BPEs whose re-tokenisation cuts the draft's cache back past a step's
+start; transformers' own string-level drafting gives the same tokens. Chi-square tests here: 6 (counted against
+tests/stat_utils.py's MAX_TESTS).
 """
 
 from __future__ import annotations
@@ -280,3 +282,55 @@ def test_run_with_the_hf_engine_records_transformers_string_drafting(saved, tmp_
     assert _run(saved, out, "--engine", "hf", "--temperature", "0", "--sampler", "greedy") == 0
     res = json.loads(out.read_text())
     assert res["resolved"]["draft_tokenizer_mode"] == "string" and res["metrics"]["speedup"] > 0
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 5])
+def test_ragged_batches_keep_the_targets_greedy_output(pair, gamma):
+    """Prompts of many lengths, rows ending at EOS or at different lengths and leaving the batch at different steps,
+    and caches cut back into earlier steps: every row's tokens are still the target's greedy ones, in both modes."""
+    import random
+
+    target, target_tok, *_ = pair
+    rng = random.Random(gamma)
+    words = [w for w in target_tok.get_vocab() if not w.startswith("<")]
+    prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(7)]
+    enc = target_tok(prompts, return_tensors="pt", padding=True)
+    for max_new in (3, 17):
+        reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+            enc.input_ids, enc.attention_mask, max_new).tokens
+        for mode in ("string", "intersection"):
+            engine = _engine(pair, mode, get_sampler("greedy"), gamma=gamma)
+            assert engine.generate(enc.input_ids, enc.attention_mask, max_new,
+                                   prompt_texts=prompts).tokens == reference, (mode, max_new)
+
+
+def test_cuts_back_into_earlier_steps_keep_the_targets_greedy_output(monkeypatch):
+    """Two byte-level BPEs with different merges: a target token is often part of a word, so appending text changes
+    how the draft tokenises what it read in earlier steps, and its cache is cut back past the step's start. The
+    output is still the target's greedy output, in both modes."""
+    import random
+
+    from pipeline.synthetic import build_model
+
+    target_tok, draft_tok = build_bpe_tokenizer(WORDS, 380), build_bpe_tokenizer(list(WORDS)[::-1], 600)
+    target, draft = build_model("gpt2", len(target_tok), 2, 32, 0), build_model("gpt2", len(draft_tok), 1, 32, 1)
+    bridge = build_bridge(target_tok, draft_tok, len(target_tok), len(draft_tok), "cpu")
+    deep = []
+    commit = TextDrafter.commit_text
+
+    def spy(self, emitted, shipped):
+        before = [p[-1] if p else -1 for p in self.pos]
+        commit(self, emitted, shipped)
+        deep.extend(p[-1] < last for p, last in zip(self.pos, before) if p)
+
+    monkeypatch.setattr(TextDrafter, "commit_text", spy)
+    rng = random.Random(0)
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(7)]
+    enc = target_tok(prompts, return_tensors="pt", padding=True)
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+        enc.input_ids, enc.attention_mask, 17).tokens
+    for mode in ("string", "intersection"):
+        engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, "cpu", [EOS], 0, bridge=bridge,
+                                   bridge_mode=mode)
+        assert engine.generate(enc.input_ids, enc.attention_mask, 17, prompt_texts=prompts).tokens == reference
+    assert any(deep), "no cache was cut back past a step's start: the test lost its point"
