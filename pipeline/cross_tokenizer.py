@@ -125,6 +125,8 @@ class VocabBridge:
     target_in      bool  [V_t]  target ids in the intersection
     target_pad     the id a string-mode row with fewer proposals pads with (never counted as drafted)
     expansion      the most draft tokens one target token's text takes (bounds the draft's context per target token)
+    size           tokens in the intersection; target_share: the share of the target's tokens with text in it
+                   (both counted on the host when the bridge is built, so reading them never syncs a GPU)
     """
 
     target: TokenText
@@ -134,17 +136,12 @@ class VocabBridge:
     target_in: torch.Tensor
     target_pad: int
     expansion: int
-
-    @property
-    def size(self) -> int:
-        """Tokens in the intersection."""
-        return int(self.target_in.sum())
+    size: int
+    target_share: float
 
     def summary(self) -> dict:
-        in_words = sum(1 for i in self.target.surfaces if i < len(self.target_in) and bool(self.target_in[i]))
         return {"intersection_size": self.size, "target_vocab": len(self.target.tokenizer),
-                "draft_vocab": len(self.draft.tokenizer),
-                "target_share_in_intersection": in_words / max(1, len(self.target.surfaces)),
+                "draft_vocab": len(self.draft.tokenizer), "target_share_in_intersection": self.target_share,
                 "draft_tokens_per_target_token_max": self.expansion}
 
 
@@ -168,8 +165,10 @@ def build_bridge(target_tok, draft_tok, target_rows: int, draft_rows: int, devic
         if target.surfaces else [[]]
     expansion = max(1, max(len(p) for p in pieces))
     pad = target_tok.pad_token_id if target_tok.pad_token_id is not None else (target_tok.eos_token_id or 0)
+    with_text = [i for i in target.surfaces if i < target_rows]
+    share = int(target_in[with_text].sum()) / max(1, len(target.surfaces)) if with_text else 0.0
     return VocabBridge(target, draft, d2t.to(device), (d2t >= 0).to(device), target_in.to(device), int(pad),
-                       expansion)
+                       expansion, int(target_in.sum()), share)
 
 
 def _probability_on(logits: torch.Tensor, inside: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -694,7 +694,10 @@ class SpeculativeEngine:
             return [zero, zero]
         lengths = self.char_lengths[drafted.clamp(0, self.char_lengths.shape[0] - 1)]            # [b, γ]
         j = torch.arange(gamma, device=self.device)
-        limit = torch.tensor(proposed, dtype=torch.int64).to(self.device, non_blocking=True)
+        if all(k == gamma for k in proposed):   # one tokenizer: every row proposed γ (a fill on the device, no copy)
+            limit = torch.full((len(proposed),), gamma, dtype=torch.int64, device=self.device)
+        else:                                   # another tokenizer's text: the counts come from the host
+            limit = torch.tensor(proposed, dtype=torch.int64).to(self.device, non_blocking=True)
         accepted = (lengths * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
         return [accepted, (lengths * (j < limit[:, None])).sum(dim=1)]
 
