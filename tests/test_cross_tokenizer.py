@@ -334,3 +334,37 @@ def test_cuts_back_into_earlier_steps_keep_the_targets_greedy_output(monkeypatch
                                    bridge_mode=mode)
         assert engine.generate(enc.input_ids, enc.attention_mask, 17, prompt_texts=prompts).tokens == reference
     assert any(deep), "no cache was cut back past a step's start: the test lost its point"
+
+
+def test_statistics_of_batches_and_ranks_merge_from_their_sums():
+    from pipeline import distributed
+    from pipeline.cross_tokenizer import merge_statistics
+    from pipeline.tasks.base import Cuts
+
+    static = {"mode": "intersection", "intersection_size": 10, "target_vocab": 20, "draft_vocab": 30,
+              "target_share_in_intersection": 0.5, "draft_tokens_per_target_token_max": 3}
+    a = {**static, "target_mass_sum": 3.0, "target_positions": 4, "draft_mass_sum": 1.0, "draft_positions": 2}
+    b = {**static, "target_mass_sum": 1.0, "target_positions": 4, "draft_mass_sum": 2.0, "draft_positions": 2}
+    merged = merge_statistics([a, b])
+    assert merged["target_mass_on_intersection"] == 0.5 and merged["draft_mass_on_intersection"] == 0.75
+    assert merged["target_positions"] == 8 and merged["intersection_size"] == 10
+
+    def part(stats):
+        return {"wall": 1.0, "draft_forwards": 1, "peak": 1.0, "phase_time": {}, "phase_calls": {},
+                "cuts": Cuts(), "cross_tokenizer": stats}
+
+    assert distributed.merge_totals([part(a), part(b)])["cross_tokenizer"] == merged
+
+
+def test_two_processes_give_the_tokens_of_one_through_another_tokenizer(saved, tmp_path):
+    import json
+
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert _run(saved, one, "--seed-per-example", "--batch-size", "2") == 0
+    assert _run(saved, two, "--processes", "2", "--batch-size", "2") == 0
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert [s["token_ids"] for s in a["samples"]] == [s["token_ids"] for s in b["samples"]]
+    assert b["resolved"]["processes"] == 2 and b["resolved"]["draft_tokenizer_mode"] == "intersection"
+    ma, mb = a["metrics"]["cross_tokenizer"], b["metrics"]["cross_tokenizer"]
+    assert mb["target_positions"] == ma["target_positions"]
+    assert mb["target_mass_on_intersection"] == pytest.approx(ma["target_mass_on_intersection"], rel=1e-5)
