@@ -194,6 +194,10 @@ def export(schedule: dict, fmt: str, out: str | os.PathLike, *, pick: str | None
         raise SpecsweepError(f"the schedule names no draft model: --format {fmt} needs one")
     for row in rows:
         settings = row["settings"]
+        if settings["gamma"] > 0 and fmt != "hf" and settings.get("draft_tokenizer_mode"):
+            raise SpecsweepError(f"{fmt} has no draft with another tokenizer than the target's, and the pick for batch "
+                                 f"size {row['batch_size']} bridges them ({settings['draft_tokenizer_mode']} mode): "
+                                 "export --format hf or json")
         if settings["gamma"] > 0 and fmt != "hf" and _adaptive(settings):
             raise SpecsweepError(f"{fmt} has no adaptive draft length, and the pick for batch size {row['batch_size']} "
                                  f"is {describe_settings(settings)}: use --pick standard_fixed")
@@ -229,6 +233,10 @@ def _hf(schedule: dict, rows: list[dict], out, **_) -> tuple[Path, list[str]]:
                              "faster): generate without assistant_model")
     if len(rows) > 1:
         notes.append("the settings of batch sizes above the smallest are left out (assisted generation is batch 1)")
+    if settings.get("draft_tokenizer_mode"):
+        notes.append(f"the draft has another tokenizer than the target's (measured in specsweep's "
+                     f"{settings['draft_tokenizer_mode']} mode): pass tokenizer= and assistant_tokenizer= to "
+                     "generate, which then runs transformers' own Universal Assisted Generation")
     if settings.get("draft_schedule") == "heuristic" and settings.get("gamma_max"):
         notes.append(f"transformers' heuristic schedule has no ceiling: γ_max {settings['gamma_max']} is left out")
     draft_dir = Path(str(schedule["draft"]))
@@ -370,6 +378,8 @@ def run_values(entry: dict, draft: str | None, rule_keys) -> dict:
               **{k: (s.get("params") or {}).get(k) for k in rule_keys}}
     if s.get("temperature") is not None:
         values["temperature"] = s["temperature"]
+    if s.get("draft_tokenizer_mode"):
+        values["draft_tokenizer_mode"] = s["draft_tokenizer_mode"]
     if draft and s["gamma"] > 0:
         values["draft"] = draft
     return values

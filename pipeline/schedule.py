@@ -163,8 +163,11 @@ def settings_of(config: dict) -> dict:
     params = rule.effective({k: config.get(k) for k in rule.param_names}, config.get("preset")) if rule else {}
     draft = {"draft_schedule": config.get("draft_schedule") or "constant",
              "draft_confidence": float(config.get("draft_confidence") or 0.0), "gamma_max": config.get("gamma_max")}
-    return {"gamma": int(config.get("gamma") or 0), "sampler": config.get("sampler"), "params": params, **draft,
-            "temperature": config.get("temperature")}
+    out = {"gamma": int(config.get("gamma") or 0), "sampler": config.get("sampler"), "params": params, **draft,
+           "temperature": config.get("temperature")}
+    if config.get("draft_tokenizer_mode") in ("intersection", "string"):   # a draft with another tokenizer
+        out["draft_tokenizer_mode"] = config["draft_tokenizer_mode"]
+    return out
 
 
 def is_adaptive(settings: dict) -> bool:

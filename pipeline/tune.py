@@ -91,7 +91,9 @@ class SearchSpace:
     """Ranges a trial samples from (see sweeps/optuna_space.yaml). ``params``: per acceptance rule, the range of
     each of its parameters; a rule's parameters are sampled only in trials that chose it. Unset ranges are the
     registry's. ``drafts``: the draft-length modes (:data:`DRAFT_MODES`) a trial chooses from, with the confidence
-    threshold's range (confidence trials) and γ_max's (heuristic trials, at least the trial's γ)."""
+    threshold's range (confidence trials) and γ_max's (heuristic trials, at least the trial's γ). ``tokenizer_modes``:
+    for a draft with another tokenizer, the draft-tokenizer modes a trial chooses from (pipeline/cross_tokenizer.py;
+    empty: not searched, the run's own setting)."""
 
     gamma: tuple[int, int] = (1, 8)
     samplers: tuple[str, ...] = dataclasses.field(default_factory=tunable)
@@ -101,6 +103,7 @@ class SearchSpace:
     drafts: tuple[str, ...] = ("fixed",)
     draft_confidence: Range = (0.1, 0.9, False)
     gamma_max: tuple[int, int] = (2, 8)
+    tokenizer_modes: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SearchSpace:
@@ -177,6 +180,8 @@ class SearchSpace:
             point["sampler"] = self.samplers[0]
         if self.searches_drafts:
             point["draft"] = "fixed" if "fixed" in self.drafts else self.drafts[0]
+        if self.tokenizer_modes:
+            point["draft_tokenizer_mode"] = self.tokenizer_modes[0]
         return point
 
     @property
@@ -191,6 +196,8 @@ class SearchSpace:
         if not self.searches_drafts:
             for key in _DRAFT_DEFAULTS:
                 space.pop(key)
+        if not self.tokenizer_modes:
+            space.pop("tokenizer_modes")
         return space
 
     def suggest(self, trial) -> dict:
@@ -206,6 +213,9 @@ class SearchSpace:
                 params[name] = trial.suggest_float(name, lo, hi, log=log)
         if self.searches_drafts:
             params.update(self._suggest_draft(trial, params["gamma"]))
+        if self.tokenizer_modes:
+            params["draft_tokenizer_mode"] = trial.suggest_categorical("draft_tokenizer_mode",
+                                                                       list(self.tokenizer_modes))
         return params
 
     def _suggest_draft(self, trial, gamma: int) -> dict:
@@ -408,18 +418,20 @@ def pareto_front(study) -> dict:
     }
 
 
-def fixed_draft_length_across_tokenizers(space: SearchSpace, base: RunConfig) -> SearchSpace:
-    """``space`` with a fixed draft length only when the pair's draft has another tokenizer than the target's (its
-    drafter, pipeline/cross_tokenizer.py, drafts a fixed γ; an adaptive trial could only fail), else ``space``."""
+def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
+    """``space`` for the run's pair. A draft with another tokenizer than the target's (pipeline/cross_tokenizer.py)
+    drafts a fixed γ (an adaptive trial could only fail), and its trials choose how to bridge the tokenizers
+    (intersection or string; which is faster depends on the pair) unless ``--draft-tokenizer-mode`` fixes it."""
     from pipeline.cross_tokenizer import same_vocabulary
     from pipeline.models import load_tokenizer
 
-    if not space.searches_drafts or not base.draft or get_task(base.task).speech \
+    if not base.draft or get_task(base.task).speech \
             or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
         return space
-    print(f"the draft {base.draft} has another tokenizer than the target's: trials draft a fixed γ (the space's "
-          f"draft lengths {list(space.drafts)} narrowed to [fixed])", file=sys.stderr)
-    return dataclasses.replace(space, drafts=("fixed",))
+    modes = ("intersection", "string") if base.draft_tokenizer_mode == "auto" else ()
+    print(f"the draft {base.draft} has another tokenizer than the target's: trials draft a fixed γ"
+          + (f" and choose the draft-tokenizer mode from {list(modes)}" if modes else ""), file=sys.stderr)
+    return dataclasses.replace(space, drafts=("fixed",), tokenizer_modes=modes)
 
 
 def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str | os.PathLike, out: str,

@@ -258,21 +258,33 @@ def test_transformers_universal_assisted_generation_is_the_greedy_baseline(pair)
     assert sum(s["accepted"] for s in result.row_stats) > 0
 
 
-def test_a_study_of_a_pair_with_another_tokenizer_drafts_a_fixed_gamma(saved, capsys):
+def test_a_study_of_a_pair_with_another_tokenizer_searches_the_mode_with_a_fixed_gamma(saved, capsys):
     """The default space searches adaptive draft lengths, which this drafter does not run: the study narrows them
-    instead of failing those trials; a pair with one tokenizer keeps the space as it is."""
+    instead of failing those trials, and its trials choose intersection or string (which is faster depends on the
+    pair), unless the run fixes the mode; a pair with one tokenizer keeps the space as it is."""
+    import dataclasses
+
+    import optuna
+
     from pipeline.config import RunConfig
-    from pipeline.tune import SearchSpace, fixed_draft_length_across_tokenizers
+    from pipeline.tune import SearchSpace, space_for_pair
 
     root, data = saved
     space = SearchSpace.load("sweeps/optuna_space.yaml")
-    assert space.searches_drafts
+    assert space.searches_drafts and not space.tokenizer_modes
     cross = RunConfig(task="prompts", data=str(data), target=str(root / "target"), draft=str(root / "draft"))
-    narrowed = fixed_draft_length_across_tokenizers(space, cross)
-    assert narrowed.drafts == ("fixed",) and not narrowed.searches_drafts
+    narrowed = space_for_pair(space, cross)
+    assert not narrowed.searches_drafts and narrowed.tokenizer_modes == ("intersection", "string")
     assert "another tokenizer" in capsys.readouterr().err
+    assert narrowed.first_point()["draft_tokenizer_mode"] == "intersection"
+    assert "tokenizer_modes" in narrowed.recorded() and "tokenizer_modes" not in space.recorded()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    chosen = {narrowed.suggest(study.ask())["draft_tokenizer_mode"] for _ in range(12)}
+    assert chosen == {"intersection", "string"}
+    fixed = space_for_pair(space, dataclasses.replace(cross, draft_tokenizer_mode="string"))
+    assert not fixed.tokenizer_modes and not fixed.searches_drafts
     same = RunConfig(task="prompts", data=str(data), target=str(root / "target"), draft=str(root / "target"))
-    assert fixed_draft_length_across_tokenizers(space, same) is space
+    assert space_for_pair(space, same) is space
 
 
 def test_run_with_the_hf_engine_records_transformers_string_drafting(saved, tmp_path):
@@ -368,3 +380,15 @@ def test_two_processes_give_the_tokens_of_one_through_another_tokenizer(saved, t
     ma, mb = a["metrics"]["cross_tokenizer"], b["metrics"]["cross_tokenizer"]
     assert mb["target_positions"] == ma["target_positions"]
     assert mb["target_mass_on_intersection"] == pytest.approx(ma["target_mass_on_intersection"], rel=1e-5)
+
+
+def test_a_tuned_mode_travels_through_the_schedule_and_export():
+    """The mode a trial chose is part of its deployable settings: the json export carries it and `run --from-config`
+    reads it back; a run left on auto (one tokenizer) adds nothing."""
+    from pipeline.export import run_values
+    from pipeline.schedule import settings_of
+
+    settings = settings_of({"gamma": 4, "sampler": "exact", "temperature": 1.0, "draft_tokenizer_mode": "string"})
+    assert settings["draft_tokenizer_mode"] == "string"
+    assert run_values({"settings": settings}, "d", [])["draft_tokenizer_mode"] == "string"
+    assert "draft_tokenizer_mode" not in settings_of({"gamma": 4, "sampler": "exact", "draft_tokenizer_mode": "auto"})

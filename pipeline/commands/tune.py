@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     from pipeline.config import RunConfig
     from pipeline.errors import SpecsweepError
     from pipeline.schedule import Cell, describe_pick, parse_batch_sizes, parse_context_buckets
-    from pipeline.tune import SearchSpace, fixed_draft_length_across_tokenizers, tune_schedule
+    from pipeline.tune import SearchSpace, space_for_pair, tune_schedule
 
     skip = {"command", "_module", "no_progress", "space", "n_trials", "study_name", "study_dir", "storage",
             "out", "baseline", "worker", "heartbeat_interval", "grace_period", "max_retry", "batch_sizes",
@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
             raise SpecsweepError(f"--baseline {path} does not exist: run the γ = 0 baseline first")
     if args.heartbeat_interval < 1:
         raise SpecsweepError(f"--heartbeat-interval must be >= 1; got {args.heartbeat_interval}")
-    space = fixed_draft_length_across_tokenizers(SearchSpace.load(args.space), base)
+    space = space_for_pair(SearchSpace.load(args.space), base)
     batch_sizes, buckets = parse_batch_sizes(args.batch_sizes), parse_context_buckets(args.context_buckets)
     name = args.study_name or f"specsweep-{base.task}"
     study_dir = args.study_dir or os.path.join("results", "tune", base.task)
