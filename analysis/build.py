@@ -33,7 +33,7 @@ from pipeline.tasks import TASK_NAMES, quality_metric
 from . import figures, provenance_view, schedule_view, serving, tokenizers_view
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
-from .recommend import GROUP, baselines, flagged, is_lossless, recommend, to_number, with_loss
+from .recommend import GROUP, baselines, flagged, is_lossless, of_kind, recommend, to_number, with_loss
 from .theory import parse_rates
 
 TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
@@ -167,7 +167,7 @@ def _flagged(table) -> list:
 
 
 def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> list:
-    cand = table[table["kind"].isin(("run", "trial", "baseline"))] if "kind" in table.columns else table[:0]
+    cand = of_kind(table, "run", "trial", "baseline")
     if cand.empty or "task" not in cand.columns:
         return [Heading(2, "Runs"), Para("No results files were found (results/runs, results/tune).")]
     losses = with_loss(table)
@@ -346,7 +346,7 @@ def _sigmoid_section(group, metric, name, slug, fig_dir, written) -> list:
 
 def _latency(table, fig_dir: Path, written: dict) -> list:
     blocks = [Heading(2, "Verify-step latency")]
-    lat = table[table["kind"] == "latency"] if "kind" in table.columns else table[:0]
+    lat = of_kind(table, "latency")
     kernels = lat[lat["benchmark"] == "kernels"] if not lat.empty else lat
     samplers = lat[lat["benchmark"] == "samplers"] if not lat.empty else lat
     blocks.append(Heading(3, "CUDA kernels (`specsweep bench kernels`)"))
@@ -375,7 +375,7 @@ def _latency(table, fig_dir: Path, written: dict) -> list:
 def _loops(table) -> list:
     """The decoding-loop benchmark: our loops against HF's generate, one row per (file, temperature)."""
     blocks = [Heading(2, "Decoding loop against Hugging Face (`specsweep bench engine`)")]
-    loops = table[table["kind"] == "loop"] if "kind" in table.columns else table[:0]
+    loops = of_kind(table, "loop")
     if loops.empty:
         return [*blocks, Para("No engine benchmark results (results/bench/engine-*.json).")]
 
@@ -405,7 +405,7 @@ def _lossless(table) -> list:
     """The losslessness benchmark: per (file, rule, dtype), the greedy match rate against the target alone, the first
     divergences, the sampled tests' p-values and the verdict."""
     blocks = [Heading(2, "Losslessness per dtype (`specsweep bench lossless`)")]
-    rows = table[table["kind"] == "lossless"] if "kind" in table.columns else table[:0]
+    rows = of_kind(table, "lossless")
     if rows.empty:
         return [*blocks, Para("The benchmark has not been run (no results/bench/lossless-*.json): `specsweep bench "
                               "lossless` writes it.")]

@@ -59,6 +59,12 @@ def baselines(table, task, target, draft, dtype=None):
     return base.sort_values("source", kind="stable") if "source" in base.columns else base
 
 
+def of_kind(table, *kinds):
+    """The table's rows of these kinds (run, trial, baseline, latency, loop, lossless, serving...); none when the
+    table has no kind column (an empty table)."""
+    return table[table["kind"].isin(kinds)] if "kind" in table.columns else table[:0]
+
+
 def flagged(table):
     """bool Series: rows whose speed measurement is flagged (pipeline/measure.py); False where not recorded."""
     import pandas as pd

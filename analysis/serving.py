@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .document import Heading, Para, Table
-from .recommend import to_number
+from .recommend import of_kind, to_number
 
 
 def load_serving(files):
@@ -42,7 +42,7 @@ def load_serving(files):
 def section(table) -> list:
     """The serving section: a row per (file, server, concurrency) and, per file, the goal's verdict."""
     blocks = [Heading(2, "Serving under load (`specsweep bench serve`)")]
-    rows = table[table["kind"] == "serving"] if "kind" in table.columns else table[:0]
+    rows = of_kind(table, "serving")
     if rows.empty:
         return [*blocks, Para("The serving benchmark has not been run (no results/bench/serve-*.json): `specsweep "
                               "bench serve` writes it.")]

@@ -315,10 +315,9 @@ class TextDrafter:
         """Draft logits [b, γ, V_d] (already -inf outside the intersection) -> [b, γ, V_t], -inf where no draft
         token maps."""
         V_t = self.bridge.target_in.shape[0]
-        out = logits.new_full((*logits.shape[:2], V_t), float("-inf"))
+        wide = logits.new_full((*logits.shape[:2], V_t + 1), float("-inf"))     # column V_t: dropped
         d2t = self.bridge.d2t[: logits.shape[-1]]
-        mapped = torch.where(d2t >= 0, d2t, V_t)                                  # unmapped -> a dropped column
-        wide = torch.cat([out, out[..., :1]], dim=-1)
+        mapped = torch.where(d2t >= 0, d2t, V_t)                                  # unmapped -> the dropped column
         wide.scatter_(-1, mapped.expand(*logits.shape[:2], -1), logits)
         return wide[..., :V_t]
 

@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 import torch
 from stat_utils import THRESHOLD, assert_fits, chisquare_pvalue, counts, target_marginals
-from tiny_models import PROMPTS, save_pair
+from tiny_models import PROMPTS, load_saved_pair
 
 from pipeline.config import RunConfig
 from pipeline.draft_policy import DraftLengths, DraftPolicy
 from pipeline.engine import Drafter, SpeculativeEngine
 from pipeline.errors import SpecsweepError
-from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
 
 EOS = 1
@@ -32,9 +31,7 @@ N_ROWS = 6000
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """(target, draft, tokenizer) of the tiny GPT-2 pair, on the CPU."""
-    tp, dp = save_pair(tmp_path_factory.mktemp("adaptive"), kind="gpt2")
-    return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), \
-        load_tokenizer(str(tp))
+    return load_saved_pair(tmp_path_factory.mktemp("adaptive"), kind="gpt2")
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from stat_utils import THRESHOLD, assert_fits, chisquare_pvalue, counts, target_laws
+from stat_utils import THRESHOLD, chisquare_pvalue, counts, target_laws
 from tiny_models import PROMPTS, WORDS, build_bpe_tokenizer, build_tokenizer, cross_tokenizer_pair
 
 from pipeline.cross_tokenizer import TextDrafter, build_bridge, resolve_mode, same_vocabulary
@@ -139,11 +139,9 @@ def _pvalues(out: np.ndarray, target, tok, temperature: float) -> tuple[float, f
 def test_exact_sampling_through_another_tokenizer_follows_the_target(pair, mode, temperature):
     target, target_tok, *_ = pair
     engine = _engine(pair, mode, get_sampler("exact", temperature=temperature), gamma=3, eos=())
-    out = _emitted(engine, target_tok, PROMPTS[0], seed=5)
-    V = target.config.vocab_size
-    (first, _), joint = target_laws(target, target_tok(PROMPTS[0], return_tensors="pt").input_ids, temperature, 2)
-    assert_fits(counts(out[:, 0], V), first, f"{mode}, T={temperature}: first token")
-    assert_fits(counts(out[:, 0] * V + out[:, 1], V * V), joint.flatten(), f"{mode}, T={temperature}: first two")
+    first, joint = _pvalues(_emitted(engine, target_tok, PROMPTS[0], seed=5), target, target_tok, temperature)
+    assert first > THRESHOLD and joint > THRESHOLD, \
+        f"{mode}, T={temperature}: chi-square p = {first:.3g} (first token), {joint:.3g} (first two) <= {THRESHOLD:.3g}"
 
 
 class _ShiftedLogitsDrafter(TextDrafter):

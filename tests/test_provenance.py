@@ -15,12 +15,11 @@ import threading
 
 import pytest
 import torch
-from tiny_models import PROMPTS, build_tokenizer, save_pair, write_prompts
+from tiny_models import PROMPTS, build_tokenizer, load_saved_pair, save_pair, write_prompts
 
 from pipeline import provenance as prov
 from pipeline.cli import main
 from pipeline.engine import SpeculativeEngine
-from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
 
 A, C, B, T = prov.ACCEPTED, prov.CORRECTED, prov.BONUS, prov.TARGET
@@ -29,10 +28,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prov")
-    tp, dp = save_pair(root, noise=0.2)
-    return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), \
-        load_tokenizer(str(tp))
+    return load_saved_pair(tmp_path_factory.mktemp("prov"), noise=0.2)
 
 
 def _recording(engine):

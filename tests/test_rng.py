@@ -9,10 +9,9 @@ import sys
 
 import pytest
 import torch
-from tiny_models import PROMPTS, save_pair
+from tiny_models import PROMPTS, load_saved_pair
 
 from pipeline.engine import SpeculativeEngine
-from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.rng import RowGenerators, example_seed, rand
 from pipeline.samplers import get_sampler
 from pipeline.samplers.contract import uniforms
@@ -58,9 +57,7 @@ def test_the_uniform_helper_keeps_the_plain_generator_path_and_takes_row_generat
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    tp, dp = save_pair(tmp_path_factory.mktemp("rng"))
-    tok = load_tokenizer(str(tp))
-    return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), tok
+    return load_saved_pair(tmp_path_factory.mktemp("rng"))
 
 
 def _decode(pair, sampler: str, idx: list[int], seed: int = 0, gamma: int = 3) -> dict[int, list[int]]:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import PROMPTS, build_model, build_tokenizer, save_pair
+from tiny_models import PROMPTS, build_model, build_tokenizer, load_saved_pair
 
 from pipeline.engine import CachedModel, SpeculativeEngine
-from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
 from pipeline.static_cache import GPT2StaticForward, static_forward_for
 
@@ -21,9 +20,7 @@ EOS = 1
 
 @pytest.fixture(scope="module")
 def gpt2_pair(tmp_path_factory):
-    tp, dp = save_pair(tmp_path_factory.mktemp("gpt2"), kind="gpt2")
-    return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), \
-        load_tokenizer(str(tp))
+    return load_saved_pair(tmp_path_factory.mktemp("gpt2"), kind="gpt2")
 
 
 def _both(model):

@@ -70,3 +70,15 @@ def cross_tokenizer_pair(kind: str = "gpt2", bpe_size: int = 1000, noise: float 
                          (target.get_output_embeddings(), draft.get_output_embeddings())):
             dst.weight[mapped] = src.weight[bridge.d2t[mapped]]
     return target.eval(), target_tok, draft.eval(), draft_tok
+
+
+def load_saved_pair(root, **kwargs):
+    """(target, draft, tokenizer) of a tiny pair saved under ``root`` by :func:`save_pair` (``kwargs``: its settings),
+    loaded back with the real loading code, fp32 on the CPU."""
+    import torch
+
+    from pipeline.models import load_causal_lm, load_tokenizer
+
+    tp, dp = save_pair(root, **kwargs)
+    return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), \
+        load_tokenizer(str(tp))
