@@ -3,11 +3,13 @@
 // What they compute is defined by pipeline/samplers/torch_ref.py; shapes follow pipeline/samplers/contract.py:
 //   draft_tokens  int64 [B, γ]         target logits  T [B, γ+1, V_t]      draft logits  T [B, γ, V_d]
 //   u             fp32  [B, γ+1]       (column i < γ: acceptance uniforms, column γ: inverse-CDF draw)
+//   lengths       int64 [B] or null    per-row draft lengths (null: γ for every row), see below
 //   tokens        int64 [B, γ+1]       accepted  int64 [B]      draft_ok / target_ok  bool [B]
 // T is float, __half or __nv_bfloat16 (templated; instantiated by name from kernels/loader.py). Logits may have
 // any batch / position strides, but unit stride along the vocabulary. All arithmetic is fp32.
 //
-// The math. With weights w(z) (exact: softmax(z/T), sigmoid: sigmoid(alpha*z/T + beta)):
+// The math, for a row that drafted γ tokens (a row with a per-row length g: read g for γ, see below). With
+// weights w(z) (exact: softmax(z/T), sigmoid: sigmoid(alpha*z/T + beta)):
 //   accept draft token x_i  iff  w_d,i(x_i) > 0  and  u_i * w_d,i(x_i) < w_t,i(x_i)          (no division)
 //   n = length of the accepted prefix
 //   emitted token ~ norm(max(0, w_t,n - w_d,n))   if n < γ and that residual has mass > TOL * mass(w_t,n)
@@ -15,14 +17,23 @@
 // The emitted token is drawn by inverse CDF with u_γ, in two levels exactly as contract.sample_from_weights:
 // sums over chunks of kChunk = 1024 entries, the chunk k holding u_γ * total, then a scan inside chunk k.
 //
+// Per-row draft lengths (contract.py, "Per-row draft lengths"): every kernel takes a nullable `lengths`. Row b is
+// then verified exactly as if it were alone with γ = g, where g = clamp(lengths[b], 0, γ) (g = γ when `lengths`
+// is null), computed once per row by row_length: at most g tokens are accepted (n <= g; the decisions at
+// positions >= g are made but never counted), the residual is a candidate only where n < g, a row with n == g
+// draws a bonus token from target row g, and the emitted token's uniform is u_g (column g, not γ). Everything
+// else (the rows reduced, the finiteness flags over all γ positions, the launch geometry) does not depend on g.
+// Greedy: the accepted prefix stops at g too, and the emitted token is the argmax of target row n.
+//
 // Softmax needs per-row normalisers m = max z/T and S = Σ exp(z/T - m): these are computed in one read of the
 // logits with an online (rescaling) max/sum-exp, never materialising probabilities. The residual needs the
 // normalisers of rows n of both models *before* it can be summed (max(0, p - q) does not decompose over
 // blocks), so exact uses two launches on one stream:
 //   exact_partials<T>  grid (S1, 2γ+1, B): block (s, r, b) reduces slice s of row r (γ+1 target rows, then γ
 //                      draft rows) to (m, S); the last block of batch row b (atomic counter + __threadfence)
-//                      combines the S1 partials per row, makes the γ acceptance decisions and writes n,
-//                      the accepted prefix, the flags and the normalisers of rows n.
+//                      combines the S1 partials per row, makes the γ acceptance decisions and writes n (the
+//                      accepted prefix within the row's length g), the accepted tokens, the flags and the
+//                      normalisers of rows n.
 //   exact_sample<T>    grid (S2, B): block (s, b) sums p and max(0, p - q) over its chunks of row n; the last
 //                      block of row b chooses the chunk and scans inside it.
 // Why not one launch: a single launch would need either a spin barrier between blocks (correct only while
@@ -244,6 +255,14 @@ __device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned blocks, 
   return last;
 }
 
+// Draft length g of batch row b: lengths[b] clamped into [0, γ], or γ where `lengths` is null (every row drafted
+// γ). The row is verified as if it were alone with γ = g (see the top of this file). Same value in every thread.
+__device__ __forceinline__ int row_length(const long long* __restrict__ lengths, int b, int gamma) {
+  if (lengths == nullptr) return gamma;
+  const long long g = lengths[b];
+  return g <= 0 ? 0 : (g >= gamma ? gamma : static_cast<int>(g));
+}
+
 // ---- weights ------------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float softmax_w(float z, float inv_t, float m, float s) {
@@ -320,7 +339,7 @@ __device__ __forceinline__ int choose_in_chunk(const float (&w)[4], float offset
 struct RowPass {
   const void* trow;       // target row n
   const void* drow;       // draft row min(n, γ-1), or nullptr when γ == 0
-  bool residual;          // n < γ: the residual is a candidate
+  bool residual;          // n < g (the row's draft length): the residual is a candidate
   // exact: softmax normalisers of the two rows; sigmoid: unused
   float mt, st, md, sd;
 };
@@ -497,12 +516,12 @@ __device__ int draw_token(const RowPass& rp, const WeightParams& wp, int vt, int
 //   count   unsigned [B]           arrival counters, shared by the two passes (one after the other on a
 //                                  stream); atomicInc wraps each back to 0 at its last arrival
 template <typename T>
-__device__ void exact_partials_impl(const long long* __restrict__ tokens, const T* __restrict__ target,
-                                    const T* __restrict__ draft, const float* __restrict__ u, int gamma, int vt,
-                                    int vd, long long tsb, long long tsr, long long dsb, long long dsr,
-                                    float inv_t, int slice, float2* __restrict__ part, float4* __restrict__ dec,
-                                    int* __restrict__ nacc, unsigned* __restrict__ count,
-                                    long long* __restrict__ out_tokens, long long out_ld,
+__device__ void exact_partials_impl(const long long* __restrict__ tokens, const long long* __restrict__ lengths,
+                                    const T* __restrict__ target, const T* __restrict__ draft,
+                                    const float* __restrict__ u, int gamma, int vt, int vd, long long tsb,
+                                    long long tsr, long long dsb, long long dsr, float inv_t, int slice,
+                                    float2* __restrict__ part, float4* __restrict__ dec, int* __restrict__ nacc,
+                                    unsigned* __restrict__ count, long long* __restrict__ out_tokens, long long out_ld,
                                     long long* __restrict__ out_accepted, long long acc_stride,
                                     bool* __restrict__ draft_ok, bool* __restrict__ target_ok) {
   constexpr int N = Vec<T>::N;
@@ -573,7 +592,9 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
   if (threadIdx.x == 0) sh_tok_bad = 0;
   __syncthreads();
 
-  // 3) acceptance decisions, one thread per drafted position
+  // 3) acceptance decisions, one thread per drafted position (all γ: the draft flag covers every position; only the
+  //    first g count)
+  const int g = row_length(lengths, b, gamma);
   const int i = threadIdx.x;
   long long x = -1;
   if (i < gamma) {
@@ -592,7 +613,7 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
   }
   __syncthreads();
   int n = 0;
-  while (n < gamma && sh_acc[n]) ++n;          // same loop in every thread: n is uniform
+  while (n < g && sh_acc[n]) ++n;              // same loop in every thread: n is uniform; never past the length g
 
   if (i <= gamma) out_tokens[b * out_ld + i] = (i < n) ? x : -1;   // position n is written by exact_sample
   if (i == 0) {
@@ -612,10 +633,10 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
 // ---- exact: pass 2, and sigmoid -------------------------------------------------------------------------------
 
 template <typename T, bool kSigmoid>
-__device__ void sample_impl(const long long* __restrict__ tokens, const T* __restrict__ target,
-                            const T* __restrict__ draft, const float* __restrict__ u, int gamma, int vt, int vd,
-                            long long tsb, long long tsr, long long dsb, long long dsr, float inv_t, float a,
-                            float beta, int chunks_per_block, const float4* __restrict__ dec,
+__device__ void sample_impl(const long long* __restrict__ tokens, const long long* __restrict__ lengths,
+                            const T* __restrict__ target, const T* __restrict__ draft, const float* __restrict__ u,
+                            int gamma, int vt, int vd, long long tsb, long long tsr, long long dsb, long long dsr,
+                            float inv_t, float a, float beta, int chunks_per_block, const float4* __restrict__ dec,
                             const int* __restrict__ nacc, float2* __restrict__ csum_all,
                             unsigned* __restrict__ count, unsigned* __restrict__ flag_words,
                             long long* __restrict__ out_tokens, long long out_ld,
@@ -626,6 +647,7 @@ __device__ void sample_impl(const long long* __restrict__ tokens, const T* __res
   const int s = blockIdx.x, b = blockIdx.y;
   const int nc = (vt + kChunk - 1) / kChunk;
   const long long ub = static_cast<long long>(b) * (gamma + 1);
+  const int g = row_length(lengths, b, gamma);   // the row's draft length
 
   // 1) n: read from pass 1 (exact) or decided here from the 2γ drafted logits (sigmoid, identical in all blocks)
   int n;
@@ -660,7 +682,7 @@ __device__ void sample_impl(const long long* __restrict__ tokens, const T* __res
     }
     __syncthreads();
     n = 0;
-    while (n < gamma && sh_acc[n]) ++n;
+    while (n < g && sh_acc[n]) ++n;
   } else {
     n = nacc[b];
     const float4 d = dec[b];
@@ -672,8 +694,8 @@ __device__ void sample_impl(const long long* __restrict__ tokens, const T* __res
   const int nd = gamma > 0 ? min(n, gamma - 1) : 0;
   rp.trow = target + b * tsb + n * tsr;
   rp.drow = gamma > 0 ? static_cast<const void*>(draft + b * dsb + nd * dsr) : nullptr;
-  rp.residual = n < gamma;
-  // sigmoid reads draft row min(n, γ-1) even when n == γ: the reference checks that row's maximum
+  rp.residual = n < g;                            // n == g: the whole draft was accepted, a bonus token from row g
+  // sigmoid reads draft row min(n, γ-1) even when n == g: the reference checks that row's maximum
   const bool read_draft = gamma > 0 && (rp.residual || kSigmoid);
 
   // 2) this block's chunks of row n
@@ -689,8 +711,8 @@ __device__ void sample_impl(const long long* __restrict__ tokens, const T* __res
   }
   if (!arrive_last(count + b, gridDim.x, &sh.flag)) return;
 
-  // 3) last block: the emitted token (and, for sigmoid, everything else of this batch row)
-  const int token = draw_token<T>(rp, wp, vt, vd, nc, csum, u[ub + gamma], sh);
+  // 3) last block: the emitted token, drawn with u_g (and, for sigmoid, everything else of this batch row)
+  const int token = draw_token<T>(rp, wp, vt, vd, nc, csum, u[ub + g], sh);
   if (kSigmoid) {
     const int i = threadIdx.x;
     if (i <= gamma) out_tokens[b * out_ld + i] = (i < n) ? x : (i == n ? token : -1);
@@ -717,12 +739,12 @@ __device__ __forceinline__ void arg_merge(float& v, int& i, float ov, int oi) {
 }
 
 template <typename T>
-__device__ void greedy_impl(const long long* __restrict__ tokens, const T* __restrict__ target,
-                            const T* __restrict__ draft, int gamma, int vt, int vd, long long tsb, long long tsr,
-                            long long dsb, long long dsr, int slice, float2* __restrict__ part,
-                            unsigned* __restrict__ count, long long* __restrict__ out_tokens, long long out_ld,
-                            long long* __restrict__ out_accepted, long long acc_stride, bool* __restrict__ draft_ok,
-                            bool* __restrict__ target_ok) {
+__device__ void greedy_impl(const long long* __restrict__ tokens, const long long* __restrict__ lengths,
+                            const T* __restrict__ target, const T* __restrict__ draft, int gamma, int vt, int vd,
+                            long long tsb, long long tsr, long long dsb, long long dsr, int slice,
+                            float2* __restrict__ part, unsigned* __restrict__ count,
+                            long long* __restrict__ out_tokens, long long out_ld, long long* __restrict__ out_accepted,
+                            long long acc_stride, bool* __restrict__ draft_ok, bool* __restrict__ target_ok) {
   constexpr int N = Vec<T>::N;
   __shared__ Shared sh;
   __shared__ int sh_arg[kMaxGamma + 1], sh_bad[kMaxGamma + 1], sh_acc[kMaxGamma], sh_dbad;
@@ -810,8 +832,9 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const T* __res
     sh_acc[i] = (x == sh_arg[i]);
   }
   __syncthreads();
+  const int g = row_length(lengths, b, gamma);
   int n = 0;
-  while (n < gamma && sh_acc[n]) ++n;
+  while (n < g && sh_acc[n]) ++n;              // the accepted prefix stops at the row's draft length
   if (i <= gamma) out_tokens[b * out_ld + i] = (i < n) ? x : (i == n ? sh_arg[n] : -1);
   if (i == 0) {
     bool tok = true;
@@ -825,46 +848,48 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const T* __res
 }  // namespace specsweep
 
 // ---- entry points (instantiated by name: exact_partials<float>, sample_exact<__half>, ...) -------------------
+// `lengths`: int64 [B] per-row draft lengths, or null (every row drafted γ); see row_length.
 
 template <typename T>
 __global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
-exact_partials(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
-               long long tsb, long long tsr, long long dsb, long long dsr, float inv_t, int slice, float2* part,
-               float4* dec, int* nacc, unsigned* count, long long* out_tokens, long long out_ld,
-               long long* out_accepted, long long acc_stride, bool* draft_ok, bool* target_ok) {
-  specsweep::exact_partials_impl<T>(tokens, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, inv_t, slice, part,
-                                    dec, nacc, count, out_tokens, out_ld, out_accepted, acc_stride, draft_ok,
-                                    target_ok);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
-sample_exact(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
-             long long tsb, long long tsr, long long dsb, long long dsr, float inv_t, int chunks_per_block,
-             const float4* dec, const int* nacc, float2* csum, unsigned* count, long long* out_tokens,
-             long long out_ld) {
-  specsweep::sample_impl<T, false>(tokens, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, inv_t, 0.0f, 0.0f,
-                                   chunks_per_block, dec, nacc, csum, count, nullptr, out_tokens, out_ld, nullptr,
-                                   0, nullptr, nullptr);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
-sample_sigmoid(const long long* tokens, const T* target, const T* draft, const float* u, int gamma, int vt, int vd,
-               long long tsb, long long tsr, long long dsb, long long dsr, float a, float beta,
-               int chunks_per_block, float2* csum, unsigned* count, unsigned* flag_words, long long* out_tokens,
+exact_partials(const long long* tokens, const long long* lengths, const T* target, const T* draft, const float* u,
+               int gamma, int vt, int vd, long long tsb, long long tsr, long long dsb, long long dsr, float inv_t,
+               int slice, float2* part, float4* dec, int* nacc, unsigned* count, long long* out_tokens,
                long long out_ld, long long* out_accepted, long long acc_stride, bool* draft_ok, bool* target_ok) {
-  specsweep::sample_impl<T, true>(tokens, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, 1.0f, a, beta,
-                                  chunks_per_block, nullptr, nullptr, csum, count, flag_words, out_tokens, out_ld,
-                                  out_accepted, acc_stride, draft_ok, target_ok);
+  specsweep::exact_partials_impl<T>(tokens, lengths, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, inv_t,
+                                    slice, part, dec, nacc, count, out_tokens, out_ld, out_accepted, acc_stride,
+                                    draft_ok, target_ok);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
-greedy_verify(const long long* tokens, const T* target, const T* draft, int gamma, int vt, int vd, long long tsb,
-              long long tsr, long long dsb, long long dsr, int slice, float2* part, unsigned* count,
-              long long* out_tokens, long long out_ld, long long* out_accepted, long long acc_stride, bool* draft_ok,
-              bool* target_ok) {
-  specsweep::greedy_impl<T>(tokens, target, draft, gamma, vt, vd, tsb, tsr, dsb, dsr, slice, part, count,
+sample_exact(const long long* tokens, const long long* lengths, const T* target, const T* draft, const float* u,
+             int gamma, int vt, int vd, long long tsb, long long tsr, long long dsb, long long dsr, float inv_t,
+             int chunks_per_block, const float4* dec, const int* nacc, float2* csum, unsigned* count,
+             long long* out_tokens, long long out_ld) {
+  specsweep::sample_impl<T, false>(tokens, lengths, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, inv_t, 0.0f,
+                                   0.0f, chunks_per_block, dec, nacc, csum, count, nullptr, out_tokens, out_ld,
+                                   nullptr, 0, nullptr, nullptr);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
+sample_sigmoid(const long long* tokens, const long long* lengths, const T* target, const T* draft, const float* u,
+               int gamma, int vt, int vd, long long tsb, long long tsr, long long dsb, long long dsr, float a,
+               float beta, int chunks_per_block, float2* csum, unsigned* count, unsigned* flag_words,
+               long long* out_tokens, long long out_ld, long long* out_accepted, long long acc_stride,
+               bool* draft_ok, bool* target_ok) {
+  specsweep::sample_impl<T, true>(tokens, lengths, target, draft, u, gamma, vt, vd, tsb, tsr, dsb, dsr, 1.0f, a,
+                                  beta, chunks_per_block, nullptr, nullptr, csum, count, flag_words, out_tokens,
+                                  out_ld, out_accepted, acc_stride, draft_ok, target_ok);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
+greedy_verify(const long long* tokens, const long long* lengths, const T* target, const T* draft, int gamma, int vt,
+              int vd, long long tsb, long long tsr, long long dsb, long long dsr, int slice, float2* part,
+              unsigned* count, long long* out_tokens, long long out_ld, long long* out_accepted,
+              long long acc_stride, bool* draft_ok, bool* target_ok) {
+  specsweep::greedy_impl<T>(tokens, lengths, target, draft, gamma, vt, vd, tsb, tsr, dsb, dsr, slice, part, count,
                             out_tokens, out_ld, out_accepted, acc_stride, draft_ok, target_ok);
 }

@@ -16,11 +16,14 @@ is exact for any draft distribution that is a function of what precedes it, so t
 tests/test_adaptive_draft.py tests it with chi-square tests (and a negative control the same test rejects).
 
 How a batch drafts without extra host syncs. A step drafts γ_step = the longest draft length any active row wants,
-capped by γ_max and by the room left. A row that wants fewer, or whose confidence fell, fills its remaining
-positions with a deterministic proposal: the draft's argmax with a one-hot draft distribution (drafted token t, draft
-probability 1 at t). That is a valid draft under the verify contract (pipeline/samplers/contract.py): the exact rule
-accepts t with probability p(t) and on rejection samples p without t, renormalised, so the output stays exact, and
-the rows of the batch stay ragged.
+capped by γ_max (and by the room left, except with per-example randomness). A row that wants fewer hands the
+verify rule its own length (the sampler contract's ``lengths``, pipeline/samplers/contract.py), which verifies the
+row as it would verify it alone with γ = that length: the positions past it are never accepted, and a row that
+accepts its whole draft gets its bonus token from the target right after it. With per-example randomness each row
+also draws only its own length's uniforms (pipeline.rng.RowGenerators.set_step), so a row's tokens are the same in
+any batch as at batch size 1. Inside its own length, a row whose confidence fell pads the positions after the fall
+with the draft's argmax and a one-hot draft distribution: a valid, deterministic draft that the exact rule accepts
+with the target's probability of that token (and on rejection samples p without it, renormalised), as at batch 1.
 What a row wants next is decided on the host from what the step's one sync brings: the accepted counts, and each
 row's confident length (how many positions it proposed before stopping), copied to pinned host memory without
 blocking before that sync (:meth:`DraftLengths.record`). With the confidence rule alone, a row wants its last
@@ -83,25 +86,30 @@ class DraftLengths:
         self._confident: torch.Tensor | None = None
         self._ready = None   # a CUDA event recorded after the device-to-host copy of ``confident``
 
-    def step_gamma(self, rows: list[int], accepted: list[int], room: int) -> int:
+    def step_gamma(self, rows: list[int], accepted: list[int], room: int | None) -> int:
         """γ for the next step of the active original ``rows``, after taking in the last step's outcome.
         ``accepted``: per original row, its accepted draft tokens so far (the engine's host statistics, kept by the
-        step's sync); ``room``: tokens the roomiest row may still emit."""
+        step's sync); ``room``: tokens the roomiest row may still emit (None: no cut near the end, as per-example
+        randomness needs, so that a row's last steps do not depend on the other rows)."""
         self._learn(accepted)
         for r in rows:
             self.want.setdefault(r, self.start)
-        gamma = min(max(self.want[r] for r in rows), self.ceiling, room - 1)
+        gamma = min(max(self.want[r] for r in rows), self.ceiling, room - 1 if room is not None else self.ceiling)
         self._rows, self._gamma = list(rows), max(gamma, 0)
         for r in rows:
             self._accepted[r] = accepted[r]
         return self._gamma
+
+    def wanted(self) -> list[int]:
+        """Host ints: the draft length each active row wants this step (at most the step's γ), in row order."""
+        return [min(self.want[r], self._gamma) for r in self._rows]
 
     def row_limits(self, device: torch.device) -> torch.Tensor | None:
         """int64 [b]: the draft length each active row wants this step, where some row wants fewer than γ_step;
         None when none does (every row drafts all γ_step positions). A pinned host tensor copied without blocking."""
         import torch
 
-        limits = [self.want[r] for r in self._rows]
+        limits = self.wanted()
         if min(limits) >= self._gamma:
             return None
         host = torch.tensor(limits, dtype=torch.int64, pin_memory=device.type == "cuda")

@@ -47,7 +47,7 @@ import torch
 from pipeline import rng
 from pipeline.draft_policy import DraftLengths, DraftPolicy
 from pipeline.errors import SpecsweepError
-from pipeline.provenance import N_ORIGINS, origin_table
+from pipeline.provenance import BONUS, N_ORIGINS, origin_table
 from pipeline.rng import RowGenerators
 from pipeline.samplers import FiniteCheck, Sampler
 from pipeline.samplers.contract import draft_sample, sample_from_weights
@@ -516,7 +516,7 @@ class SpeculativeEngine:
         while state.rows_host and max_new_tokens > 0:                   # one verify step per trip
             state.steps += 1
             gamma = self._step_gamma(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
-            drafted, draft_logits = self._draft(drafter, state, gamma, generator, timer)
+            drafted, draft_logits, lengths = self._draft(drafter, state, gamma, generator, timer)
             width = drafted.shape[1]         # target tokens proposed: γ, or fewer from another tokenizer's text
             target_logits, scored = self._score(state, drafted, width, timer)
             if draft_logits is None:
@@ -524,11 +524,12 @@ class SpeculativeEngine:
             if self.bridge is not None:
                 drafter.observe_target(target_logits, self.sampler.temperature)
             with timer.phase("verify"):
-                res = self.sampler(drafted, draft_logits, target_logits, generator=generator)
+                res = self.sampler(drafted, draft_logits, target_logits, generator=generator,
+                                   **({} if lengths is None else {"lengths": lengths}))
             guard.update(res)
-            finished = self._emit(state, res, width, max_new_tokens)
+            finished = self._emit(state, res, width, max_new_tokens, lengths)
             accepted_h, finished_h = self._sync(state, res, finished, width, time.perf_counter() - t_start, on_step,
-                                                drafter, drafted)
+                                                drafter, drafted, lengths)
             self._roll_back(drafter, state, res, drafted, width, scored, accepted_h, timer)
             self._drop_finished(drafter, state, finished_h)
 
@@ -562,35 +563,41 @@ class SpeculativeEngine:
     def _step_gamma(self, state: _Decoding, max_new_tokens: int, per_row: bool = False) -> int:
         """γ for this step: never more than the roomiest row can still emit (one slot is the corrected token). With
         an adaptive draft length (self.policy), the longest any active row wants (pipeline/draft_policy.py), decided
-        on the host from what the last step's sync brought. With per-row generators (``per_row``) a constant γ is
-        never cut near the end: how much room the other rows have would change a row's last step, and so its
-        tokens (the tokens past max_new_tokens are not emitted either way)."""
+        on the host from what the last step's sync brought. With per-row generators (``per_row``) γ is never cut
+        near the end: how much room the other rows have would change a row's last step, and so its tokens (the
+        tokens past max_new_tokens are not emitted either way)."""
         room = max_new_tokens - min(state.len_host[r] for r in state.rows_host)
         if self.policy is None:
             return self.gamma if per_row else min(self.gamma, room - 1)
         if state.steps == 1:
             self._lengths = DraftLengths(self.policy, self.gamma_start, self.gamma)
-        return self._lengths.step_gamma(state.rows_host, state.accepted, room)
+        return self._lengths.step_gamma(state.rows_host, state.accepted, None if per_row else room)
 
     def _draft(self, drafter: Drafter | None, state: _Decoding, gamma: int, generator, timer: PhaseTimer):
-        """The draft's γ proposals: (int64 [b, γ], logits [b, γ, V_d]); (empty [b, 0], None) when γ = 0. With an
-        adaptive draft length, a row past its own length proposes the draft's argmax with one-hot logits.
+        """The draft's γ proposals: (int64 [b, γ], logits [b, γ, V_d], lengths); (empty [b, 0], None, None) when
+        γ = 0. With an adaptive draft length, ``lengths`` is int64 [b], the draft length each row wants (None where
+        every row wants all γ): a row past it, or past the position where its confidence fell, proposes the draft's
+        argmax with one-hot logits. The verify step verifies each row up to its own length, as it would alone.
 
         A :class:`~pipeline.rng.RowGenerators` first follows the active rows (finished rows were dropped after the
         last step), so this step's draws, the draft's and the verify step's, come from each active row's own
-        generator."""
+        generator; with an adaptive draft length each row draws only for the positions it wants
+        (RowGenerators.set_step), so its stream does not depend on the other rows' lengths."""
         if isinstance(generator, RowGenerators):
             generator.follow(state.rows_host)
+            if self.policy is not None and gamma > 0:
+                generator.set_step(gamma, self._lengths.wanted())
         if gamma <= 0:
-            return torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None
+            return torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None, None
         with timer.phase("draft"):
             u = rng.rand(generator, (state.batch, gamma), self.device)
             if self.policy is None:
-                return drafter.propose(gamma, u, first_step=state.steps == 1)
-            out = drafter.propose(gamma, u, first_step=state.steps == 1, limits=self._lengths.row_limits(self.device),
+                return *drafter.propose(gamma, u, first_step=state.steps == 1), None
+            limits = self._lengths.row_limits(self.device)
+            out = drafter.propose(gamma, u, first_step=state.steps == 1, limits=limits,
                                   confidence=self.policy.confidence)
             self._lengths.record(drafter.confident)
-            return out
+            return *out, limits
 
     def _score(self, state: _Decoding, drafted: torch.Tensor, gamma: int, timer: PhaseTimer):
         """The target's logits [b, γ+1, V_t] for the pending token and the proposals (in the first step: for the
@@ -611,9 +618,10 @@ class SpeculativeEngine:
                 self._mask_logits(logits[:, :1], first_position=True)
         return logits, target_in.shape[1]
 
-    def _emit(self, state: _Decoding, res, gamma: int, max_new_tokens: int) -> torch.Tensor:
+    def _emit(self, state: _Decoding, res, gamma: int, max_new_tokens: int,
+              lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Write the emitted tokens (up to EOS and the length limit) into the output, on the device. Returns bool
-        [b]: rows that finished."""
+        [b]: rows that finished. ``lengths``: per-row draft lengths (int64 [b]) where the rows drafted their own."""
         j = torch.arange(gamma + 1, device=self.device)
         n_emit = res.accepted + 1
         hit_eos = None
@@ -633,26 +641,32 @@ class SpeculativeEngine:
         # each emitted token's origin and step, packed as step * N_ORIGINS + origin (pipeline/provenance.py): row k
         # of the table is a step that accepted k drafts (A...A, then C, B, or T at γ = 0); slots not written go to
         # the dummy column
-        codes = origin_table(gamma, self.device)[res.accepted] + state.steps * N_ORIGINS
+        codes = origin_table(gamma, self.device)[res.accepted]
+        if lengths is not None:     # a row that accepted its whole (shorter) draft emitted a bonus token
+            codes = torch.where((j == res.accepted[:, None]) & (res.accepted == lengths)[:, None], BONUS, codes)
+        codes = codes + state.steps * N_ORIGINS
         state.origin.index_put_(where, codes)
         state.act_len = state.act_len + n_emit
         return finished
 
     def _sync(self, state: _Decoding, res, finished: torch.Tensor, gamma: int, now: float, on_step=None,
-              drafter=None, drafted: torch.Tensor | None = None):
+              drafter=None, drafted: torch.Tensor | None = None, lengths: torch.Tensor | None = None):
         """The one host sync of the step: accepted counts, finished flags and lengths come to the host, where the
         per-row statistics are kept (with the engine's char_lengths, accepted and drafted characters too). The
         step's tokens res.tokens [b, γ+1] come in the same transfer when something needs them: ``on_step`` (see
         generate: the callback sees each row's emitted ones, and the rows it cancels are marked finished), or a
         draft that reads text (pipeline/cross_tokenizer.py; with what it fed in the step). Returns (accepted,
-        finished) as host lists."""
+        finished) as host lists. ``lengths``: each row's own draft length (an adaptive draft length), which then
+        comes in the same transfer."""
         reads_text = getattr(drafter, "reads_text", False)
         # per row, the target tokens the draft proposed this step: γ, or fewer from another tokenizer's text
         proposed = list(drafter.drafted_host) if reads_text and gamma else [gamma] * state.batch
         parts = [res.accepted, finished.long(), state.act_len]
         counts_chars = self.char_lengths is not None
         if counts_chars:
-            parts += self._step_chars(res, drafted, gamma, proposed)
+            parts += self._step_chars(res, drafted, gamma, proposed, lengths)
+        if lengths is not None:
+            parts.append(lengths)
         parts = [torch.stack(parts)]
         if on_step is not None or reads_text:
             parts.append(res.tokens.long().T)                                           # [γ + 1, b]
@@ -663,6 +677,8 @@ class SpeculativeEngine:
         acc_h, fin_h, len_h = host[0], host[1], host[2]
         chars_h = host[3:5] if counts_chars else None
         rest = host[5 if counts_chars else 3:]
+        if lengths is not None:
+            proposed, rest = rest[0], rest[1:]
         rows = list(state.rows_host)
         if rest:
             columns = rest[: gamma + 1]
@@ -687,19 +703,23 @@ class SpeculativeEngine:
                 state.accepted_hist[acc_h[i]] += 1
         return acc_h, fin_h
 
-    def _step_chars(self, res, drafted: torch.Tensor, gamma: int, proposed: list[int]) -> list[torch.Tensor]:
-        """int64 [b] each: characters of the accepted drafts and of the proposed ones (no sync)."""
+    def _step_chars(self, res, drafted: torch.Tensor, gamma: int, proposed: list[int],
+                    lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """int64 [b] each: characters of the accepted drafts and of the proposed ones (no sync). ``lengths``: each
+        row's own draft length on the device, where the rows drafted their own."""
         if not gamma:
             zero = torch.zeros_like(res.accepted)
             return [zero, zero]
-        lengths = self.char_lengths[drafted.clamp(0, self.char_lengths.shape[0] - 1)]            # [b, γ]
+        chars = self.char_lengths[drafted.clamp(0, self.char_lengths.shape[0] - 1)]              # [b, γ]
         j = torch.arange(gamma, device=self.device)
-        if all(k == gamma for k in proposed):   # one tokenizer: every row proposed γ (a fill on the device, no copy)
+        if lengths is not None:                 # an adaptive draft length: each row's own
+            limit = lengths
+        elif all(k == gamma for k in proposed):  # one tokenizer: every row proposed γ (a fill on the device, no copy)
             limit = torch.full((len(proposed),), gamma, dtype=torch.int64, device=self.device)
         else:                                   # another tokenizer's text: the counts come from the host
             limit = torch.tensor(proposed, dtype=torch.int64).to(self.device, non_blocking=True)
-        accepted = (lengths * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
-        return [accepted, (lengths * (j < limit[:, None])).sum(dim=1)]
+        accepted = (chars * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
+        return [accepted, (chars * (j < limit[:, None])).sum(dim=1)]
 
     def _roll_back(self, drafter: Drafter | None, state: _Decoding, res, drafted: torch.Tensor, gamma: int,
                    scored: int, accepted_h: list[int], timer: PhaseTimer | None = None) -> None:
@@ -855,8 +875,10 @@ class Drafter:
         Adaptive draft length (pipeline/draft_policy.py; ``confidence`` not None): row b proposes for itself at
         positions i < limits[b] (int64 [b]; None: all γ) until the first position whose draft confidence (the largest
         probability of its distribution) is below ``confidence`` (0: never), that position included; at its other
-        positions it proposes the draft's argmax with one-hot logits (a deterministic draft the verify rule treats
-        exactly). ``self.confident`` then holds int64 [b], the positions each row proposed for itself. No host sync."""
+        positions it pads with the draft's argmax and one-hot logits (a deterministic draft the verify rule treats
+        exactly; past limits[b] the verify step never reads it, since the engine hands it ``limits`` as the rows'
+        lengths). ``self.confident`` then holds int64 [b], the positions each row proposed for itself. No host
+        sync."""
         if self.carry is not None:
             logits, self.carry = self.carry, None
         else:

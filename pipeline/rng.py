@@ -10,10 +10,15 @@ data-parallel run (pipeline/distributed.py).
     u = rows.rand((3, γ))                                     # float32 [b, γ]: row i from row i's own stream
     rows.follow([0, 2])                                       # the engine dropped row 1 (it finished)
     u = rows.rand((2, γ + 1))                                 # rows 0 and 2 draw on; row 1 never draws again
+    rows.set_step(4, [4, 2])                                  # an adaptive draft length: row 1 drafts only 2
+    u = rows.rand((2, 4 + 1))                                 # row 0 draws 5, row 1 draws 3 (then zeros)
 
 The engine (pipeline/engine.py ``_draft``) and the samplers' uniform helper (pipeline/samplers/contract.py
 ``uniforms``) take either a plain generator or this object. A step draws from each active row's generator in turn:
-one small ``torch.rand`` per active row instead of one for the batch (no host sync either way).
+one small ``torch.rand`` per active row instead of one for the batch (no host sync either way). Where the rows of a
+step draft different lengths (an adaptive draft length, pipeline/draft_policy.py), :meth:`RowGenerators.set_step`
+makes each row draw only what it would draw alone, so its stream, and so its tokens, do not depend on the lengths
+the other rows drafted.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class RowGenerators:
         self.generators = [torch.Generator(device=self.device).manual_seed(example_seed(seed, i))
                            for i in self.example_ids]
         self.active = list(range(len(self.generators)))
+        self._step: tuple[int, list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.active)
@@ -52,14 +58,25 @@ class RowGenerators:
     def follow(self, rows) -> None:
         """The active rows are now these original row indices (host ints, in the engine's row order)."""
         rows = list(rows)
+        self._step = None
         if rows != self.active:
             if any(not 0 <= r < len(self.generators) for r in rows):
                 raise IndexError(f"rows {rows} out of range for {len(self.generators)} example generators")
             self.active = rows
 
+    def set_step(self, gamma: int, lengths: list[int] | None) -> None:
+        """This step drafts ``gamma`` positions, and active row i only its first ``lengths[i]`` (host ints; None:
+        every row all γ). Until the next :meth:`follow`, a draw of shape (b, γ + k) then takes ``min(lengths[i], γ)
+        + k`` uniforms from row i's stream, in its first columns, and zeros after: what the row would draw alone
+        with γ = lengths[i] (the draft's k = 0 and the verify step's k = 1, pipeline/samplers/contract.py)."""
+        if lengths is not None and len(lengths) != len(self.active):
+            raise ValueError(f"{len(lengths)} draft lengths for {len(self.active)} active rows")
+        self._step = None if lengths is None else (int(gamma), [min(int(n), int(gamma)) for n in lengths])
+
     def rand(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``dtype`` [b, ...] uniforms in [0, 1): row i drawn from the generator of active row i. ``shape[0]`` must
-        be the number of active rows."""
+        be the number of active rows. After :meth:`set_step`, a 2-d draw of γ + k columns takes only each row's own
+        count (see there)."""
         shape = tuple(shape)
         if shape[0] != len(self.active):
             raise ValueError(f"a draw of shape {list(shape)} for {len(self.active)} active rows: the first dimension "
@@ -67,6 +84,16 @@ class RowGenerators:
         rest = shape[1:]
         if not self.active:
             return torch.empty(shape, dtype=dtype, device=self.device)
+        if self._step is not None and len(shape) == 2:
+            gamma, lengths = self._step
+            extra = shape[1] - gamma
+            if extra < 0:
+                raise ValueError(f"a draw of {shape[1]} columns in a step of γ = {gamma}: expected γ + k, k >= 0")
+            out = torch.zeros(shape, dtype=dtype, device=self.device)
+            for i, (r, n) in enumerate(zip(self.active, lengths)):
+                out[i, : n + extra] = torch.rand(n + extra, generator=self.generators[r], device=self.device,
+                                                 dtype=dtype)
+            return out
         return torch.stack([torch.rand(rest, generator=self.generators[r], device=self.device, dtype=dtype)
                             for r in self.active])
 

@@ -10,11 +10,13 @@ that differs must be explained by one of these, judged with fp64 weights:
   acceptance  at the first position where the two disagree, |u * w_d(x) - w_t(x)| <= BOUNDARY * w_t(x)
   token       (same accepted count) u_γ * total lies within BOUNDARY * total of both CDF steps that separate the
               two tokens, or the residual's mass is within 1 % of the rounding-noise threshold
-and at most 1 % of rows (at least one) may differ at all.
+and at most 1 % of rows (at least one) may differ at all. With per-row draft lengths g_b (the contract's
+``lengths``) read g_b for γ: positions >= g_b never explain a difference, and the token is drawn with u_{g_b}.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -57,11 +59,15 @@ class KernelBackend:
         return make_inputs(self.device, min(B, self.max_batch), gamma, vt, vd, dtype, seed)
 
 
-def make_inputs(device, B, gamma, vt, vd, dtype, seed=0, scale=3.0):
-    """draft_tokens int64 [B, γ] (sampled from the draft), draft logits [B, γ, V_d], target logits [B, γ+1, V_t]."""
+def make_inputs(device, B, gamma, vt, vd, dtype, seed=0, scale=3.0, draft_noise=1.0):
+    """draft_tokens int64 [B, γ] (sampled from the draft), draft logits [B, γ, V_d] (the target's plus normal noise of
+    standard deviation ``draft_noise``), target logits [B, γ+1, V_t]."""
     g = torch.Generator(device=device).manual_seed(seed)
     tl = (torch.randn(B, gamma + 1, vt, generator=g, device=device) * scale).to(torch_dtype(dtype))
-    dl = (tl[:, :gamma, :vd].float() + torch.randn(B, gamma, vd, generator=g, device=device)).to(torch_dtype(dtype))
+    noise = torch.randn(B, gamma, vd, generator=g, device=device)
+    if draft_noise != 1.0:
+        noise *= draft_noise
+    dl = (tl[:, :gamma, :vd].float() + noise).to(torch_dtype(dtype))
     gumbel = -torch.empty(B, gamma, vd, device=device).exponential_(generator=g).log()
     dt = (dl.float() + gumbel).argmax(-1)            # a draw from softmax(draft logits) (Gumbel-max)
     return dt, dl, tl
@@ -79,12 +85,14 @@ def _weights64(name, logits, params):
     return torch.cat(parts)
 
 
-def explained_rows(name, params, inputs, ref, got, u) -> torch.Tensor:
-    """bool [B]: rows whose difference from the reference fp32 rounding can explain (see module docstring)."""
+def explained_rows(name, params, inputs, ref, got, u, lengths=None) -> torch.Tensor:
+    """bool [B]: rows whose difference from the reference fp32 rounding can explain (see module docstring).
+    lengths: the per-row draft lengths of the step (int64 [B]), or None."""
     dt, dl, tl = inputs
     B, gamma = dt.shape
     device = dt.device
     rows = torch.arange(B, device=device)
+    g = torch.full((B,), gamma, device=device) if lengths is None else lengths.clamp(0, gamma)
     explained = torch.zeros(B, dtype=torch.bool, device=device)
     n_ref, n_got = ref.accepted, got.accepted
     if gamma:
@@ -92,24 +100,25 @@ def explained_rows(name, params, inputs, ref, got, u) -> torch.Tensor:
         pt = wt.gather(2, dt.clamp(0, wt.shape[2] - 1)[..., None]).squeeze(2)
         qd = wd.gather(2, dt.clamp(0, wd.shape[2] - 1)[..., None]).squeeze(2)
         near = (u[:, :gamma].double() * qd - pt).abs() <= BOUNDARY * pt
+        near &= torch.arange(gamma, device=device) < g[:, None]        # a padded position decides nothing
         first = torch.minimum(n_ref, n_got).clamp(max=gamma - 1)
         explained |= (n_ref != n_got) & near[rows, first]
     tok_ref, tok_got = ref.tokens[rows, n_ref], got.tokens[rows, n_ref]
     differ = ((n_ref == n_got) & (tok_ref != tok_got)).nonzero().flatten()
     if len(differ):
-        n = n_ref[differ]
+        n, gd = n_ref[differ], g[differ]
         w = _weights64(name, tl[differ, n], params)                              # [k, V_t]: target row n
         if gamma:
             q = _weights64(name, dl[differ, n.clamp(max=gamma - 1)], params)
             resid = (w - torch.nn.functional.pad(q, (0, w.shape[1] - q.shape[1]))).clamp(min=0)
             ratio = resid.sum(1) / w.sum(1)
-            switch_near = (n < gamma) & ((ratio / contract.RESIDUAL_ZERO_TOL - 1).abs() < 1e-2)
-            w = torch.where(((n < gamma) & (ratio > contract.RESIDUAL_ZERO_TOL))[:, None], resid, w)
+            switch_near = (n < gd) & ((ratio / contract.RESIDUAL_ZERO_TOL - 1).abs() < 1e-2)
+            w = torch.where(((n < gd) & (ratio > contract.RESIDUAL_ZERO_TOL))[:, None], resid, w)
         else:
             switch_near = torch.zeros(len(differ), dtype=torch.bool, device=device)
         cdf = w.cumsum(1)
         total = cdf[:, -1]
-        x = u[differ, gamma].double() * total
+        x = u[differ, gd].double() * total
         lo = torch.minimum(tok_ref[differ], tok_got[differ]).clamp(min=0)
         hi = torch.maximum(tok_ref[differ], tok_got[differ])
         step_lo = cdf.gather(1, lo[:, None]).squeeze(1)                           # end of the lower token
@@ -120,11 +129,12 @@ def explained_rows(name, params, inputs, ref, got, u) -> torch.Tensor:
     return explained
 
 
-def assert_agree(kb: KernelBackend, name, params, inputs, seed):
-    """The kernel sampler and the reference, same inputs and uniforms: identical but for rounding (module doc)."""
+def assert_agree(kb: KernelBackend, name, params, inputs, seed, lengths=None):
+    """The kernel sampler and the reference, same inputs, uniforms and per-row lengths (int64 [B] or None):
+    identical but for rounding (module doc)."""
     reference = REFERENCE[name](**params)
-    ref = reference(*inputs, generator=kb.generator(seed))
-    got = kb.samplers[name](**params)(*inputs, generator=kb.generator(seed))
+    ref = reference(*inputs, generator=kb.generator(seed), lengths=lengths)
+    got = kb.samplers[name](**params)(*inputs, generator=kb.generator(seed), lengths=lengths)
     params = reference.params                        # with the defaults filled in
     B, gamma = inputs[0].shape
     u = contract.uniforms(B, gamma, kb.device, kb.generator(seed))
@@ -132,8 +142,9 @@ def assert_agree(kb: KernelBackend, name, params, inputs, seed):
     assert torch.equal(got.draft_ok, ref.draft_ok) and torch.equal(got.target_ok, ref.target_ok)
     pos = torch.arange(gamma + 1, device=kb.device)
     assert torch.equal(got.tokens >= 0, pos <= got.accepted[:, None]), "padding does not follow the accepted count"
+    _assert_within_lengths(got, lengths)
     differ = ~(got.tokens == ref.tokens).all(1)
-    unexplained = differ & ~explained_rows(name, params, inputs, ref, got, u)
+    unexplained = differ & ~explained_rows(name, params, inputs, ref, got, u, lengths)
     assert not bool(unexplained.any()), (
         f"{int(unexplained.sum())} of {B} rows differ from the reference away from rounding boundaries: rows "
         f"{unexplained.nonzero().flatten()[:8].tolist()}, accepted {got.accepted[unexplained][:8].tolist()} vs "
@@ -142,11 +153,18 @@ def assert_agree(kb: KernelBackend, name, params, inputs, seed):
     return got
 
 
-def assert_greedy_agrees(kb: KernelBackend, inputs):
+def _assert_within_lengths(got, lengths) -> None:
+    if lengths is not None:
+        over = got.accepted > lengths.clamp(0, got.tokens.shape[1] - 1)
+        assert not bool(over.any()), f"rows {over.nonzero().flatten()[:8].tolist()} accepted past their draft length"
+
+
+def assert_greedy_agrees(kb: KernelBackend, inputs, lengths=None):
     """Greedy: identical, except that a tie of the maximum may pick another index of the same value."""
     dt, _, tl = inputs
-    ref = torch_ref.GreedySampler()(*inputs)
-    got = kb.samplers["greedy"]()(*inputs)
+    ref = torch_ref.GreedySampler()(*inputs, lengths=lengths)
+    got = kb.samplers["greedy"]()(*inputs, lengths=lengths)
+    _assert_within_lengths(got, lengths)
     assert torch.equal(got.draft_ok, ref.draft_ok) and torch.equal(got.target_ok, ref.target_ok)
     B, gamma = dt.shape
     pos = torch.arange(gamma + 1, device=kb.device).expand(B, -1)
@@ -159,11 +177,57 @@ def assert_greedy_agrees(kb: KernelBackend, inputs):
     return got
 
 
-def assert_any(name: str, inputs, kb: KernelBackend, params: dict, seed: int):
+def assert_any(name: str, inputs, kb: KernelBackend, params: dict, seed: int, lengths=None):
     """assert_agree for exact/sigmoid, assert_greedy_agrees for greedy."""
     if name == "greedy":
-        return assert_greedy_agrees(kb, inputs)
-    return assert_agree(kb, name, params, inputs, seed)
+        return assert_greedy_agrees(kb, inputs, lengths)
+    return assert_agree(kb, name, params, inputs, seed, lengths)
+
+
+# ---- per-row draft lengths -----------------------------------------------------------------------------------
+
+# (B, γ, V_t, V_d): a padded draft vocabulary at an odd V, several slices and chunks per row on a 132-SM geometry
+LENGTH_CASE = (12, 5, 5_003, 4_999)
+
+
+def length_inputs(device, B, gamma, vt, vd, dtype, seed=0, match=0.0):
+    """make_inputs with per-row draft lengths -> ((draft_tokens, draft_logits, target_logits), lengths int64 [B]).
+
+    lengths: 0, γ and γ + 3 (out of range: acts as γ) in rows 0, 1, 2, random in 1..γ-1 in the others (the draft
+    is close to the target, so that many rows accept all of a short draft and draw a bonus token). Row b drafted only
+    g_b tokens; its padded positions j >= g_b hold what a kernel that ignored the lengths would accept: the draft
+    token is the target's argmax x (inside the draft's vocabulary) with a one-hot draft (logit 0 at x, -inf
+    elsewhere: finite, as the contract asks of padding), and the target gives x 90 % of its mass (so a
+    full-length row's bonus row g_b, and the residual there, are far apart). ``match``: the share of the real
+    draft tokens replaced by the target's argmax (greedy accepts nothing else).
+    """
+    dt, dl, tl = make_inputs(device, B, gamma, vt, vd, dtype, seed, draft_noise=0.3)
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    lengths = torch.randint(1, gamma, (B,), generator=g, device=device)
+    lengths[:3] = torch.tensor([0, gamma, gamma + 3], device=device)
+    pad = torch.arange(gamma, device=device) >= lengths.clamp(max=gamma)[:, None]   # bool [B, γ]: j >= g_b
+    t = tl[:, :gamma].float()
+    x = t[..., :vd].argmax(-1)                                                   # [B, γ]
+    others = t.scatter(2, x[..., None], -math.inf).logsumexp(-1)                 # [B, γ]
+    boosted = t.scatter(2, x[..., None], (others + math.log(9.0))[..., None])    # p(x) = 0.9
+    tl[:, :gamma] = torch.where(pad[..., None], boosted, t).to(tl.dtype)
+    one_hot = torch.full_like(dl, -math.inf).scatter(2, x[..., None], 0.0)
+    dl = torch.where(pad[..., None], one_hot, dl)
+    if match:
+        argmax = tl[:, :gamma].float().argmax(-1)
+        dt = torch.where(torch.rand(B, gamma, generator=g, device=device) < match, argmax, dt)
+    dt = torch.where(pad, x, dt)
+    return (dt, dl, tl), lengths
+
+
+LENGTH_PARAMS = {"exact": {"temperature": 1.0}, "sigmoid": {"temperature": 1.0, "alpha": 1.0, "beta": -20.0},
+                 "greedy": {}}
+
+
+def assert_lengths_agree(kb: KernelBackend, name: str, dtype: str, seed: int = 40):
+    """The per-row length case (length_inputs) held to the reference with the same uniforms and lengths."""
+    inputs, lengths = length_inputs(kb.device, *LENGTH_CASE, dtype, seed=seed, match=0.8 if name == "greedy" else 0)
+    return assert_any(name, inputs, kb, LENGTH_PARAMS[name], seed + 2, lengths), inputs, lengths
 
 
 class KernelCases:
@@ -295,6 +359,69 @@ class KernelCases:
         got = kb.samplers["exact"]()(dt, dl, tl, kb.generator(0))
         assert ref.accepted.tolist() == [1] * B, "the reference accepts a subnormal-weight draft token"
         assert got.accepted.tolist() == [0] * B, "the kernels flush subnormal weights to zero and reject"
+
+    @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+    @pytest.mark.parametrize("name", ["exact", "sigmoid", "greedy"])
+    def test_per_row_lengths_match_reference(self, kb, name, dtype):
+        """Per-row draft lengths 0..γ (and γ + 3, clamped to γ): each row verified as if alone with γ = g_b, the
+        same uniforms as the reference. The padded positions would be accepted by a step that ignored the lengths:
+        without them the same inputs do accept past g_b (the case has teeth)."""
+        got, inputs, lengths = assert_lengths_agree(kb, name, dtype)
+        g = lengths.clamp(max=inputs[0].shape[1])
+        assert bool((got.accepted == g).any()) and bool((got.accepted < g).any()), "want full and rejected rows"
+        ignored = kb.samplers[name](**LENGTH_PARAMS[name])(*inputs, generator=kb.generator(42))
+        assert bool((ignored.accepted > g).any()), "the padded positions would not be accepted: no test of lengths"
+        if name == "greedy":                         # the other rules at temperature 0 verify greedily, lengths too
+            for other in ("exact", "sigmoid"):
+                same = kb.samplers[other](temperature=0.0)(*inputs, lengths=lengths)
+                assert torch.equal(same.tokens, got.tokens) and torch.equal(same.accepted, got.accepted), other
+
+    @pytest.mark.parametrize("name", ["exact", "sigmoid", "greedy"])
+    def test_lengths_of_gamma_are_no_lengths(self, kb, name):
+        """lengths all γ (or beyond) is exactly lengths None: the same tokens, bit for bit."""
+        inputs = make_inputs(kb.device, 6, 4, 3_001, 3_001, "float16", seed=43)
+        sampler = kb.samplers[name](**LENGTH_PARAMS[name])
+        none = sampler(*inputs, generator=kb.generator(44))
+        for value in (4, 9):
+            full = sampler(*inputs, generator=kb.generator(44),
+                           lengths=torch.full((6,), value, dtype=torch.int64, device=kb.device))
+            assert torch.equal(full.tokens, none.tokens) and torch.equal(full.accepted, none.accepted), value
+
+    @pytest.mark.parametrize("name", ["exact", "sigmoid", "greedy"])
+    def test_the_kernels_clamp_lengths_themselves(self, kb, name):
+        """The step functions hand lengths to the kernels unclamped (the samplers clamp before): -2 acts as 0 and
+        γ + 3 as γ, on the device."""
+        from pipeline.samplers import cupy_backend
+
+        (dt, dl, tl), lengths = length_inputs(kb.device, *LENGTH_CASE, "float32", seed=45)
+        gamma = dt.shape[1]
+        raw = lengths.clone()
+        raw[0] = -2                                                              # row 0 drafted 0
+        launcher = kb.samplers[name].launcher
+        u = contract.uniforms(dt.shape[0], gamma, kb.device, kb.generator(46))
+
+        def step(lens):
+            if name == "greedy":
+                return cupy_backend.greedy_step(launcher, dt, dl, tl, lens)
+            if name == "exact":
+                return cupy_backend.exact_step(launcher, dt, dl, tl, 1.0, u=u, lengths=lens)
+            return cupy_backend.sigmoid_step(launcher, dt, dl, tl, 1.0, -20.0, u=u, lengths=lens)
+
+        got, want = step(raw), step(raw.clamp(0, gamma))
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.accepted, want.accepted)
+
+    def test_bad_lengths_are_one_line_errors(self, kb):
+        from pipeline.samplers import cupy_backend
+
+        dt, dl, tl = make_inputs(kb.device, 3, 2, 1000, 1000, "float32")
+        sampler = kb.samplers["exact"]()
+        with pytest.raises(SamplerInputError, match=r"lengths must be None or int64 \[B\] = \[3\]"):
+            sampler(dt, dl, tl, lengths=torch.ones(3, dtype=torch.int32, device=kb.device))
+        with pytest.raises(SamplerInputError, match=r"lengths must be None or int64"):
+            sampler(dt, dl, tl, lengths=torch.ones(4, dtype=torch.int64, device=kb.device))
+        with pytest.raises(SamplerInputError, match=r"lengths must be None or int64"):   # the step's own check
+            cupy_backend.greedy_step(sampler.launcher, dt, dl, tl, torch.ones((3, 1), dtype=torch.int64,
+                                                                              device=kb.device))
 
     def test_bad_input_is_one_line_error(self, kb):
         dt, dl, tl = make_inputs(kb.device, 1, 17, 1000, 1000, "float32")

@@ -192,19 +192,32 @@ class _PaddingOffItsDistribution(Drafter):
         return torch.where(one_hot, (tokens + 1) % logits.shape[-1], tokens), logits
 
 
-@pytest.mark.slow
-def test_negative_control_padding_that_disagrees_with_its_distribution_fails(pair, monkeypatch):
+def _short_draft_corrected(monkeypatch):
+    """WRONG: a row that accepted its whole draft, shorter than the step's, gets a corrected token (the residual
+    against the padding at its length) instead of a bonus token from the target there."""
+    import pipeline.samplers.torch_ref
+
+    monkeypatch.setattr(pipeline.samplers.torch_ref, "is_full", lambda accepted, gamma, lengths: accepted == gamma)
+
+
+def _padding_off_its_distribution(monkeypatch):
     import pipeline.engine
 
-    target, draft, tok = pair
     monkeypatch.setattr(pipeline.engine, "Drafter", _PaddingOffItsDistribution)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong", [_padding_off_its_distribution, _short_draft_corrected])
+def test_negative_controls_fail_the_same_test(pair, monkeypatch, wrong):
+    target, draft, tok = pair
+    wrong(monkeypatch)
     engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 2, "cpu", [], 0,
                                draft_policy=POLICIES["both"])
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     V = target.config.vocab_size
     laws = target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, 1.0, 3)
     pvalues = [chisquare_pvalue(counts(out[:, k], V), law) for k, law in enumerate(laws)]
-    assert min(pvalues) <= THRESHOLD, f"the wrong padding passed (p = {pvalues}): the test has no power"
+    assert min(pvalues) <= THRESHOLD, f"{wrong.__name__} passed (p = {pvalues}): the test has no power"
 
 
 def test_the_study_searches_the_threshold_and_gamma_max(tmp_path):

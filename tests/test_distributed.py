@@ -98,6 +98,21 @@ def test_two_processes_give_the_tokens_and_quality_of_one_in_one_results_file(se
 
 
 @pytest.mark.slow
+def test_with_an_adaptive_draft_length_two_processes_give_the_tokens_of_one_example_at_a_time(setup):
+    """An adaptive draft length in batches of 3 over two processes: each row drafts its own length, is verified with
+    it and draws only its own uniforms, so every example decodes as it does alone (batch size 1, one process)."""
+    root = setup[0]
+    alone, two = root / "adaptive-alone.json", root / "adaptive-two.json"
+    adaptive = ("--draft-schedule", "heuristic", "--draft-confidence", "0.5", "--gamma-max", "6")
+    assert main(_args(setup, alone, "--seed-per-example", "--batch-size", "1", *adaptive)) == 0
+    assert main(_args(setup, two, "--processes", "2", "--batch-size", "3", *adaptive)) == 0
+    a, b = json.loads(alone.read_text()), json.loads(two.read_text())
+    assert [s["token_ids"] for s in b["samples"]] == [s["token_ids"] for s in a["samples"]]
+    for key in ("new_tokens", "accepted_tokens", "drafted_tokens", "verify_steps"):
+        assert b["metrics"][key] == a["metrics"][key], key
+
+
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_run_in_one_line_and_keeps_the_earlier_results(setup, capsys):
     root = setup[0]
     long_articles = root / "long.jsonl"

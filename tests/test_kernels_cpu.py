@@ -19,6 +19,7 @@ from kernel_cases import (
     assert_agree,
     assert_any,
     assert_greedy_agrees,
+    assert_lengths_agree,
     make_inputs,
 )
 
@@ -199,33 +200,68 @@ def test_graphed_verify_needs_a_kernel_sampler():
         GraphedVerify(get_sampler("exact"))
 
 
+def test_graphed_verify_checks_lengths_before_capturing(verify_library):
+    """GraphedVerify takes per-row lengths as the samplers do: bad ones are refused by the contract's check before
+    anything is captured; good ones reach the capture, which needs CUDA tensors."""
+    from pipeline.errors import SamplerInputError
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    graphed = GraphedVerify(cpu_backend(verify_library).samplers["exact"](temperature=1.0))
+    inputs = make_inputs(CPU, 3, 2, 1_000, 1_000, "float32")
+    for bad in (torch.ones(3, dtype=torch.int32), torch.ones(2, dtype=torch.int64), [1, 2, 2]):
+        with pytest.raises(SamplerInputError, match=r"lengths must be None or int64 \[B\] = \[3\]"):
+            graphed(*inputs, lengths=bad)
+    with pytest.raises(SamplerInputError, match="lengths is on meta"):
+        graphed(*inputs, lengths=torch.ones(3, dtype=torch.int64, device="meta"))
+    for lengths in (None, torch.tensor([0, 1, 5])):
+        with pytest.raises(SamplerInputError, match="CUDA-graph verify needs CUDA tensors"):
+            graphed(*inputs, lengths=lengths)
+    assert graphed.graphs == 0
+
+
 # ---- mutants: the tests above must fail on a broken kernel -----------------------------------------------------
 
+# name -> (anchor in verify.cu, its broken replacement, the checks (CHECKS below) that must all fail)
 MUTANTS = {
     # the warp-level Kogge-Stone scan adds one lane too few: every prefix sum after lane 0 is off
-    "scan off by one": ("    if (lane >= off) v += o;", "    if (lane > off) v += o;"),
+    "scan off by one": ("    if (lane >= off) v += o;", "    if (lane > off) v += o;", ("exact", "sigmoid")),
     # the barrier between writing the per-warp totals and reading them in block_inclusive_scan
-    "barrier removed": ("  if (lane == 31) sh[warp] = v;\n  __syncthreads();", "  if (lane == 31) sh[warp] = v;"),
+    "barrier removed": ("  if (lane == 31) sh[warp] = v;\n  __syncthreads();", "  if (lane == 31) sh[warp] = v;",
+                        ("exact", "sigmoid")),
+    # per-row draft lengths ignored: every row verified with the full γ (padded positions accepted)
+    "lengths ignored": ("  if (lengths == nullptr) return gamma;\n", "  return gamma;\n",
+                        ("exact lengths", "sigmoid lengths", "greedy lengths")),
+    # a row that accepted all of a short draft (n == g < γ) draws from the residual instead of the bonus row
+    "residual at n == g": ("  rp.residual = n < g;", "  rp.residual = n < gamma;", ("exact lengths",)),
+    # the emitted token drawn with u_γ instead of the row's u_g
+    "uniform of column γ": ("csum, u[ub + g], sh);", "csum, u[ub + gamma], sh);", ("exact lengths", "sigmoid lengths")),
+}
+
+CHECKS = {
+    "exact": lambda kb: assert_agree(kb, "exact", {"temperature": 1.0}, kb.inputs(*CONFIGS[4]), seed=1),
+    "sigmoid": lambda kb: assert_agree(kb, "sigmoid", {"temperature": 1.0, "alpha": 0.5, "beta": 0.0},
+                                       kb.inputs(*CONFIGS[6]), seed=3),
+    "exact lengths": lambda kb: assert_lengths_agree(kb, "exact", "float32"),
+    "sigmoid lengths": lambda kb: assert_lengths_agree(kb, "sigmoid", "float32"),
+    "greedy lengths": lambda kb: assert_lengths_agree(kb, "greedy", "float32"),
 }
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=list(MUTANTS))
 def test_the_tests_catch_a_broken_kernel(mutant):
-    """Build verify.cu with one defect and run two agreement checks on it: they must fail."""
-    original, broken = MUTANTS[mutant]
+    """Build verify.cu with one defect and run the mutant's agreement checks on it: they must all fail."""
+    original, broken, checks = MUTANTS[mutant]
     source = loader.source()
     assert source.count(original) == 1, f"the mutant's anchor is gone from verify.cu: update MUTANTS[{mutant!r}]"
     library = KernelLibrary(build(loader.SOURCE_PATH, loader.NAME_EXPRESSIONS, text=source.replace(original, broken)))
     kb = cpu_backend(library)
     failures = 0
-    for check in (lambda: assert_agree(kb, "exact", {"temperature": 1.0}, kb.inputs(*CONFIGS[4]), seed=1),
-                  lambda: assert_agree(kb, "sigmoid", {"temperature": 1.0, "alpha": 0.5, "beta": 0.0},
-                                       kb.inputs(*CONFIGS[6]), seed=3)):
+    for name in checks:
         try:
-            check()
+            CHECKS[name](kb)
         except (AssertionError, LaunchError):
             failures += 1
-    assert failures == 2, f"{mutant}: only {failures} of 2 checks failed on the broken kernel"
+    assert failures == len(checks), f"{mutant}: only {failures} of {len(checks)} checks failed on the broken kernel"
     # and the unbroken kernel passes the same checks (so the failures above are the mutant's)
     assert_greedy_agrees(kb, kb.inputs(*CONFIGS[6]))
 

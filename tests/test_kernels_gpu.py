@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import KernelBackend, KernelCases, make_inputs
+from kernel_cases import KernelBackend, KernelCases, length_inputs, make_inputs
 
 from pipeline.samplers import cupy_backend
 
@@ -32,8 +32,8 @@ class TestKernelsOnGpu(KernelCases):
         return gpu
 
 
-def _run(sampler, inputs, seed):
-    return sampler(*inputs, generator=torch.Generator(device="cuda").manual_seed(seed))
+def _run(sampler, inputs, seed, lengths=None):
+    return sampler(*inputs, generator=torch.Generator(device="cuda").manual_seed(seed), lengths=lengths)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -65,6 +65,21 @@ def test_no_host_sync_and_reproducible():
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.accepted, b.accepted)
 
 
+def test_no_host_sync_with_per_row_lengths():
+    """Per-row lengths are checked on their metadata and clamped on the device: still no host sync."""
+    inputs, lengths = length_inputs(CUDA, 16, 5, 32_000, 32_000, "bfloat16", seed=9)
+    samplers = [cupy_backend.SAMPLERS[n]() for n in ("exact", "sigmoid", "greedy")]
+    for s in samplers:
+        _run(s, inputs, 0, lengths)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for s in samplers:
+            _run(s, inputs, 10, lengths)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 # ---- CUDA graphs --------------------------------------------------------------------------------------------
 
 def _same(a, b) -> bool:
@@ -86,6 +101,24 @@ def test_replayed_steps_emit_what_eager_steps_emit(name):
         eager = _run(sampler, inputs, 50 + i)
         replayed = graphed(*inputs, generator=torch.Generator(device="cuda").manual_seed(50 + i))
         assert _same(eager, replayed), f"step {i}"
+    assert graphed.graphs == 2
+
+
+@pytest.mark.parametrize("name", ["exact", "sigmoid", "greedy"])
+def test_replayed_steps_with_lengths_emit_what_eager_steps_emit(name):
+    """GraphedVerify with per-row draft lengths: other lengths each step replay one graph (its static lengths buffer);
+    the same signature without lengths is another graph. Each step identical to the eager step."""
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    sampler = cupy_backend.SAMPLERS[name](temperature=0.0 if name == "greedy" else 0.8)
+    graphed = GraphedVerify(sampler)
+    for i in range(3):
+        inputs, lengths = length_inputs(CUDA, 6, 5, 32_000, 32_000, "bfloat16", seed=80 + i)
+        eager = _run(sampler, inputs, 90 + i, lengths)
+        replayed = graphed(*inputs, generator=torch.Generator(device="cuda").manual_seed(90 + i), lengths=lengths)
+        assert _same(eager, replayed), f"step {i}"
+    inputs = make_inputs(CUDA, 6, 5, 32_000, 32_000, "bfloat16", seed=83)
+    assert _same(_run(sampler, inputs, 93), graphed(*inputs, generator=torch.Generator(device="cuda").manual_seed(93)))
     assert graphed.graphs == 2
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from tiny_models import PROMPTS, load_saved_pair
 
+from pipeline.draft_policy import DraftPolicy
 from pipeline.engine import SpeculativeEngine
 from pipeline.rng import RowGenerators, example_seed, rand
 from pipeline.samplers import get_sampler
@@ -60,12 +61,17 @@ def pair(tmp_path_factory):
     return load_saved_pair(tmp_path_factory.mktemp("rng"))
 
 
-def _decode(pair, sampler: str, idx: list[int], seed: int = 0, gamma: int = 3) -> dict[int, list[int]]:
+def _decode(pair, sampler: str, idx: list[int], seed: int = 0, gamma: int = 3, policy: DraftPolicy | None = None,
+            temperature: float = 1.0, stats: list | None = None) -> dict[int, list[int]]:
     target, draft, tok = pair
     enc = tok([PROMPTS[i] for i in idx], return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler(sampler, temperature=1.0), gamma, "cpu", [EOS], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler(sampler, temperature=temperature), gamma, "cpu", [EOS], 0,
+                               draft_policy=policy)
     rows = RowGenerators(seed, [f"p{i}" for i in idx], "cpu")
-    return dict(zip(idx, engine.generate(enc.input_ids, enc.attention_mask, 16, rows).tokens))
+    result = engine.generate(enc.input_ids, enc.attention_mask, 16, rows)
+    if stats is not None:
+        stats.append(result)
+    return dict(zip(idx, result.tokens))
 
 
 @pytest.mark.parametrize("sampler", ["exact", "sigmoid"])
@@ -80,3 +86,26 @@ def test_an_examples_tokens_do_not_depend_on_its_batch(pair, sampler):
 def test_gamma_zero_draws_per_row_too(pair):
     alone = {i: _decode(pair, "exact", [i], gamma=0)[i] for i in range(4)}
     assert _decode(pair, "exact", [2, 0, 3, 1], gamma=0) == alone
+
+
+ADAPTIVE = {"heuristic": DraftPolicy("heuristic", 0.0, 6), "confidence": DraftPolicy("constant", 0.6, 6),
+            "both": DraftPolicy("heuristic", 0.5, 6)}
+
+
+@pytest.mark.parametrize("sampler,temperature", [("exact", 1.0), ("sigmoid", 1.0), ("block", 1.0), ("exact", 0.7)])
+@pytest.mark.parametrize("policy", list(ADAPTIVE))
+def test_with_an_adaptive_draft_length_an_examples_tokens_do_not_depend_on_its_batch(pair, policy, sampler,
+                                                                                   temperature):
+    """Rows of one batch draft different lengths (the step drafts the longest): each row is verified with its own
+    length and draws only its own uniforms, so it decodes as it does at batch size 1. The batches did mix lengths."""
+    run = {"policy": ADAPTIVE[policy], "sampler": sampler, "temperature": temperature, "gamma": 2}
+    alone = {i: _decode(pair, idx=[i], **run)[i] for i in range(len(PROMPTS))}
+    assert len({tuple(t) for t in alone.values()}) > 1
+    results = []
+    for batch in ([0, 1, 2, 3], [3, 2, 1, 0], [4, 0, 2, 1]):
+        assert _decode(pair, idx=batch, stats=results, **run) == {i: alone[i] for i in batch}
+    # some step padded a row: a row drafted fewer positions than the step (the drafted counts are per row)
+    steps = [s["verify_steps"] for r in results for s in r.row_stats]
+    drafted = [s["drafted"] for r in results for s in r.row_stats]
+    assert any(d < 6 * n for d, n in zip(drafted, steps))
+    assert any(len({s["drafted"] / s["verify_steps"] for s in r.row_stats}) > 1 for r in results)

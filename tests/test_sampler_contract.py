@@ -287,6 +287,95 @@ def test_same_seed_same_tokens(name):
     assert not all(torch.equal(a, b) for a, b in zip(runs[0], runs[2]))
 
 
+# ---- per-row draft lengths -------------------------------------------------------------------------------------
+
+PER_ROW_LENGTHS = [0, 1, 2, 3, 5, 4, 5, 2]     # B = 8 rows of a γ = 5 step
+
+
+def per_row_inputs(seed: int):
+    """Random inputs whose padding (the columns past each row's length) holds the target's argmax with a one-hot
+    draft, as the engine pads: every rule would accept it if it read it."""
+    B, gamma = len(PER_ROW_LENGTHS), max(PER_ROW_LENGTHS)
+    dt, dl, tl = random_inputs(B=B, gamma=gamma, V=40, seed=seed)
+    for b, g in enumerate(PER_ROW_LENGTHS):
+        top = tl[b, g:gamma].argmax(-1)
+        dt[b, g:] = top
+        dl[b, g:] = float("-inf")
+        dl[b, g:].scatter_(-1, top[:, None], 0.0)
+    return dt, dl, tl
+
+
+def _rule_temperatures():
+    for name in TORCH_SAMPLERS:
+        for temperature in (1.0, 0.0):
+            if not (RULES[name].needs_sampling and temperature == 0.0):
+                yield name, temperature
+
+
+@pytest.mark.parametrize("name,temperature", list(_rule_temperatures()))
+def test_a_row_with_its_own_draft_length_verifies_as_it_would_alone(name, temperature):
+    """The contract's per-row lengths: row b of a batched step with lengths[b] = g gives the tokens that row gives
+    alone with γ = g, drawing its uniforms from its own stream (pipeline.rng.RowGenerators.set_step), whatever the
+    other rows drafted; without lengths the padding would be verified and some rows would differ."""
+    from pipeline.rng import RowGenerators
+
+    sampler = get_sampler(name, temperature=temperature)
+    ids = [f"row{b}" for b in range(len(PER_ROW_LENGTHS))]
+    gamma = max(PER_ROW_LENGTHS)
+    differs_without = 0
+    for seed in range(6):
+        dt, dl, tl = per_row_inputs(seed)
+        rows = RowGenerators(seed, ids, "cpu")
+        rows.set_step(gamma, PER_ROW_LENGTHS)
+        res = sampler(dt, dl, tl, generator=rows, lengths=torch.tensor(PER_ROW_LENGTHS))
+        plain = sampler(dt, dl, tl, generator=RowGenerators(seed, ids, "cpu"))
+        for b, g in enumerate(PER_ROW_LENGTHS):
+            alone = sampler(dt[b:b + 1, :g], dl[b:b + 1, :g], tl[b:b + 1, : g + 1],
+                            generator=RowGenerators(seed, [ids[b]], "cpu"))
+            n = int(alone.accepted)
+            assert int(res.accepted[b]) == n <= g, (seed, b)
+            assert res.tokens[b, : n + 1].tolist() == alone.tokens[0, : n + 1].tolist(), (seed, b)
+            assert (res.tokens[b, n + 1:] == -1).all()
+            differs_without += (int(plain.accepted[b]) != n
+                                or plain.tokens[b, : n + 1].tolist() != alone.tokens[0, : n + 1].tolist())
+    assert differs_without > 0
+
+
+def test_lengths_are_checked_against_the_contract():
+    dt, dl, tl = random_inputs(B=3, gamma=4)
+    for bad, message in ((torch.tensor([1, 2]), r"\[3\]"), (torch.tensor([1.0, 2.0, 3.0]), "int64")):
+        with pytest.raises(SamplerInputError, match=message):
+            get_sampler("exact")(dt, dl, tl, lengths=bad)
+    # out-of-range values are clamped on the device: 9 means all γ, -1 means none
+    g = torch.Generator().manual_seed(0)
+    res = get_sampler("greedy")(dt, dl, tl, generator=g, lengths=torch.tensor([9, -1, 4]))
+    ref = get_sampler("greedy")(dt, dl, tl, generator=g)
+    assert res.accepted[0] == ref.accepted[0] and res.accepted[1] == 0
+
+
+def test_hf_cuts_the_draft_to_the_rows_own_length():
+    """The hf rule (batch 1) gives with lengths [g] what it gives for the first g drafts alone, same seed."""
+    sampler = get_sampler("hf")
+    dt, dl, tl = per_row_inputs(3)
+    for b, g in enumerate(PER_ROW_LENGTHS):
+        row = (dt[b:b + 1], dl[b:b + 1], tl[b:b + 1])
+        for seed in range(3):
+            res = sampler(*row, generator=torch.Generator().manual_seed(seed), lengths=torch.tensor([g]))
+            alone = sampler(dt[b:b + 1, :g], dl[b:b + 1, :g], tl[b:b + 1, : g + 1],
+                            generator=torch.Generator().manual_seed(seed))
+            n = int(alone.accepted)
+            assert int(res.accepted) == n and res.tokens[0, : n + 1].tolist() == alone.tokens[0, : n + 1].tolist()
+            assert res.tokens.shape == (1, max(PER_ROW_LENGTHS) + 1) and (res.tokens[0, n + 1:] == -1).all()
+
+
+@pytest.mark.parametrize("name", [n for n in TORCH_SAMPLERS if not RULES[n].needs_sampling])
+def test_per_row_lengths_never_sync_with_the_host(name):
+    dt, dl, tl = per_row_inputs(0)
+    lengths = torch.tensor(PER_ROW_LENGTHS)
+    assert_no_host_sync(lambda: get_sampler(name, temperature=1.0)(dt, dl, tl, generator=torch.Generator(),
+                                                                   lengths=lengths))
+
+
 # ---- the hf baseline -------------------------------------------------------------------------------------------
 
 def test_hf_sampler_is_batch_one_and_follows_the_target():

@@ -27,6 +27,10 @@ Shapes (see :mod:`pipeline.samplers.contract`): draft_tokens int64 [B, γ], draf
 target_logits [B, γ+1, V_t], V_d <= V_t; arithmetic in fp32; one ``torch.rand((B, γ+1))`` per step (columns
 0..γ-1 are η_1..η_γ, column γ draws Y); no host sync (a Python loop over the γ positions, no branch on tensor
 values). Cost over `exact`: the survival products and one [B, γ-1, V_t] pass for S_1..S_{γ-1}.
+
+Per-row draft lengths g_b (the contract's ``lengths``): row b is verified as the block X_1..X_{g_b} alone, so
+h_{g_b} = p_{g_b}, h_i = 0 past g_b (those positions never pass), Y is the bonus where τ = g_b, and column g_b of the
+uniforms draws Y.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from pipeline.samplers.contract import (
     RESIDUAL_ZERO_TOL,
     SamplerResult,
     assemble_tokens,
+    emit_uniform,
+    is_full,
     sample_from_weights,
     uniforms,
 )
@@ -70,6 +76,15 @@ def stop_probs(p: torch.Tensor, q: torch.Tensor, surv: torch.Tensor) -> torch.Te
     return torch.cat([h, surv[:, gamma - 1:]], dim=1)
 
 
+def cut_at_lengths(h: torch.Tensor, surv: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """float32 [B, γ]: h_1..h_γ of each row's own block X_1..X_{g_b} (lengths int64 [B], or None: all γ): h_{g_b} is
+    that block's last stop probability p_{g_b}, and the positions past it never pass (0)."""
+    if lengths is None:
+        return h
+    pos = torch.arange(1, h.shape[1] + 1, device=h.device)
+    return torch.where(pos == lengths[:, None], surv, torch.where(pos > lengths[:, None], 0.0, h))
+
+
 def last_passing(h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """int64 [B]: τ, the last position i (1-based) with u[:, i-1] < h[:, i-1]; 0 where none passes.
     h [B, γ], u [B, γ+1] (only the first γ columns are read)."""
@@ -79,9 +94,10 @@ def last_passing(h: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def residual_draw(p: torch.Tensor, q: torch.Tensor, surv: torch.Tensor, tau: torch.Tensor,
-                  u: torch.Tensor) -> torch.Tensor:
+                  u: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """int64 [B]: Y, drawn with uniforms u [B] from norm(max(p_τ · p(· | X^τ) - q(· | X^τ), 0)) where τ < γ
-    (the target row where that residual is rounding noise) and from p(· | X^γ) where τ = γ.
+    (the target row where that residual is rounding noise) and from p(· | X^γ) where τ = γ (γ: each row's own
+    length where ``lengths`` int64 [B] is given).
     p [B, γ+1, V_t], q [B, γ, V_d], surv [B, γ] (p_1..p_γ), tau int64 [B]."""
     gamma = q.shape[1]
     weights = _rows(p, tau)                                                      # [B, V_t]
@@ -89,18 +105,19 @@ def residual_draw(p: torch.Tensor, q: torch.Tensor, surv: torch.Tensor, tau: tor
     residual = weights * p_tau
     residual[:, : q.shape[2]] -= _rows(q, tau.clamp_max(gamma - 1))
     residual.clamp_min_(0.0)
-    use_residual = (tau < gamma) & (residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
+    use_residual = ~is_full(tau, gamma, lengths) & (residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
     return sample_from_weights(torch.where(use_residual[:, None], residual, weights), u)
 
 
 def block_verify(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-                 u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 u: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification on probabilities. draft_tokens int64 [B, γ] (γ >= 1), p float32 [B, γ+1, V_t],
-    q float32 [B, γ, V_d], u float32 [B, γ+1]. Returns (accepted τ int64 [B], next token Y int64 [B])."""
+    q float32 [B, γ, V_d], u float32 [B, γ+1], lengths int64 [B] or None (per-row draft lengths). Returns
+    (accepted τ int64 [B], next token Y int64 [B])."""
     idx = draft_tokens[..., None]
     surv = survival_probs(p[:, : draft_tokens.shape[1]].gather(2, idx).squeeze(2), q.gather(2, idx).squeeze(2))
-    tau = last_passing(stop_probs(p, q, surv), u)
-    return tau, residual_draw(p, q, surv, tau, u[:, -1])
+    tau = last_passing(cut_at_lengths(stop_probs(p, q, surv), surv, lengths), u)
+    return tau, residual_draw(p, q, surv, tau, emit_uniform(u, lengths), lengths)
 
 
 class BlockSampler(Sampler):
@@ -111,15 +128,16 @@ class BlockSampler(Sampler):
 
     name = "block"
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         if self.temperature == 0.0 or gamma == 0:  # greedy verify, or a plain draw from the target
-            return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator)
+            return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator,
+                                                          lengths)
         inv_t = 1.0 / self.temperature
         p = _softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
         q = _softmax_fp32(draft_logits, inv_t)                                    # [B, γ, V_d]
         u = uniforms(B, gamma, draft_tokens.device, generator)
-        accepted, next_token = block_verify(draft_tokens, p, q, u)
+        accepted, next_token = block_verify(draft_tokens, p, q, u, lengths)
         # as in `exact`: a softmax row that saw NaN, +inf or only -inf is NaN in every entry
         return SamplerResult(
             accepted=accepted,

@@ -3,15 +3,24 @@
 A sampler verifies the γ tokens a draft model proposed against the target model's logits and emits
 between 1 and γ+1 tokens::
 
-    result = sampler(draft_tokens, draft_logits, target_logits, generator=None)
+    result = sampler(draft_tokens, draft_logits, target_logits, generator=None, lengths=None)
 
       draft_tokens   int64 [B, γ]          tokens the draft model sampled
       draft_logits   float [B, γ, V_d]     raw draft logits at those γ positions
       target_logits  float [B, γ+1, V_t]   raw target logits at the γ+1 positions
                                            (position i scores the token after draft_tokens[:, :i])
-      result.accepted  int64 [B]           accepted draft tokens per row, 0..γ
+      lengths        int64 [B] or None     per-row draft lengths g_b in 0..γ (None: γ for every row)
+      result.accepted  int64 [B]           accepted draft tokens per row, 0..g_b
       result.tokens    int64 [B, γ+1]      the accepted draft tokens, then the one corrected or bonus
                                            token, then -1 padding
+
+Per-row draft lengths (an adaptive draft length: pipeline/draft_policy.py). Row b then drafted only
+draft_tokens[b, :g_b]; the step treats that row exactly as it would treat the row alone with γ = g_b: at most g_b
+tokens are accepted, a row that accepts all g_b draws its bonus token from the target's position g_b, and its
+uniforms are u[b, :g_b] for the acceptance tests and u[b, g_b] for the emitted token. Columns past g_b (tokens,
+logits and uniforms) are padding that never decides anything; the finiteness flags may still cover them, so they
+must hold finite logits (a one-hot draft is fine). Values are clamped into [0, γ] on the device (never read on
+the host). So a row's tokens do not depend on how long the other rows of its batch drafted.
 
 Logits may be fp32, fp16 or bf16; arithmetic that matters is done in fp32. V_d may be smaller than V_t
 (padded embedding matrices): draft entries past V_d count as probability 0. V_d > V_t is an error, because
@@ -23,7 +32,8 @@ through device-side flags in the result (``draft_ok``, ``target_ok``), which the
 chooses to sync (:meth:`SamplerResult.check`, or :class:`FiniteCheck` across a whole generation).
 
 Randomness: one ``torch.rand((B, γ+1))`` call per step. Column i < γ is the acceptance uniform of draft
-token i; column γ picks the emitted token by inverse CDF (:func:`sample_from_weights`). Backends that are
+token i; column γ (column g_b with per-row lengths) picks the emitted token by inverse CDF
+(:func:`sample_from_weights`). Backends that are
 held to the reference take these same uniforms. With per-example randomness (a :class:`pipeline.rng.RowGenerators`
 in place of the generator) row b's uniforms come from its own example's generator instead.
 """
@@ -55,7 +65,7 @@ CDF_CHUNK = 1024
 class SamplerResult:
     """What one verify step emits.
 
-    accepted   int64 [B]        accepted draft tokens per row, 0..γ
+    accepted   int64 [B]        accepted draft tokens per row, 0..γ (0..g_b with per-row lengths)
     tokens     int64 [B, γ+1]   accepted draft tokens, the corrected/bonus token, then -1 padding
     draft_ok   bool  [B]        False where a draft logit the step read was NaN/+inf or a row was all -inf
     target_ok  bool  [B]        the same for the target logits
@@ -145,6 +155,45 @@ def validate_inputs(draft_tokens: torch.Tensor, draft_logits: torch.Tensor, targ
         raise SamplerInputError(
             f"draft vocabulary ({draft_logits.shape[2]}) is larger than the target's ({target_logits.shape[2]}): "
             "the target has no logits for some draft tokens; use a draft with the target's tokenizer")
+
+
+def validate_lengths(lengths: torch.Tensor | None, draft_tokens: torch.Tensor) -> None:
+    """Check per-row draft lengths against the contract: None, or int64 [B] on draft_tokens' device. Metadata only."""
+    if lengths is None:
+        return
+    B = draft_tokens.shape[0]
+    if not isinstance(lengths, torch.Tensor) or lengths.dtype != torch.int64 or tuple(lengths.shape) != (B,):
+        got = _shape(lengths) + f" {lengths.dtype}" if isinstance(lengths, torch.Tensor) else repr(type(lengths))
+        raise SamplerInputError(f"lengths must be None or int64 [B] = [{B}] (per-row draft lengths); got {got}")
+    if lengths.device != draft_tokens.device:
+        raise SamplerInputError(f"lengths is on {lengths.device} but draft_tokens is on {draft_tokens.device}: put "
+                                "them on one device")
+
+
+def clamp_lengths(lengths: torch.Tensor | None, gamma: int) -> torch.Tensor | None:
+    """int64 [B] per-row draft lengths clamped into [0, γ] (None stays None: every row drafted γ)."""
+    return None if lengths is None else lengths.clamp(0, gamma)
+
+
+def within_lengths(accept: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """bool [B, γ] per-position acceptance with the positions past each row's draft length (lengths int64 [B], or
+    None) rejected."""
+    if lengths is None:
+        return accept
+    return accept & (torch.arange(accept.shape[1], device=accept.device) < lengths[:, None])
+
+
+def is_full(accepted: torch.Tensor, gamma: int, lengths: torch.Tensor | None) -> torch.Tensor:
+    """bool [B]: rows that accepted their whole draft (γ, or their own length), so their next token is a bonus token
+    drawn from the target rather than a corrected one."""
+    return accepted == (gamma if lengths is None else lengths)
+
+
+def emit_uniform(u: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """float32 [B]: each row's uniform for its emitted token, column γ of u [B, γ+1] (column g_b with lengths)."""
+    if lengths is None:
+        return u[:, -1]
+    return u.gather(1, lengths[:, None]).squeeze(1)
 
 
 def uniforms(batch: int, gamma: int, device: torch.device, generator: torch.Generator | RowGenerators | None

@@ -2,18 +2,21 @@
 
     verify = GraphedVerify(get_sampler("exact", backend="cupy", temperature=1.0))
     result = verify(draft_tokens, draft_logits, target_logits, generator=gen)    # the sampler contract
+    result = verify(draft_tokens, draft_logits, target_logits, generator=gen, lengths=lengths)   # per-row lengths
 
 Same contract, samplers and tokens as the wrapped sampler: the uniforms are drawn eagerly from the caller's
 generator, by the same one ``torch.rand((B, γ+1))`` an eager step makes, and copied into the graph, so a replayed
 step emits exactly what an eager step with the same generator state would (greedy steps draw none, as eager).
 With per-example randomness (a pipeline.rng.RowGenerators) the same helper draws each row from its own generator.
 
-One graph per input signature (B, γ, V_t, V_d, dtypes, device), captured at its first call: the kernels are
-loaded first (``prepare``), the step runs twice on a private stream to size that stream's workspace, then it is
-captured on that stream. Every graph has its own stream and so its own workspace, so graphs never share scratch
-memory and may replay on any streams; workspaces never free a buffer a graph has seen (cupy_backend._Workspace).
-Each call copies the inputs into the graph's static buffers (the logits' strides may change from call to call).
-The result's tensors are the graph's static outputs: valid until the next call with the same signature.
+One graph per input signature (B, γ, V_t, V_d, dtypes, device, and whether per-row lengths are given), captured
+at its first call: the kernels are loaded first (``prepare``), the step runs twice on a private stream to size that
+stream's workspace, then it is captured on that stream. Every graph has its own stream and so its own workspace, so
+graphs never share scratch memory and may replay on any streams; workspaces never free a buffer a graph has seen
+(cupy_backend._Workspace). Each call copies the inputs into the graph's static buffers (the logits' strides may
+change from call to call); per-row draft lengths are checked and clamped into [0, γ] as Sampler.__call__ does (on
+the device: no host sync) and copied into the graph's static int64 [B] lengths buffer. The result's tensors
+are the graph's static outputs: valid until the next call with the same signature.
 
 Needs a CUDA GPU and a kernel sampler (``backend="cupy"``); the engine uses it through ``--verify-graphs``.
 """
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.errors import SamplerInputError
-from pipeline.samplers.contract import SamplerResult, uniforms, validate_inputs
+from pipeline.samplers.contract import SamplerResult, clamp_lengths, uniforms, validate_inputs, validate_lengths
 
 
 @dataclass
@@ -35,6 +38,7 @@ class _Captured:
     draft_logits: torch.Tensor    # [B, γ, V_d]
     target_logits: torch.Tensor   # [B, γ+1, V_t]
     u: torch.Tensor               # float32 [B, γ+1]
+    lengths: torch.Tensor | None  # int64 [B] per-row draft lengths, in a graph captured with lengths; else None
     result: SamplerResult         # static outputs
 
 
@@ -63,25 +67,27 @@ class GraphedVerify:
     def _greedy(self) -> bool:
         return self.sampler.verifies_by_argmax
 
-    def _step(self, draft_tokens, draft_logits, target_logits, u) -> SamplerResult:
+    def _step(self, draft_tokens, draft_logits, target_logits, u, lengths) -> SamplerResult:
         from pipeline.samplers import cupy_backend as kernels
 
         s, launcher = self.sampler, self.sampler.launcher
         if self._greedy():
-            return kernels.greedy_step(launcher, draft_tokens, draft_logits, target_logits)
+            return kernels.greedy_step(launcher, draft_tokens, draft_logits, target_logits, lengths)
         if self.name == "exact":
-            return kernels.exact_step(launcher, draft_tokens, draft_logits, target_logits, s.temperature, u=u)
+            return kernels.exact_step(launcher, draft_tokens, draft_logits, target_logits, s.temperature, u=u,
+                                      lengths=lengths)
         return kernels.sigmoid_step(launcher, draft_tokens, draft_logits, target_logits, s.alpha / s.temperature,
-                                    s.beta, u=u)
+                                    s.beta, u=u, lengths=lengths)
 
-    def _capture(self, draft_tokens, draft_logits, target_logits) -> _Captured:
+    def _capture(self, draft_tokens, draft_logits, target_logits, with_lengths: bool) -> _Captured:
         device = draft_tokens.device
         if device.type != "cuda":
             raise SamplerInputError(f"CUDA-graph verify needs CUDA tensors; got {device}")
         self.sampler.prepare(device)
         B, gamma = draft_tokens.shape
         static = (draft_tokens.clone(), draft_logits.contiguous().clone(), target_logits.contiguous().clone(),
-                  torch.zeros((B, gamma + 1), dtype=torch.float32, device=device))
+                  torch.zeros((B, gamma + 1), dtype=torch.float32, device=device),
+                  torch.full((B,), gamma, dtype=torch.int64, device=device) if with_lengths else None)
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -94,18 +100,22 @@ class GraphedVerify:
         return _Captured(graph, *static, result=result)
 
     def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor,
-                 generator: torch.Generator | None = None) -> SamplerResult:
+                 generator: torch.Generator | None = None, lengths: torch.Tensor | None = None) -> SamplerResult:
         validate_inputs(draft_tokens, draft_logits, target_logits)
+        validate_lengths(lengths, draft_tokens)
         key = (tuple(draft_tokens.shape), tuple(draft_logits.shape), tuple(target_logits.shape), draft_logits.dtype,
-               target_logits.dtype, draft_tokens.device)
+               target_logits.dtype, draft_tokens.device, lengths is None)
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._graphs[key] = self._capture(draft_tokens, draft_logits, target_logits)
+            captured = self._graphs[key] = self._capture(draft_tokens, draft_logits, target_logits,
+                                                         lengths is not None)
+        B, gamma = draft_tokens.shape
         captured.draft_tokens.copy_(draft_tokens)
         captured.draft_logits.copy_(draft_logits)
         captured.target_logits.copy_(target_logits)
+        if lengths is not None:
+            captured.lengths.copy_(clamp_lengths(lengths, gamma))
         if not self._greedy():
-            B, gamma = draft_tokens.shape
             captured.u.copy_(uniforms(B, gamma, draft_tokens.device, generator))
         captured.graph.replay()
         return captured.result

@@ -10,6 +10,9 @@ Launches go to torch's current stream; nothing waits for the device.
     sigmoid  1 launch:   sample_sigmoid
     greedy   1 launch:   greedy_verify (also exact/sigmoid at temperature 0)
 
+Per-row draft lengths (the contract's ``lengths``, int64 [B] on the step's device, or None) go to every kernel as
+a pointer (a null pointer for None); the kernels clamp them into [0, γ] and never hand them to the host.
+
 Limits: γ <= 16, V_t <= 262,144 (one inverse-CDF chunk level of 1024 entries x 256 chunks). Draft and target
 logits of different dtypes are both read as fp32 (an upcast copy, exact). A draft token outside [0, V_d)
 is rejected and flags ``draft_ok`` False (the reference would raise a device-side assert).
@@ -19,15 +22,19 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from pipeline.dtypes import dtype_name
 from pipeline.errors import SamplerInputError
 from pipeline.samplers import torch_ref
-from pipeline.samplers.contract import SamplerResult, uniforms
+from pipeline.samplers.contract import SamplerResult, uniforms, validate_lengths
 
 # Blocks per SM the launch geometry aims for (kernels are capped at 64 registers: 4 blocks of 256 fit).
 _BLOCKS_PER_SM = 4
+
+# A null kernel pointer (``lengths`` None): the same type and size as loader.ptr's addresses.
+_NULL = np.uint64(0)
 
 
 def _cupy_error() -> str | None:
@@ -172,12 +179,13 @@ class _Workspace:
 class _Step:
     """Checked kernel inputs of one verify step, and its result tensors.
 
-    draft_tokens int64 [B, γ] (contiguous); draft/target logits of one dtype, unit stride along V.
-    out int64 [B, γ+2]: tokens in columns 0..γ, accepted in column γ+1. ok bool [2, B]: draft_ok, target_ok.
+    draft_tokens int64 [B, γ] (contiguous); draft/target logits of one dtype, unit stride along V; lengths int64 [B]
+    (contiguous) or None. out int64 [B, γ+2]: tokens in columns 0..γ, accepted in column γ+1. ok bool [2, B]:
+    draft_ok, target_ok.
     """
 
     def __init__(self, launcher: Launcher, draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
-                 target_logits: torch.Tensor) -> None:
+                 target_logits: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
         from pipeline.kernels.loader import MAX_GAMMA, MAX_VOCAB
 
         if draft_tokens.device.type != launcher.device_type:
@@ -193,6 +201,9 @@ class _Step:
             raise SamplerInputError(f"the {launcher.name} backend needs 1 <= V_t <= {MAX_VOCAB}; got V_t = {vt}")
         if B == 0 or B > 65_535:
             raise SamplerInputError(f"the {launcher.name} backend needs 1 <= B <= 65535; got B = {B}")
+        validate_lengths(lengths, draft_tokens)   # metadata only: the values stay on the device, the kernels clamp
+        if lengths is not None:
+            lengths = lengths.contiguous()
         if draft_logits.dtype != target_logits.dtype:  # one kernel dtype: read both as fp32 (exact upcast)
             draft_logits, target_logits = draft_logits.float(), target_logits.float()
         if target_logits.stride(2) != 1:
@@ -201,6 +212,7 @@ class _Step:
             draft_logits = draft_logits.contiguous()
         self.launcher = launcher
         self.tokens_in = draft_tokens.contiguous()
+        self.lengths = lengths
         self.draft, self.target = draft_logits, target_logits
         self.B, self.gamma, self.vt, self.vd = B, gamma, vt, vd
         self.dtype = dtype_name(target_logits.dtype)
@@ -221,9 +233,11 @@ class _Step:
         self.launcher.launch(kernel, self.dtype, grid, args, self.device)
 
     def common_args(self) -> tuple:
+        """(tokens, lengths, target, draft, γ, V_t, V_d, strides): lengths is a null pointer where it is None."""
         from pipeline.kernels.loader import i32, i64, ptr
 
-        return (ptr(self.tokens_in), ptr(self.target), ptr(self.draft), i32(self.gamma), i32(self.vt),
+        lengths = ptr(self.lengths) if self.lengths is not None else _NULL
+        return (ptr(self.tokens_in), lengths, ptr(self.target), ptr(self.draft), i32(self.gamma), i32(self.vt),
                 i32(self.vd), i64(self.target.stride(0)), i64(self.target.stride(1)), i64(self.draft.stride(0)),
                 i64(self.draft.stride(1)))
 
@@ -239,17 +253,18 @@ class _Step:
 
 
 def _with_u(args: tuple, u: torch.Tensor) -> tuple:
-    """Insert the uniforms pointer after (tokens, target, draft), as the kernels take it."""
+    """Insert the uniforms pointer after (tokens, lengths, target, draft), as the kernels take it."""
     from pipeline.kernels.loader import ptr
 
-    return (*args[:3], ptr(u), *args[3:])
+    return (*args[:4], ptr(u), *args[4:])
 
 
-def greedy_step(launcher: Launcher, draft_tokens, draft_logits, target_logits) -> SamplerResult:
-    """One launch: greedy_verify."""
+def greedy_step(launcher: Launcher, draft_tokens, draft_logits, target_logits,
+                lengths: torch.Tensor | None = None) -> SamplerResult:
+    """One launch: greedy_verify. ``lengths``: per-row draft lengths, int64 [B] on the step's device, or None."""
     from pipeline.kernels.loader import CHUNK, i32, ptr
 
-    step = _Step(launcher, draft_tokens, draft_logits, target_logits)
+    step = _Step(launcher, draft_tokens, draft_logits, target_logits, lengths)
     rows = step.gamma + 1
     slices, per = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / (rows * step.B))
     ws = step.workspace(2 * step.B * rows * slices)
@@ -259,12 +274,14 @@ def greedy_step(launcher: Launcher, draft_tokens, draft_logits, target_logits) -
 
 
 def exact_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, temperature: float,
-               generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> SamplerResult:
+               generator: torch.Generator | None = None, u: torch.Tensor | None = None,
+               lengths: torch.Tensor | None = None) -> SamplerResult:
     """Two launches: exact_partials (normalisers, decisions), then sample_exact. Uniforms: ``u`` float32 [B, γ+1]
-    when given (tests), else drawn from ``generator`` as the reference draws them."""
+    when given (tests), else drawn from ``generator`` as the reference draws them. ``lengths``: per-row draft
+    lengths, int64 [B] on the step's device, or None."""
     from pipeline.kernels.loader import CHUNK, f32, i32, i64, ptr
 
-    step = _Step(launcher, draft_tokens, draft_logits, target_logits)
+    step = _Step(launcher, draft_tokens, draft_logits, target_logits, lengths)
     u = step.uniforms(generator) if u is None else u
     inv_t = f32(1.0 / temperature)
     rows = 2 * step.gamma + 1
@@ -282,11 +299,12 @@ def exact_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, te
 
 
 def sigmoid_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, scale: float, beta: float,
-                 generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> SamplerResult:
-    """One launch: sample_sigmoid with weights sigmoid(scale * z + beta). Uniforms as for exact_step."""
+                 generator: torch.Generator | None = None, u: torch.Tensor | None = None,
+                 lengths: torch.Tensor | None = None) -> SamplerResult:
+    """One launch: sample_sigmoid with weights sigmoid(scale * z + beta). Uniforms and lengths as for exact_step."""
     from pipeline.kernels.loader import f32, i32, ptr
 
-    step = _Step(launcher, draft_tokens, draft_logits, target_logits)
+    step = _Step(launcher, draft_tokens, draft_logits, target_logits, lengths)
     u = step.uniforms(generator) if u is None else u
     blocks, cpb = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / step.B, _min_chunks(step.dtype))
     ws = step.workspace(0)
@@ -313,10 +331,11 @@ class ExactSampler(torch_ref.ExactSampler):
         """Compile and load the kernels now: call before capturing a step in a CUDA graph."""
         self.launcher.prepare(torch.device(device))
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
-            return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits)
-        return exact_step(self.launcher, draft_tokens, draft_logits, target_logits, self.temperature, generator)
+            return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits, lengths)
+        return exact_step(self.launcher, draft_tokens, draft_logits, target_logits, self.temperature, generator,
+                          lengths=lengths)
 
 
 class SigmoidSampler(torch_ref.SigmoidSampler):
@@ -326,11 +345,11 @@ class SigmoidSampler(torch_ref.SigmoidSampler):
     launcher: Launcher = ExactSampler.launcher
     prepare = ExactSampler.prepare
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
-            return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits)
+            return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits, lengths)
         return sigmoid_step(self.launcher, draft_tokens, draft_logits, target_logits, self.alpha / self.temperature,
-                            self.beta, generator)
+                            self.beta, generator, lengths=lengths)
 
 
 class GreedySampler(torch_ref.GreedySampler):
@@ -340,8 +359,8 @@ class GreedySampler(torch_ref.GreedySampler):
     launcher: Launcher = ExactSampler.launcher
     prepare = ExactSampler.prepare
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
-        return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits)
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+        return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits, lengths)
 
 
 SAMPLERS = {"exact": ExactSampler, "sigmoid": SigmoidSampler, "greedy": GreedySampler}

@@ -6,7 +6,8 @@ some of it for more accepted draft tokens. All four follow the sampler contract
 vocabulary V_d <= V_t (draft entries past V_d are probability 0), at most one ``torch.rand((B, γ+1))`` per step
 (column γ draws the emitted token where one is drawn; the acceptance tests below are deterministic except
 fuzzy's, which uses columns 0..γ-1 as `exact` does), and NaN/+inf logits reported through ``draft_ok`` /
-``target_ok`` for the logits the step read.
+``target_ok`` for the logits the step read. With per-row draft lengths g_b (the contract's ``lengths``) each row is
+verified as it would be alone with γ = g_b: γ below reads g_b, n <= g_b, and the bonus comes from p at g_b.
 
 Notation: at position i < γ the draft proposed x_i; z_t,i and z_d,i are the raw target and draft logits,
 p_i = softmax(z_t,i / T) and q_i = softmax(z_d,i / T) the tempered distributions; n is the number of accepted
@@ -69,8 +70,11 @@ from pipeline.samplers.contract import (
     SamplerResult,
     assemble_tokens,
     count_accepted,
+    emit_uniform,
+    is_full,
     sample_from_weights,
     uniforms,
+    within_lengths,
 )
 from pipeline.samplers.torch_ref import (
     ExactSampler,
@@ -135,19 +139,20 @@ class TypicalSampler(Sampler):
     def params(self) -> dict:
         return {"temperature": self.temperature, "epsilon": self.epsilon, "delta": self.delta}
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
-            return greedy_verify(draft_tokens, draft_logits, target_logits)
+            return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         B, gamma = draft_tokens.shape
         p = _softmax_fp32(target_logits, 1.0 / self.temperature)                 # [B, γ+1, V_t]
         p_block = p[:, :gamma]
         entropy = -(p_block * torch.log(p_block + TYPICAL_ENTROPY_EPS)).sum(dim=-1)   # [B, γ]
         threshold = (self.delta * torch.exp(-entropy)).clamp_max(self.epsilon)      # min(ε, δ e^{-H})
-        accepted = count_accepted(_drafted(draft_tokens, p_block) > threshold)
+        accepted = count_accepted(within_lengths(_drafted(draft_tokens, p_block) > threshold, lengths))
         u = uniforms(B, gamma, draft_tokens.device, generator)
-        bonus = sample_from_weights(p[:, gamma].contiguous(), u[:, gamma])
+        last = p[:, gamma].contiguous() if lengths is None else _rows(p, lengths)
+        bonus = sample_from_weights(last, emit_uniform(u, lengths))
         recovered = _rows(target_logits, accepted).argmax(dim=-1)
-        next_token = torch.where(accepted == gamma, bonus, recovered)
+        next_token = torch.where(is_full(accepted, gamma, lengths), bonus, recovered)
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
@@ -176,12 +181,12 @@ class FuzzySampler(Sampler):
         # At T = 0 a draft that is the draft's own argmax is accepted iff it is the target's, up to threshold ln 2.
         return self.temperature == 0.0 and self.threshold <= LN2
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         if gamma == 0:  # nothing to accept: exact's draw from the target (or its argmax at T = 0)
             return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator)
         if self.temperature == 0.0:
-            return self._verify_limit(draft_tokens, draft_logits, target_logits)
+            return self._verify_limit(draft_tokens, draft_logits, target_logits, lengths)
         inv_t = 1.0 / self.temperature
         p = _softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
         q = _softmax_fp32(draft_logits, inv_t)                                    # [B, γ, V_d]
@@ -191,7 +196,7 @@ class FuzzySampler(Sampler):
         u = uniforms(B, gamma, draft_tokens.device, generator)
         accepted, next_token = rejection_verify(
             draft_tokens, torch.where(close, one, p_x), torch.where(close, one, q_x),
-            lambda n: _rows(p, n), lambda n: _rows(q, n), u)
+            lambda n: _rows(p, n), lambda n: _rows(q, n), u, lengths)
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
@@ -199,17 +204,17 @@ class FuzzySampler(Sampler):
             target_ok=~p[:, :, 0].isnan().any(dim=1),
         )
 
-    def _verify_limit(self, draft_tokens, draft_logits, target_logits) -> SamplerResult:
+    def _verify_limit(self, draft_tokens, draft_logits, target_logits, lengths=None) -> SamplerResult:
         """T = 0: p and q are one-hot at their argmaxes, so JS is 0 where those agree and ln 2 where not."""
         if self.threshold <= 0.0:
-            return greedy_verify(draft_tokens, draft_logits, target_logits)
+            return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         gamma = draft_tokens.shape[1]
         target_max, target_argmax = target_logits.max(dim=-1)                   # [B, γ+1]
         draft_max, draft_argmax = draft_logits.max(dim=-1)                       # [B, γ]
         close = draft_argmax == target_argmax[:, :gamma]
         if self.threshold > LN2:
             close = torch.ones_like(close)
-        accepted = count_accepted(close | (draft_tokens == target_argmax[:, :gamma]))
+        accepted = count_accepted(within_lengths(close | (draft_tokens == target_argmax[:, :gamma]), lengths))
         next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)
         return SamplerResult(
             accepted=accepted,
@@ -250,7 +255,7 @@ class RelaxedSampler(Sampler):
     def verifies_by_argmax(self) -> bool:
         return self.top_k == 1
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         gamma = draft_tokens.shape[1]
         target_max, target_argmax = target_logits.max(dim=-1)                   # [B, γ+1]
         z = target_logits[:, :gamma]                                             # [B, γ, V_t]
@@ -262,7 +267,7 @@ class RelaxedSampler(Sampler):
         lse = torch.logsumexp(z.float(), dim=-1)
         gap = torch.exp(target_max[:, :gamma].float() - lse) - torch.exp(z_x.float() - lse)   # max P - P(x)
         accept = (rank < self.top_k) & (gap <= self.prob_delta) & (z_x > float("-inf"))
-        accepted = count_accepted(accept)
+        accepted = count_accepted(within_lengths(accept, lengths))
         next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)
         return SamplerResult(
             accepted=accepted,
@@ -282,16 +287,20 @@ class AcceptAllSampler(Sampler):
     def verifies_by_argmax(self) -> bool:
         return False  # it accepts every draft token, the target's argmax or not
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
-        accepted = torch.full((B,), gamma, dtype=torch.int64, device=draft_tokens.device)
-        last = target_logits[:, gamma]                                           # [B, V_t]
+        if lengths is None:
+            accepted = torch.full((B,), gamma, dtype=torch.int64, device=draft_tokens.device)
+            last = target_logits[:, gamma]                                       # [B, V_t]
+        else:                                                                    # each row's own draft, whole
+            accepted, last = lengths, _rows(target_logits, lengths)
         if self.temperature == 0.0:
             row_max, next_token = last.max(dim=-1)
             target_ok = torch.isfinite(row_max)
         else:
             p = _softmax_fp32(last, 1.0 / self.temperature).contiguous()
-            next_token = sample_from_weights(p, uniforms(B, gamma, draft_tokens.device, generator)[:, gamma])
+            u = uniforms(B, gamma, draft_tokens.device, generator)
+            next_token = sample_from_weights(p, emit_uniform(u, lengths))
             target_ok = ~p[:, 0].isnan()
         return SamplerResult(
             accepted=accepted,

@@ -27,17 +27,24 @@ from pipeline.samplers.contract import (
     RESIDUAL_ZERO_TOL,
     SamplerResult,
     assemble_tokens,
+    clamp_lengths,
     count_accepted,
+    emit_uniform,
+    is_full,
     sample_from_weights,
     uniforms,
     validate_inputs,
+    validate_lengths,
+    within_lengths,
 )
 
 
 class Sampler:
     """Base class: validates inputs against the contract, then runs ``_verify``.
 
-    Subclasses set ``name`` and ``backend`` and implement ``_verify`` with the contract's shapes.
+    Subclasses set ``name`` and ``backend`` and implement ``_verify(draft_tokens, draft_logits, target_logits,
+    generator, lengths)`` with the contract's shapes; ``lengths`` (per-row draft lengths) arrives None or already
+    clamped into [0, γ].
     """
 
     name = "?"
@@ -65,11 +72,13 @@ class Sampler:
         return self.temperature == 0.0
 
     def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor,
-                 generator: torch.Generator | None = None) -> SamplerResult:
+                 generator: torch.Generator | None = None, lengths: torch.Tensor | None = None) -> SamplerResult:
         validate_inputs(draft_tokens, draft_logits, target_logits)
-        return self._verify(draft_tokens, draft_logits, target_logits, generator)
+        validate_lengths(lengths, draft_tokens)
+        return self._verify(draft_tokens, draft_logits, target_logits, generator,
+                            clamp_lengths(lengths, draft_tokens.shape[1]))
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator) -> SamplerResult:
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths) -> SamplerResult:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -88,8 +97,9 @@ def _no_nan_or_posinf(values: torch.Tensor) -> torch.Tensor:
 
 
 def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
-                  target_logits: torch.Tensor) -> SamplerResult:
-    """Accept while the draft token equals argmax of the target, then emit the target's argmax.
+                  target_logits: torch.Tensor, lengths: torch.Tensor | None = None) -> SamplerResult:
+    """Accept while the draft token equals argmax of the target (within each row's draft length, lengths int64 [B]
+    or None), then emit the target's argmax.
 
     Reads the whole target tensor (one max pass) and the draft logits only at the drafted tokens.
     """
@@ -99,7 +109,7 @@ def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
         ok = _finite_max_ok(target_max)
         return SamplerResult(accepted=torch.zeros_like(target_argmax[:, 0]), tokens=target_argmax,
                              draft_ok=torch.ones_like(ok), target_ok=ok)
-    accepted = count_accepted(draft_tokens == target_argmax[:, :gamma])
+    accepted = count_accepted(within_lengths(draft_tokens == target_argmax[:, :gamma], lengths))
     next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)
     drafted = draft_logits.gather(2, draft_tokens[..., None]).squeeze(2)     # [B, γ]
     return SamplerResult(
@@ -117,6 +127,7 @@ def rejection_verify(
     target_row: Callable[[torch.Tensor], torch.Tensor],
     draft_row: Callable[[torch.Tensor], torch.Tensor],
     u: torch.Tensor,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Modified rejection sampling over arbitrary non-negative weights.
 
@@ -126,12 +137,13 @@ def rejection_verify(
     target_row    n int64 [B] -> float32 [B, V_t]   w_t over the vocabulary at position n[b] (n in 0..γ)
     draft_row     n int64 [B] -> float32 [B, V_d]   w_d over the vocabulary at position n[b] (n in 0..γ-1)
     u             float32 [B, γ+1] uniforms (see contract.uniforms)
+    lengths       int64 [B] per-row draft lengths in 0..γ, or None (all γ): see the contract
     returns       (accepted int64 [B], next_token int64 [B])
     """
     gamma = draft_tokens.shape[1]
     # u < w_t/w_d without dividing; w_d == 0 (underflow, masked token) always rejects.
     accept = (draft_point > 0) & (u[:, :gamma] * draft_point < target_point)
-    accepted = count_accepted(accept)
+    accepted = count_accepted(within_lengths(accept, lengths))
     weights = target_row(accepted)                                           # [B, V_t]
     if gamma > 0:
         residual = weights.clone()
@@ -139,9 +151,10 @@ def rejection_verify(
         residual[:, : d_row.shape[1]] -= d_row
         residual.clamp_min_(0.0)
         # Use the residual where a draft token was rejected and the residual is more than rounding noise.
-        use_residual = (accepted < gamma) & (residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
+        use_residual = ~is_full(accepted, gamma, lengths) & (
+            residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
         weights = torch.where(use_residual[:, None], residual, weights)
-    return accepted, sample_from_weights(weights, u[:, gamma])
+    return accepted, sample_from_weights(weights, emit_uniform(u, lengths))
 
 
 def _rows(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -158,9 +171,9 @@ class ExactSampler(Sampler):
 
     name = "exact"
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
-            return greedy_verify(draft_tokens, draft_logits, target_logits)
+            return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         B, gamma = draft_tokens.shape
         inv_t = 1.0 / self.temperature
         p = _softmax_fp32(target_logits, inv_t)                               # [B, γ+1, V_t]
@@ -175,7 +188,7 @@ class ExactSampler(Sampler):
         q_x = q.gather(2, idx).squeeze(2)
         u = uniforms(B, gamma, draft_tokens.device, generator)
         accepted, next_token = rejection_verify(
-            draft_tokens, p_x, q_x, lambda n: _rows(p, n), lambda n: _rows(q, n), u)
+            draft_tokens, p_x, q_x, lambda n: _rows(p, n), lambda n: _rows(q, n), u, lengths)
         # A softmax row that saw NaN, +inf, or only -inf is NaN in every entry: one entry per row tells.
         return SamplerResult(
             accepted=accepted,
@@ -238,9 +251,9 @@ class SigmoidSampler(Sampler):
     def _weights(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(logits.float() * (self.alpha / self.temperature) + self.beta)
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
-            return greedy_verify(draft_tokens, draft_logits, target_logits)
+            return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         B, gamma = draft_tokens.shape
         idx = draft_tokens[..., None]
         z_t = target_logits[:, :gamma].gather(2, idx).squeeze(2)               # [B, γ]
@@ -260,7 +273,7 @@ class SigmoidSampler(Sampler):
             return self._weights(z)
 
         accepted, next_token = rejection_verify(
-            draft_tokens, self._weights(z_t), self._weights(z_d), target_row, draft_row, u)
+            draft_tokens, self._weights(z_t), self._weights(z_d), target_row, draft_row, u, lengths)
         # Everything this step read: the drafted logits and the drawn rows. A drafted target logit of -inf is
         # a legitimate zero; NaN and +inf are not, nor is a drawn row whose maximum is not finite.
         target_ok = _no_nan_or_posinf(z_t) & torch.isfinite(row_max["target"])
@@ -295,5 +308,5 @@ class GreedySampler(Sampler):
     def verifies_by_argmax(self) -> bool:
         return True
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator):
-        return greedy_verify(draft_tokens, draft_logits, target_logits)
+    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+        return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
