@@ -390,3 +390,26 @@ def test_a_tuned_mode_travels_through_the_schedule_and_export():
     assert settings["draft_tokenizer_mode"] == "string"
     assert run_values({"settings": settings}, "d", [])["draft_tokenizer_mode"] == "string"
     assert "draft_tokenizer_mode" not in settings_of({"gamma": 4, "sampler": "exact", "draft_tokenizer_mode": "auto"})
+
+
+def test_bench_engine_compares_string_mode_with_transformers_string_level_drafting(saved, tmp_path, capsys):
+    """`specsweep bench engine` on a pair with two tokenizers: T = 0 only, our string mode against transformers'
+    Universal Assisted Generation, the same tokens (the target's greedy output) in both, and a paired ratio."""
+    import json
+
+    from pipeline.cli import main
+
+    root, data = saved
+    out = tmp_path / "bench.json"
+    assert main(["bench", "engine", "--target", str(root / "target"), "--draft", str(root / "draft"), "--data",
+                 str(data), "--device", "cpu", "--repeats", "1", "--max-new-tokens", "8", "--gamma", "3",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {r["temperature"] for r in result["results"]} == {0.0}
+    assert result["settings"]["draft_tokenizer"].startswith("another")
+    by = {r["loop"]: r for r in result["results"]}
+    assert by["ours_speculative"]["identical_to_hf_assisted"] and by["ours_speculative"]["identical_to_hf_forward"]
+    assert 0 < by["ours_speculative"]["acceptance_rate"] <= 1
+    assert by["hf_assisted"]["new_tokens"] == by["ours_speculative"]["new_tokens"] == 8 * by["hf_assisted"]["prompts"]
+    assert result["goals"]["T=0.0"]["speculative_over_hf_assisted"] > 0
+    assert "ours/HF speculative" in capsys.readouterr().out

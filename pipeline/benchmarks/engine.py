@@ -24,6 +24,12 @@ show that both drafted γ. On CPU the model forwards are timed too (hooks on bot
 loop's time spent in them, and the ceiling a loop with no cost beyond our forwards would reach over HF's.
 Without --target/--draft a
 synthetic random-init pair is built (pipeline.synthetic): it measures the loops, not language quality.
+
+A draft with another tokenizer (its token -> id map differs from the target's) is compared at T = 0 only: our loop
+drafts in string mode (pipeline/cross_tokenizer.py), HF's assisted loop is transformers' Universal Assisted
+Generation (``generate(..., tokenizer=, assistant_tokenizer=)``), which at T > 0 prunes the draft's LM head in
+place. Both loops then emit the target's greedy output (checked). Their "drafted" counts are in different units:
+ours counts the target tokens proposed, HF's the draft's forwards (draft tokens).
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
         tmp = tempfile.TemporaryDirectory()
         target, draft = (str(p) for p in save_pair(Path(tmp.name), **SYNTHETIC))
     bench = _Bench.load(target, draft, data, device, max_new_tokens)
+    if bench.bridge is not None:    # transformers' string-level drafting samples only at T = 0 (module docstring)
+        temperatures = tuple(t for t in temperatures if t == 0.0)
     loops = _loops(gamma)
     rows = []
     for temperature in temperatures:
@@ -91,8 +99,10 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
               "settings": {"target": target if tmp is None else f"synthetic {SYNTHETIC}", "gamma": gamma,
                            "max_new_tokens": max_new_tokens, "repeats": repeats, "dtype": "float32",
                            "batch": 1,
-                           "masked_tokens": f"EOS {bench.eos}, pad {bench.tok.pad_token_id}: every loop emits "
-                                            "max_new_tokens"},
+                           "masked_tokens": (f"EOS {bench.eos}, pad {bench.tok.pad_token_id}" if bench.masked else
+                                             "none, and no loop stops at EOS") + ": every loop emits max_new_tokens",
+                           "draft_tokenizer": "shared" if bench.bridge is None else
+                           "another: ours in string mode, HF's Universal Assisted Generation; T = 0 only"},
               "results": rows, "goals": _goals(rows)}
     if tmp is not None:
         tmp.cleanup()
@@ -103,8 +113,9 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
 
 @dataclass
 class _Bench:
-    """What every loop decodes: the target and draft, the tokenizer, the tokenized prompts, the number of new
-    tokens, and the ids masked in every loop (``eos``: the target's EOS ids; ``masked``: those and the pad id)."""
+    """What every loop decodes: the target and draft, the tokenizer, the tokenized prompts (and their texts), the
+    number of new tokens, and the ids masked in every loop (``eos``: the target's EOS ids; ``masked``: those and the
+    pad id). ``bridge``: a VocabBridge where the draft has another tokenizer (``d_tok``), else None."""
 
     t_model: object
     d_model: object
@@ -115,6 +126,9 @@ class _Bench:
     pad: int
     device: str
     max_new_tokens: int
+    texts: list[str]
+    d_tok: object = None
+    bridge: object = None
 
     @property
     def cpu(self) -> bool:
@@ -125,9 +139,10 @@ class _Bench:
     def load(cls, target: str, draft: str, data: str | None, device: str, max_new_tokens: int) -> _Bench:
         """Load the tokenizer and both models (float32 on ``device``) and tokenize the prompts of ``data`` (the
         synthetic prompts when None)."""
+        from pipeline.cross_tokenizer import build_bridge, same_vocabulary
         from pipeline.models import load_causal_lm, load_tokenizer
 
-        tok = load_tokenizer(target)
+        tok, d_tok = load_tokenizer(target), load_tokenizer(draft)
         t_model = load_causal_lm(target, torch.float32, device)
         d_model = load_causal_lm(draft, torch.float32, device)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -139,8 +154,16 @@ class _Bench:
         eos = t_model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         masked = sorted(set(eos) | ({tok.pad_token_id} if tok.pad_token_id is not None else set()))
-        prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in _load_prompts(data)]
-        return cls(t_model, d_model, tok, prompts, eos, masked, pad, device, max_new_tokens)
+        texts = _load_prompts(data)
+        prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in texts]
+        bridge = None if same_vocabulary(tok, d_tok) else build_bridge(
+            tok, d_tok, t_model.get_output_embeddings().weight.shape[0],
+            d_model.get_output_embeddings().weight.shape[0], device)
+        if bridge is not None:
+            # Our draft with another tokenizer masks nothing (its logits are in another vocabulary): no loop masks,
+            # and none stops at EOS, so every loop still emits max_new_tokens, EOS ids included as plain tokens.
+            masked = []
+        return cls(t_model, d_model, tok, prompts, eos, masked, pad, device, max_new_tokens, texts, d_tok, bridge)
 
 
 @contextmanager
@@ -158,15 +181,20 @@ def _ours(bench: _Bench, gam: int, temperature: float, seed: int, static: bool =
     on the static-cache forward unless ``static`` is False. Returns the tokens of each prompt, accepted, drafted
     and verify steps summed over prompts, the accepted-count histogram (None at ``gam`` = 0) and the seconds in
     model forwards (None off CPU)."""
-    engine = SpeculativeEngine(bench.t_model, bench.d_model if gam else None,
-                               get_sampler("exact", temperature=temperature), gam, bench.device, eos_token_ids=[],
-                               pad_token_id=bench.pad, suppress_tokens=bench.masked, static_cache=static)
+    from pipeline.cross_tokenizer import resolve_mode
+
+    sampler = get_sampler("exact", temperature=temperature)
+    bridge = bench.bridge if gam else None
+    engine = SpeculativeEngine(bench.t_model, bench.d_model if gam else None, sampler, gam, bench.device,
+                               eos_token_ids=[], pad_token_id=bench.pad, suppress_tokens=bench.masked,
+                               static_cache=static, bridge=bridge,
+                               bridge_mode=resolve_mode("auto", bridge is None, sampler.verifies_by_argmax))
     g = torch.Generator(device=bench.device).manual_seed(seed)
     decoded = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0, "hist": [0] * (gam + 1) if gam else None}
     with _forwards(bench) as timer:
         _time_static_forwards(engine, timer)
-        for ids in bench.prompts:
-            r = engine.generate(ids, torch.ones_like(ids), bench.max_new_tokens, g)
+        for ids, text in zip(bench.prompts, bench.texts):
+            r = engine.generate(ids, torch.ones_like(ids), bench.max_new_tokens, g, prompt_texts=[text])
             decoded["tokens"].append(r.tokens[0])
             decoded["accepted"] += r.row_stats[0]["accepted"]
             decoded["drafted"] += r.row_stats[0]["drafted"]
@@ -189,10 +217,14 @@ def _hf(bench: _Bench, gam: int, temperature: float, seed: int) -> dict:
     draft forwards (and there is no histogram)."""
     kw = _hf_kwargs(bench.max_new_tokens, temperature, bench.pad)
     pad_id = bench.tok.pad_token_id
-    if pad_id is not None and pad_id not in bench.eos:
+    if not bench.masked:    # nothing masked (a draft with another tokenizer): no stop at EOS either
+        kw["min_new_tokens"], kw["eos_token_id"] = 0, None
+    elif pad_id is not None and pad_id not in bench.eos:
         kw["suppress_tokens"] = [pad_id]
     if gam:
         kw["assistant_model"] = bench.d_model
+        if bench.bridge is not None:    # transformers' Universal Assisted Generation
+            kw["tokenizer"], kw["assistant_tokenizer"] = bench.tok, bench.d_tok
     torch.manual_seed(seed)
     tokens, stats = [], {}
     with ExitStack() as stack, torch.inference_mode():
