@@ -27,6 +27,7 @@ def test_engine_goals_compare_the_right_loops():
     assert goal["autoregressive_over_hf_plain"] == 0.9 and not goal["autoregressive_goal_1x_met"]
     assert goal["speculative_ceiling_over_hf_assisted"] == 2.5  # HF's 2 s over our 0.8 s of forwards
     assert goal["static_cache_speculative_speedup"] == 3.0 and goal["static_cache_autoregressive_speedup"] == 1.5
+    assert goal["ours_speculative_over_autoregressive"] == 1.0 and goal["hf_assisted_over_plain"] == 0.45
 
 
 def test_bench_engine_smoke_both_loops_draft_gamma_per_step(tmp_path, capsys):

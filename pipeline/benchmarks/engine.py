@@ -350,7 +350,13 @@ def _goals(rows: list[dict]) -> dict:
         ar = _paired_ratio(by[("ours_autoregressive", temperature)], by[("hf_plain", temperature)])
         out[f"T={temperature}"] = {"speculative_over_hf_assisted": round(spec, 3),
                                    "autoregressive_over_hf_plain": round(ar, 3),
-                                   "speculative_goal_1.5x_met": spec >= 1.5, "autoregressive_goal_1x_met": ar >= 1.0}
+                                   "speculative_goal_1.5x_met": spec >= 1.5, "autoregressive_goal_1x_met": ar >= 1.0,
+                                   # what speculation buys inside each engine (paired, same repeats)
+                                   "ours_speculative_over_autoregressive": round(_paired_ratio(
+                                       by[("ours_speculative", temperature)],
+                                       by[("ours_autoregressive", temperature)]), 3),
+                                   "hf_assisted_over_plain": round(_paired_ratio(
+                                       by[("hf_assisted", temperature)], by[("hf_plain", temperature)]), 3)}
         for loop in ("speculative", "autoregressive"):   # paired: static-cache forward over transformers'
             out[f"T={temperature}"][f"static_cache_{loop}_speedup"] = round(_paired_ratio(
                 by[(f"ours_{loop}", temperature)], by[(f"ours_{loop}_hf_forward", temperature)]), 3)
@@ -391,6 +397,8 @@ def print_table(result: dict) -> None:
               f"{'met' if g['speculative_goal_1.5x_met'] else 'NOT met'}), ours/HF autoregressive "
               f"{g['autoregressive_over_hf_plain']:.2f}x (goal >= 1x: "
               f"{'met' if g['autoregressive_goal_1x_met'] else 'NOT met'})")
+        print(f"{key}: speculative over autoregressive: ours {g['ours_speculative_over_autoregressive']:.2f}x, HF's "
+              f"{g['hf_assisted_over_plain']:.2f}x")
         print(f"{key}: static-cache forward over transformers' forward in our loop: speculative "
               f"{g['static_cache_speculative_speedup']:.2f}x, "
               f"autoregressive {g['static_cache_autoregressive_speedup']:.2f}x")
