@@ -472,11 +472,12 @@ class SpeculativeEngine:
         depend on the other rows of its batch); the draft and the verify step draw from it.
 
         on_step: None, or called after every verify step (for streaming) as
-        ``on_step(rows, tokens, accepted, finished, gamma)``: the original row indices active in the step, the
+        ``on_step(rows, tokens, accepted, finished, lengths)``: the original row indices active in the step, the
         tokens each emitted in it (list of int lists), its accepted draft tokens, whether it finished (EOS or
-        max_new_tokens), and the step's γ. It returns the original indices of rows to cancel (or None): they end
-        as finished rows do, keeping the tokens emitted so far. The step's tokens come to the host in the step's
-        one sync; without on_step the loop is unchanged.
+        max_new_tokens), and the draft length it was verified with (the step's γ, or its own with an adaptive draft
+        length: accepted == length means its last token was a bonus token). It returns the original indices of rows
+        to cancel (or None): they end as finished rows do, keeping the tokens emitted so far. The step's tokens come
+        to the host in the step's one sync; without on_step the loop is unchanged.
 
         prompt_texts: each row's prompt as text, which a draft with another tokenizer reads (tokenised its own way);
         None: the prompt's tokens decoded with the target's tokenizer."""
@@ -677,8 +678,10 @@ class SpeculativeEngine:
         acc_h, fin_h, len_h = host[0], host[1], host[2]
         chars_h = host[3:5] if counts_chars else None
         rest = host[5 if counts_chars else 3:]
+        own = [gamma] * state.batch         # per row, the draft length its verify step used
         if lengths is not None:
-            proposed, rest = rest[0], rest[1:]
+            own, rest = rest[0], rest[1:]
+            proposed = own
         rows = list(state.rows_host)
         if rest:
             columns = rest[: gamma + 1]
@@ -687,7 +690,7 @@ class SpeculativeEngine:
             state.step_shipped = None if shipped is None else [list(x) for x in zip(*rest[gamma + 1:])] \
                 if rest[gamma + 1:] else [[] for _ in rows]
         if on_step is not None:
-            cancel = set(on_step(rows, state.step_emitted, acc_h, [bool(f) for f in fin_h], gamma) or ())
+            cancel = set(on_step(rows, state.step_emitted, acc_h, [bool(f) for f in fin_h], own) or ())
             fin_h = [1 if r in cancel else f for r, f in zip(rows, fin_h)]
         for i, r in enumerate(rows):
             state.len_host[r] = len_h[i]

@@ -144,8 +144,8 @@ def test_on_step_gets_each_rows_tokens_in_the_steps_one_transfer_and_cancels_row
 
     seen: dict[int, list[int]] = {}
 
-    def collect(rows, tokens, accepted, finished, gamma):
-        assert len(rows) == len(tokens) == len(accepted) == len(finished)
+    def collect(rows, tokens, accepted, finished, lengths):
+        assert len(rows) == len(tokens) == len(accepted) == len(finished) == len(lengths)
         for r, new in zip(rows, tokens):
             seen.setdefault(r, []).extend(new)
 
@@ -161,7 +161,7 @@ def test_on_step_gets_each_rows_tokens_in_the_steps_one_transfer_and_cancels_row
 
     cut: dict[int, list[int]] = {}
 
-    def cancel_row_2(rows, tokens, accepted, finished, gamma):
+    def cancel_row_2(rows, tokens, accepted, finished, lengths):
         for r, new in zip(rows, tokens):
             cut.setdefault(r, []).extend(new)
         return [2]
@@ -187,24 +187,32 @@ def _count_tolist(fn) -> int:
     return calls[0]
 
 
-def test_streamed_origins_follow_the_engines_provenance(pair):
-    """The origins the server derives per step (accepted draft, corrected, bonus) are the engine's own."""
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_streamed_origins_follow_the_engines_provenance(pair, adaptive):
+    """The origins the server derives per step (accepted draft, corrected, bonus) are the engine's own, also where
+    the rows of a batch draft their own lengths (an adaptive draft length: a row that accepts its whole, shorter
+    draft ends its step with a bonus token)."""
+    from pipeline.draft_policy import DraftPolicy
     from pipeline.serving.decoder import step_origins
 
     _, _, (target, draft, tok) = pair
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), GAMMA, "cpu", [1], 0)
+    policy = DraftPolicy("heuristic", 0.5, 6) if adaptive else None
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), GAMMA, "cpu", [1], 0, draft_policy=policy)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     derived: dict[int, list[int]] = {}
+    short_bonus = []
 
-    def collect(rows, tokens, accepted, finished, gamma):
-        for r, new, acc in zip(rows, tokens, accepted):
-            derived.setdefault(r, []).extend(step_origins(len(new), acc, gamma))
+    def collect(rows, tokens, accepted, finished, lengths):
+        for r, new, acc, own in zip(rows, tokens, accepted, lengths):
+            derived.setdefault(r, []).extend(step_origins(len(new), acc, own))
+            short_bonus.append(0 < acc == own < max(lengths))
 
     res = engine.generate(enc.input_ids, enc.attention_mask, 16, torch.Generator().manual_seed(5), on_step=collect)
     if getattr(res, "origins", None) is None:
         pytest.skip("this engine records no token origins")
     assert [derived[r] for r in range(len(PROMPTS))] == res.origins
     assert {o for row in res.origins for o in row} >= {0, 1}  # accepted drafts and corrections both occurred
+    assert any(short_bonus) == adaptive     # a whole, shorter draft accepted: only where rows draft their own
 
 
 # ---------------------------------------------------------------------------------------------- endpoints

@@ -174,12 +174,12 @@ class Decoder:
                            accepted_histogram=list(result.extra.get("accepted_histogram") or []))
 
     def _on_step(self, jobs: list[Job], rows: list[int], tokens: list[list[int]], accepted: list[int],
-                 finished: list[bool], gamma: int) -> list[int]:
+                 finished: list[bool], lengths: list[int]) -> list[int]:
         """The engine's per-step callback: hand each row's new tokens to its job; finish jobs at EOS or their own
         max_tokens; return the rows to cancel (done early, or cancelled by their client)."""
         now = time.perf_counter()
         cancel = []
-        for r, new, acc, fin in zip(rows, tokens, accepted, finished):
+        for r, new, acc, fin, gamma in zip(rows, tokens, accepted, finished, lengths):
             job = jobs[r]
             new = new[: job.max_tokens - len(job.tokens)]
             job.steps += 1
@@ -203,7 +203,8 @@ class Decoder:
 
 def step_origins(n: int, accepted: int, gamma: int) -> list[int]:
     """The origins (pipeline/provenance.py) of the first ``n`` tokens a row emitted in a step that accepted
-    ``accepted`` of γ = ``gamma`` draft tokens: the accepted drafts, then the target's token: corrected after a
-    rejection, bonus after a full acceptance, target alone where nothing was drafted (the engine's own rule)."""
+    ``accepted`` of γ = ``gamma`` draft tokens (the row's own draft length): the accepted drafts, then the target's
+    token: corrected after a rejection, bonus after a full acceptance, target alone where nothing was drafted (the
+    engine's own rule)."""
     last = TARGET if gamma == 0 else (BONUS if accepted == gamma else CORRECTED)
     return [ACCEPTED if k < accepted else last for k in range(n)]
