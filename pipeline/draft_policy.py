@@ -69,6 +69,18 @@ class DraftPolicy:
         return policy if policy.adaptive and config.gamma > 0 else None
 
 
+def row_limits(lengths: list[int], gamma: int, device: torch.device) -> torch.Tensor | None:
+    """int64 [b] on ``device``: each active row's own draft length (host ints), where some row drafts fewer than the
+    step's ``gamma``; None when none does (every row drafts all γ positions). A pinned host tensor copied without
+    blocking."""
+    import torch
+
+    if min(lengths) >= gamma:
+        return None
+    host = torch.tensor(lengths, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
 class DraftLengths:
     """The draft length each row wants, for one generate call (host side; the engine keeps one per call).
 
@@ -103,17 +115,6 @@ class DraftLengths:
     def wanted(self) -> list[int]:
         """Host ints: the draft length each active row wants this step (at most the step's γ), in row order."""
         return [min(self.want[r], self._gamma) for r in self._rows]
-
-    def row_limits(self, device: torch.device) -> torch.Tensor | None:
-        """int64 [b]: the draft length each active row wants this step, where some row wants fewer than γ_step;
-        None when none does (every row drafts all γ_step positions). A pinned host tensor copied without blocking."""
-        import torch
-
-        limits = self.wanted()
-        if min(limits) >= self._gamma:
-            return None
-        host = torch.tensor(limits, dtype=torch.int64, pin_memory=device.type == "cuda")
-        return host.to(device, non_blocking=True)
 
     def record(self, confident: torch.Tensor | None) -> None:
         """Keep the step's per-row confident lengths (int64 [b], on the device) for the host: a copy to pinned memory

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline import rng
-from pipeline.draft_policy import DraftLengths, DraftPolicy
+from pipeline.draft_policy import DraftLengths, DraftPolicy, row_limits
 from pipeline.errors import SpecsweepError
 from pipeline.provenance import BONUS, N_ORIGINS, origin_table
 from pipeline.rng import RowGenerators
@@ -516,8 +516,8 @@ class SpeculativeEngine:
 
         while state.rows_host and max_new_tokens > 0:                   # one verify step per trip
             state.steps += 1
-            gamma = self._step_gamma(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
-            drafted, draft_logits, lengths = self._draft(drafter, state, gamma, generator, timer)
+            gamma, wants = self._step_lengths(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
+            drafted, draft_logits, lengths = self._draft(drafter, state, gamma, wants, generator, timer)
             width = drafted.shape[1]         # target tokens proposed: γ, or fewer from another tokenizer's text
             target_logits, scored = self._score(state, drafted, width, timer)
             if draft_logits is None:
@@ -561,43 +561,61 @@ class SpeculativeEngine:
 
     # ---- the steps of generate ---------------------------------------------------------------------------------
 
-    def _step_gamma(self, state: _Decoding, max_new_tokens: int, per_row: bool = False) -> int:
-        """γ for this step: never more than the roomiest row can still emit (one slot is the corrected token). With
-        an adaptive draft length (self.policy), the longest any active row wants (pipeline/draft_policy.py), decided
-        on the host from what the last step's sync brought. With per-row generators (``per_row``) γ is never cut
-        near the end: how much room the other rows have would change a row's last step, and so its tokens (the
-        tokens past max_new_tokens are not emitted either way)."""
-        room = max_new_tokens - min(state.len_host[r] for r in state.rows_host)
-        if self.policy is None:
-            return self.gamma if per_row else min(self.gamma, room - 1)
-        if state.steps == 1:
-            self._lengths = DraftLengths(self.policy, self.gamma_start, self.gamma)
-        return self._lengths.step_gamma(state.rows_host, state.accepted, None if per_row else room)
+    def _step_lengths(self, state: _Decoding, max_new_tokens: int,
+                      per_row: bool = False) -> tuple[int, list[int] | None]:
+        """(γ for this step, each active row's own draft length as host ints, or None where every row drafts γ).
 
-    def _draft(self, drafter: Drafter | None, state: _Decoding, gamma: int, generator, timer: PhaseTimer):
+        γ is the longest any row drafts: the constant γ, or with an adaptive draft length (self.policy) the longest
+        any active row wants (pipeline/draft_policy.py), decided on the host from what the last step's sync brought.
+        Near the end, a step never drafts more than a row can still emit (one slot is the corrected token): with one
+        generator for the batch, the roomiest row's room cuts the step's γ; with per-row generators (``per_row``)
+        each row's own room cuts its own length, so how much room the other rows have never changes a row's step,
+        and so its tokens. (A draft with another tokenizer takes no per-row lengths: its γ is not cut with per-row
+        generators, and the tokens past max_new_tokens are not emitted either way.)"""
+        rooms = [max_new_tokens - state.len_host[r] for r in state.rows_host]
+        if self.policy is None:
+            if not per_row:
+                return min(self.gamma, max(rooms) - 1), None
+            wants = [self.gamma] * len(rooms)
+        else:
+            if state.steps == 1:
+                self._lengths = DraftLengths(self.policy, self.gamma_start, self.gamma)
+            gamma = self._lengths.step_gamma(state.rows_host, state.accepted, None if per_row else max(rooms))
+            wants = self._lengths.wanted()
+            if not per_row:
+                return gamma, wants
+        if self.bridge is not None:
+            return max(wants), None
+        wants = [max(0, min(w, room - 1)) for w, room in zip(wants, rooms)]
+        return max(wants), wants
+
+    def _draft(self, drafter: Drafter | None, state: _Decoding, gamma: int, wants: list[int] | None, generator,
+               timer: PhaseTimer):
         """The draft's γ proposals: (int64 [b, γ], logits [b, γ, V_d], lengths); (empty [b, 0], None, None) when
-        γ = 0. With an adaptive draft length, ``lengths`` is int64 [b], the draft length each row wants (None where
-        every row wants all γ): a row past it, or past the position where its confidence fell, proposes the draft's
-        argmax with one-hot logits. The verify step verifies each row up to its own length, as it would alone.
+        γ = 0. Where rows draft their own lengths (``wants``, host ints: an adaptive draft length, or per-row rooms
+        near the end), ``lengths`` is int64 [b] on the device (None where every row drafts all γ): a row past its
+        length, or past the position where its confidence fell, proposes the draft's argmax with one-hot logits. The
+        verify step verifies each row up to its own length, as it would alone.
 
         A :class:`~pipeline.rng.RowGenerators` first follows the active rows (finished rows were dropped after the
         last step), so this step's draws, the draft's and the verify step's, come from each active row's own
-        generator; with an adaptive draft length each row draws only for the positions it wants
+        generator; where rows draft their own lengths each draws only for its own positions
         (RowGenerators.set_step), so its stream does not depend on the other rows' lengths."""
         if isinstance(generator, RowGenerators):
             generator.follow(state.rows_host)
-            if self.policy is not None and gamma > 0:
-                generator.set_step(gamma, self._lengths.wanted())
+            if wants is not None and gamma > 0:
+                generator.set_step(gamma, wants)
         if gamma <= 0:
             return torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None, None
         with timer.phase("draft"):
             u = rng.rand(generator, (state.batch, gamma), self.device)
-            if self.policy is None:
+            limits = None if wants is None else row_limits(wants, gamma, self.device)
+            if self.policy is None and limits is None:
                 return *drafter.propose(gamma, u, first_step=state.steps == 1), None
-            limits = self._lengths.row_limits(self.device)
             out = drafter.propose(gamma, u, first_step=state.steps == 1, limits=limits,
-                                  confidence=self.policy.confidence)
-            self._lengths.record(drafter.confident)
+                                  confidence=self.policy.confidence if self.policy is not None else 0.0)
+            if self.policy is not None:
+                self._lengths.record(drafter.confident)
             return *out, limits
 
     def _score(self, state: _Decoding, drafted: torch.Tensor, gamma: int, timer: PhaseTimer):

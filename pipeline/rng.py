@@ -52,6 +52,16 @@ class RowGenerators:
         self.active = list(range(len(self.generators)))
         self._step: tuple[int, list[int]] | None = None
 
+    @classmethod
+    def from_seeds(cls, seeds, device) -> RowGenerators:
+        """One generator per row seeded with ``seeds[i]`` itself (no hashing): row i then draws what a plain
+        ``torch.Generator().manual_seed(seeds[i])`` would draw alone (a server's per-request seeds)."""
+        rows = cls(0, [], device)
+        rows.example_ids = [f"seed {int(s)}" for s in seeds]
+        rows.generators = [torch.Generator(device=rows.device).manual_seed(int(s)) for s in seeds]
+        rows.active = list(range(len(rows.generators)))
+        return rows
+
     def __len__(self) -> int:
         return len(self.active)
 

@@ -19,7 +19,7 @@ from stat_utils import THRESHOLD, assert_fits, chisquare_pvalue, counts, target_
 from tiny_models import PROMPTS, load_saved_pair
 
 from pipeline.config import RunConfig
-from pipeline.draft_policy import DraftLengths, DraftPolicy
+from pipeline.draft_policy import DraftLengths, DraftPolicy, row_limits
 from pipeline.engine import Drafter, SpeculativeEngine
 from pipeline.errors import SpecsweepError
 from pipeline.samplers import get_sampler
@@ -47,7 +47,7 @@ def test_heuristic_grows_by_two_after_a_full_acceptance_and_shrinks_by_one_after
     accepted = [3, 1, 0]                                  # row 0 accepted all 3, row 1 one, row 2 none
     assert lengths.step_gamma([0, 1, 2], accepted, room=50) == 5
     assert lengths.want == {0: 5, 1: 2, 2: 2}
-    limits = lengths.row_limits(torch.device("cpu"))
+    limits = row_limits(lengths.wanted(), 5, torch.device("cpu"))
     assert limits.tolist() == [5, 2, 2]                   # rows 1 and 2 pad their positions 2..4
     accepted = [8, 1, 0]                                  # row 0 all 5 again: capped at γ_max; rows 1, 2 rejected
     assert lengths.step_gamma([0, 1, 2], accepted, room=50) == 6
@@ -55,7 +55,7 @@ def test_heuristic_grows_by_two_after_a_full_acceptance_and_shrinks_by_one_after
     accepted = [8, 2, 1]                                  # rows 1, 2 accepted their single token; row 0 rejected
     assert lengths.step_gamma([1, 2], accepted, room=50) == 3   # row 0 finished: only active rows count
     assert lengths.want == {0: 5, 1: 3, 2: 3}
-    assert lengths.row_limits(torch.device("cpu")) is None      # every active row drafts all 3
+    assert row_limits(lengths.wanted(), 3, torch.device("cpu")) is None   # every active row drafts all 3
     assert lengths.step_gamma([1, 2], [8, 5, 4], room=3) == 2   # never more than the room left allows
 
 
@@ -161,20 +161,22 @@ def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, t
     target, draft, tok = pair
     engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=temperature), 2, "cpu", [], 0,
                                draft_policy=POLICIES[name])
+    import pipeline.engine
+
     padded, limited = [], []
-    record, row_limits = DraftLengths.record, DraftLengths.row_limits
+    record = DraftLengths.record
 
     def spy_record(self, confident):
         padded.append(self._gamma * confident.numel() - int(confident.sum()))
         return record(self, confident)
 
-    def spy_limits(self, device):
-        limits = row_limits(self, device)
+    def spy_limits(lengths, gamma, device):
+        limits = row_limits(lengths, gamma, device)
         limited.append(limits is not None)
         return limits
 
     monkeypatch.setattr(DraftLengths, "record", spy_record)
-    monkeypatch.setattr(DraftLengths, "row_limits", spy_limits)
+    monkeypatch.setattr(pipeline.engine, "row_limits", spy_limits)
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     assert sum(padded) > 0 and (any(limited) or name == "confidence")
     V = target.config.vocab_size

@@ -109,3 +109,25 @@ def test_with_an_adaptive_draft_length_an_examples_tokens_do_not_depend_on_its_b
     drafted = [s["drafted"] for r in results for s in r.row_stats]
     assert any(d < 6 * n for d, n in zip(drafted, steps))
     assert any(len({s["drafted"] / s["verify_steps"] for s in r.row_stats}) > 1 for r in results)
+
+
+@pytest.mark.parametrize("policy", [None, "both"])
+def test_seeded_rows_decode_as_a_plain_generator_alone_and_the_same_in_any_batch(pair, policy):
+    """RowGenerators.from_seeds (a server's per-request seeds): a row seeded S decodes alone to what one plain
+    generator seeded S gives at batch size 1 (the last steps cut to the row's own room, as that generator's are),
+    and to the same tokens inside a batch of rows with other seeds and other lengths left."""
+    target, draft, tok = pair
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, "cpu", [EOS], 0,
+                               draft_policy=ADAPTIVE[policy] if policy else None)
+
+    def decode(idx, generator, new_tokens=11):
+        enc = tok([PROMPTS[i] for i in idx], return_tensors="pt", padding=True)
+        return engine.generate(enc.input_ids, enc.attention_mask, new_tokens, generator).tokens
+
+    seeds = [11, 12, 13, 14]
+    plain = {i: decode([i], torch.Generator().manual_seed(seeds[i]))[0] for i in range(4)}
+    assert {i: decode([i], RowGenerators.from_seeds([seeds[i]], "cpu"))[0] for i in range(4)} == plain
+    batch = [2, 0, 3, 1]
+    together = decode(batch, RowGenerators.from_seeds([seeds[i] for i in batch], "cpu"))
+    assert dict(zip(batch, together)) == plain
+    assert len({len(t) for t in plain.values()}) > 1 or len({tuple(t) for t in plain.values()}) > 1

@@ -235,7 +235,7 @@ def test_every_endpoint_answers(pair):
         acc = s["acceptance"]
         assert s["origins"].count("A") <= acc["accepted"] <= acc["drafted"]
         assert acc["rate"] == pytest.approx(acc["accepted"] / acc["drafted"])
-        assert s["batch"] == {"size": 1, "seed": 1}
+        assert s["batch"] == {"size": 1} and s["seed"] == 1
 
         predict = httpx.post(server.url + "/predict", json={"prompt": PROMPTS[1], "seed": 1})
         assert predict.status_code == 200 and isinstance(predict.json(), str)
@@ -326,8 +326,13 @@ def test_concurrent_requests_share_a_batch_and_keep_their_own_max_tokens(pair):
         assert len(answer["specsweep"]["token_ids"]) == body["max_tokens"]
         assert answer["choices"][0]["finish_reason"] == "length"
     assert [a["specsweep"]["batch"]["size"] for a in answers] == [4, 4, 4, 4, 2, 2]
-    assert {a["specsweep"]["batch"]["seed"] for a in answers[:4]} == {answers[0]["specsweep"]["batch"]["seed"]}
+    assert [a["specsweep"]["seed"] for a in answers[:4]] == [0, 1, 2, 3]
     assert m["specsweep_batch_size_count"] == 2 and m["specsweep_batch_size_sum"] == 6
+    # each request drew from its own seed's stream: alone it gets the tokens it got in the batch of four
+    with serving(dec) as server:
+        alone = [complete(server.url, **bodies[i]).json() for i in (1, 3)]
+    assert [a["specsweep"]["batch"]["size"] for a in alone] == [1, 1]
+    assert [a["specsweep"]["token_ids"] for a in alone] == [answers[i]["specsweep"]["token_ids"] for i in (1, 3)]
 
 
 @pytest.mark.slow

@@ -195,7 +195,7 @@ class ServerState:
                                "rate": job.accepted / job.drafted if job.drafted else None,
                                "verify_steps": job.steps,
                                "tokens_per_step": len(job.tokens) / job.steps if job.steps else None},
-                "batch": {"size": job.batch_size, "seed": job.batch_seed},
+                "batch": {"size": job.batch_size}, "seed": job.seed,
                 "timing": {"queue_s": _since(job.enqueued, job.started), "first_token_s": _since(job.enqueued,
                                                                                                  job.first_token),
                            "total_s": _since(job.enqueued, job.ended)},

@@ -41,8 +41,8 @@ class Closed(Exception):
 class Job:
     """One request, and what decoding it has produced so far.
 
-    What to decode: prompt, prompt_tokens (its length as the engine gets it), max_tokens, temperature, seed (the
-    batch's generator seed when this job is the oldest of its batch), group (jobs with equal groups may share a
+    What to decode: prompt, prompt_tokens (its length as the engine gets it), max_tokens, temperature, seed (its own
+    generator's: pipeline/serving/decoder.py), group (jobs with equal groups may share a
     batch: the temperature, or None where the rule ignores it), and stream (whether the client reads tokens as
     they come). ``notify(kind, payload)`` is called from the worker thread: ("tokens", list[int]) as tokens come
     (streaming jobs only), then once ("done", None) or ("error", message).
@@ -50,7 +50,7 @@ class Job:
     Filled while decoding (times are time.perf_counter()): tokens and their origins (pipeline/provenance.py codes:
     accepted draft, corrected, bonus, target alone), the row's accepted and drafted tokens and verify steps, when
     its batch started, its first token and its end, why it ended (finish_reason: "stop" at EOS, "length" at
-    max_tokens, "cancelled", "error"), and its batch's size and seed.
+    max_tokens, "cancelled", "error"), and its batch's size.
     """
 
     prompt: str
@@ -73,7 +73,6 @@ class Job:
     ended: float | None = None
     finish_reason: str | None = None
     batch_size: int = 0
-    batch_seed: int | None = None
 
     def cancel(self, reason: str) -> None:
         """Ask for this job to stop (any thread): the batcher drops it from the queue, or the decoder cancels its

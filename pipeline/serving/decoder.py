@@ -7,9 +7,11 @@ callback hands each row's new tokens to the row's job as the step's one host syn
 EOS or at its own max_tokens (a batch decodes to its largest max_tokens; a row that reaches its own is truncated
 to it and cancelled, which frees its slot), and cancels the rows whose client went away.
 
-Randomness: one generator per batch, seeded with the oldest job's seed. A job decoded alone (a batch of one)
-with seed S gets the tokens ``specsweep run --batch-size 1 --seed S`` gives for its prompt (tests/test_serve.py
-checks it); in a batch of several, the rows share the generator's stream, so a row's tokens depend on the batch.
+Randomness: one generator per job, seeded with its seed (pipeline.rng.RowGenerators.from_seeds). Each row draws
+only its own uniforms and is verified with its own draft length (near the end, its own room), so a job with seed S
+gets the same tokens alone or in any batch, and those are the tokens ``specsweep run --batch-size 1 --seed S``
+gives for its prompt (tests/test_serve.py and tests/test_rng.py check both; on a GPU, batched kernels may round a
+row's logits differently from a lone row's, which can change a sampled token).
 """
 
 from __future__ import annotations
@@ -150,16 +152,16 @@ class Decoder:
 
     def decode(self, jobs: list[Job]) -> BatchReport:
         """Decode ``jobs`` together and finish each (done, or error with a one-line message)."""
-        torch = self._torch
-        seed = jobs[0].seed
+        from pipeline.rng import RowGenerators
+
         start = time.perf_counter()
         for job in jobs:
-            job.started, job.batch_size, job.batch_seed = start, len(jobs), seed
+            job.started, job.batch_size = start, len(jobs)
         try:
             engine = self.engine(jobs[0].temperature)
             with self._tokenizer_lock:
                 inputs, _ = self.encode([{"prompt": j.prompt} for j in jobs])
-            generator = torch.Generator(device=self.device).manual_seed(seed)
+            generator = RowGenerators.from_seeds([j.seed for j in jobs], self.device)
             result = engine.generate(inputs["input_ids"], inputs["attention_mask"], max(j.max_tokens for j in jobs),
                                      generator, on_step=lambda *step: self._on_step(jobs, *step))
         except SpecsweepError as e:
