@@ -474,10 +474,11 @@ class SpeculativeEngine:
         on_step: None, or called after every verify step (for streaming) as
         ``on_step(rows, tokens, accepted, finished, lengths)``: the original row indices active in the step, the
         tokens each emitted in it (list of int lists), its accepted draft tokens, whether it finished (EOS or
-        max_new_tokens), and the draft length it was verified with (the step's γ, or its own with an adaptive draft
-        length: accepted == length means its last token was a bonus token). It returns the original indices of rows
-        to cancel (or None): they end as finished rows do, keeping the tokens emitted so far. The step's tokens come
-        to the host in the step's one sync; without on_step the loop is unchanged.
+        max_new_tokens), and the draft length it was verified with (the step's γ, or its own where rows draft their
+        own: an adaptive draft length, per-row rooms near the end; accepted == length means a bonus token). It
+        returns the original indices of rows to cancel (or None): they end as finished rows do, keeping the tokens
+        emitted so far. The step's tokens come to the host in the step's one sync; without on_step the loop is
+        unchanged.
 
         prompt_texts: each row's prompt as text, which a draft with another tokenizer reads (tokenised its own way);
         None: the prompt's tokens decoded with the target's tokenizer."""
@@ -675,8 +676,8 @@ class SpeculativeEngine:
         step's tokens res.tokens [b, γ+1] come in the same transfer when something needs them: ``on_step`` (see
         generate: the callback sees each row's emitted ones, and the rows it cancels are marked finished), or a
         draft that reads text (pipeline/cross_tokenizer.py; with what it fed in the step). Returns (accepted,
-        finished) as host lists. ``lengths``: each row's own draft length (an adaptive draft length), which then
-        comes in the same transfer."""
+        finished) as host lists. ``lengths``: each row's own draft length, where the rows drafted their own (an
+        adaptive draft length, per-row rooms near the end), which then comes in the same transfer."""
         reads_text = getattr(drafter, "reads_text", False)
         # per row, the target tokens the draft proposed this step: γ, or fewer from another tokenizer's text
         proposed = list(drafter.drafted_host) if reads_text and gamma else [gamma] * state.batch
@@ -720,7 +721,7 @@ class SpeculativeEngine:
                 state.drafted_chars[r] += chars_h[1][i]
             if fin_h[i]:
                 state.finish_time[r] = now
-            if gamma == self.gamma > 0:
+            if own[i] == self.gamma > 0:     # a full-γ step of this row (the histogram's steps)
                 state.accepted_hist[acc_h[i]] += 1
         return acc_h, fin_h
 
@@ -733,7 +734,7 @@ class SpeculativeEngine:
             return [zero, zero]
         chars = self.char_lengths[drafted.clamp(0, self.char_lengths.shape[0] - 1)]              # [b, γ]
         j = torch.arange(gamma, device=self.device)
-        if lengths is not None:                 # an adaptive draft length: each row's own
+        if lengths is not None:                 # rows that drafted their own lengths
             limit = lengths
         elif all(k == gamma for k in proposed):  # one tokenizer: every row proposed γ (a fill on the device, no copy)
             limit = torch.full((len(proposed),), gamma, dtype=torch.int64, device=self.device)
