@@ -5,14 +5,14 @@ the next-token cross-entropy on the highlights and ``<eos>`` only (the article's
 predicting them teaches nothing). Given the prompt a ``cnn_dailymail`` run builds (article + " Summary:",
 see :mod:`pipeline.tasks.cnn_dailymail`) the target writes the highlights and stops.
 
-The target is trained shallow (2 layers, which learn this task quickly) and then grown to 12 layers by a
+The target is trained shallow (2 layers, which learn this task quickly) and then grown to 16 layers by a
 function-preserving expansion (:func:`grow_deeper`: the new blocks' output projections start at zero, so the grown
 model computes exactly what the shallow one did, as in Net2Net's "deeper" operator) and fine-tuned briefly as a
-12-layer model. Why: on a CPU at these sizes a forward costs about the same per layer whatever its width, so the
-draft/target cost ratio follows depth: the 12-layer target costs 7-10x the 2-layer draft per token (cost ratio
-0.10-0.15 in the runs), as a large target costs against a small draft on a GPU, where the 2-layer target cost
-1.3-2x (speculative decoding could not pay). Training 12 layers from scratch does not fit the pipeline's time
-budget on 2 cores (docs/results.md).
+16-layer model. Why: on a CPU at these sizes a forward costs about the same per layer whatever its width, so the
+draft/target cost ratio follows depth: the 16-layer target costs 8-11x the 2-layer draft per drafted token (cost
+ratio 0.09-0.12 in the runs; 0.12-0.17 at 12 layers, over the 0.15 a realistic pair needs), as a large target costs
+against a small draft on a GPU, where the 2-layer target cost 1.3-2x (speculative decoding could not pay). Training
+so deep from scratch does not fit the pipeline's time budget on 2 cores (docs/results.md).
 
 Both models share one word-level tokenizer (:func:`pipeline.toy.vocab.text_tokenizer`) and are saved with
 ``save_pretrained`` (model, generation config with ``<eos>``, tokenizer) so that
@@ -75,7 +75,7 @@ DRAFT_BPE = TextModelSpec(n_layer=2, n_embd=32, n_head=2, steps=1350, batch_size
 QUICK_DRAFT_BPE = TextModelSpec(n_layer=1, n_embd=16, n_head=2, steps=4, batch_size=4, lr=1e-3)
 # The target once grown (:func:`grow_deeper`; same width and heads as TARGET) and its fine-tune schedule: a low
 # rate, so the new blocks learn without undoing what the first two know.
-TARGET_GROWN = TextModelSpec(n_layer=12, n_embd=128, n_head=4, steps=40, batch_size=16, lr=3e-4)
+TARGET_GROWN = TextModelSpec(n_layer=16, n_embd=128, n_head=4, steps=40, batch_size=16, lr=3e-4)
 QUICK_TARGET_GROWN = TextModelSpec(n_layer=3, n_embd=32, n_head=2, steps=2, batch_size=4, lr=1e-4)
 N_POSITIONS = 256
 # The BPE draft reads the same text as the target in more tokens (1.23x on average on the train split, at most
