@@ -107,7 +107,8 @@ def recommend(table, max_quality_loss: float = 0.01):
 
     A group with nothing eligible gets a row whose ``run`` is None and whose ``note`` says why. A choice that is
     slower than decoding with the target alone (its speedup interval, or its speedup where it has none, lies
-    below 1) keeps its row, and its ``note`` says so: the best setting of a pair can still lose to no drafting."""
+    below 1) keeps its row, and its ``note`` says so: the best setting of a pair can still lose to no drafting. So
+    does a choice whose interval reaches below 1: its repeats do not show it faster than the target alone."""
     import pandas as pd
 
     if not (max_quality_loss >= 0 and math.isfinite(max_quality_loss)):
@@ -138,13 +139,19 @@ def recommend(table, max_quality_loss: float = 0.01):
 
 
 def _slower_note(row) -> str:
-    """A note when ``row``'s speedup (its interval's upper end where it has one) is below 1, else ''."""
-    high = to_number(row.get("speedup_ci_high"))
-    top = high if high is not None else to_number(row.get("speedup"))
-    if top is None or top >= 1:
+    """A note when ``row``'s speedup (its interval's upper end where it has one) is below 1, or when its interval
+    reaches below 1 (not shown faster than the target alone), else ''."""
+    speedup, low, high = (to_number(row.get(k)) for k in ("speedup", "speedup_ci_low", "speedup_ci_high"))
+    top = high if high is not None else speedup
+    if top is None:
         return ""
-    return (f"slower than the target alone (speedup {to_number(row.get('speedup')):.2f}x, interval below 1x): "
-            "with this pair on this machine, decode without a draft")
+    if top < 1:
+        return (f"slower than the target alone (speedup {speedup:.2f}x, interval below 1x): with this pair on this "
+                "machine, decode without a draft")
+    if low is not None and low < 1:
+        return (f"not shown faster than the target alone (speedup {speedup:.2f}x, but its interval "
+                f"[{low:.2f}, {high:.2f}] reaches below 1x): more repeats (--repeats) would settle it")
+    return ""
 
 
 def to_number(v) -> float | None:

@@ -360,16 +360,22 @@ def test_a_recommendation_slower_than_the_target_alone_says_so(tmp_path):
         r["metrics"].update(speedup_ci_low=speedup - 0.1, speedup_ci_high=speedup + 0.05)
         write(runs / f"asr-{name}.json", r)
     ok = result(speedup=1.5, score=0.4)
-    ok["metrics"].update(speedup_ci_low=0.9, speedup_ci_high=1.8)   # interval reaching above 1: no note
+    ok["metrics"].update(speedup_ci_low=1.1, speedup_ci_high=1.8)   # interval above 1: no note
     write(runs / "text-ok.json", ok)
+    unsure = result(speedup=1.3, score=0.4, task="other")
+    unsure["metrics"].update(speedup_ci_low=0.87, speedup_ci_high=2.01)   # faster at the median, interval below 1
+    write(runs / "other-unsure.json", unsure)
     rec = recommend(load_runs(runs), 0.01).set_index(["task", "choice"])
     fast = rec.loc[("librispeech", "fastest within 1.0% quality loss")]
     assert fast["run"] == "asr-a" and fast["note"].startswith("slower than the target alone (speedup 0.87x")
     assert rec.loc[("cnn_dailymail", "best lossless"), "note"] == ""
+    assert rec.loc[("other", "best lossless"), "note"].startswith(
+        "not shown faster than the target alone (speedup 1.30x, but its interval [0.87, 2.01] reaches below 1x)")
     out = tmp_path / "reports"
     assert main(["report", "--runs", str(runs), "--out", str(out)]) == 0
     md = (out / "report.md").read_text().split("## Recommendation")[1]
     assert "(`asr-a`): slower than the target alone" in md and "(`text-ok`)" not in md
+    assert "(`other-unsure`): not shown faster" in md
 
 
 def test_every_acceptance_rule_appears_side_by_side_with_its_parameters_and_losslessness(tmp_path):
