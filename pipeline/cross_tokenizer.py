@@ -195,7 +195,9 @@ class TextDrafter:
         start(prompt, ..., prompt_texts)  read each row's prompt, tokenised from its text by the draft's tokenizer
         propose(γ, u)                     proposals in target ids int64 [b, K] and their logits [b, K, V_t]
                                           (intersection: K = γ; string: K = the most target tokens a row's text
-                                          gave, ≤ γ, rows with fewer padded with one-hot pad proposals)
+                                          gave, ≤ γ, rows with fewer padded with one-hot pad proposals,
+                                          which the verify step never reads: drafted_host is each row's
+                                          own length, the sampler contract's per-row lengths)
         shipped()                         device tensor to bring to the host in the step's one sync (the draft
                                           ids it fed, intersection mode), or None
         commit_text(emitted, shipped)     after verification: the target's emitted ids per row (host lists) ->

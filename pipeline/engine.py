@@ -475,7 +475,8 @@ class SpeculativeEngine:
         ``on_step(rows, tokens, accepted, finished, lengths)``: the original row indices active in the step, the
         tokens each emitted in it (list of int lists), its accepted draft tokens, whether it finished (EOS or
         max_new_tokens), and the draft length it was verified with (the step's γ, or its own where rows draft their
-        own: an adaptive draft length, per-row rooms near the end; accepted == length means a bonus token). It
+        own: an adaptive draft length, per-row rooms near the end, another tokenizer's text; accepted == length
+        means a bonus token). It
         returns the original indices of rows to cancel (or None): they end as finished rows do, keeping the tokens
         emitted so far. The step's tokens come to the host in the step's one sync; without on_step the loop is
         unchanged.
@@ -612,12 +613,25 @@ class SpeculativeEngine:
             u = rng.rand(generator, (state.batch, gamma), self.device)
             limits = None if wants is None else row_limits(wants, gamma, self.device)
             if self.policy is None and limits is None:
-                return *drafter.propose(gamma, u, first_step=state.steps == 1), None
+                drafted, logits = drafter.propose(gamma, u, first_step=state.steps == 1)
+                return drafted, logits, self._text_lengths(drafter, drafted.shape[1], generator)
             out = drafter.propose(gamma, u, first_step=state.steps == 1, limits=limits,
                                   confidence=self.policy.confidence if self.policy is not None else 0.0)
             if self.policy is not None:
                 self._lengths.record(drafter.confident)
             return *out, limits
+
+    def _text_lengths(self, drafter, width: int, generator) -> torch.Tensor | None:
+        """A draft with another tokenizer in string mode proposes as many target tokens as its text gives, fewer than
+        the step's ``width`` for some rows (pipeline/cross_tokenizer.py): those rows draft their own lengths, int64
+        [b] on the device (None where every row proposed ``width``), and with per-row generators each draws only
+        its own length's verify uniforms."""
+        if not getattr(drafter, "reads_text", False) or width == 0:
+            return None
+        own = drafter.drafted_host
+        if isinstance(generator, RowGenerators) and min(own) < width:
+            generator.set_step(width, own)
+        return row_limits(own, width, self.device)
 
     def _score(self, state: _Decoding, drafted: torch.Tensor, gamma: int, timer: PhaseTimer):
         """The target's logits [b, γ+1, V_t] for the pending token and the proposals (in the first step: for the
@@ -677,14 +691,13 @@ class SpeculativeEngine:
         generate: the callback sees each row's emitted ones, and the rows it cancels are marked finished), or a
         draft that reads text (pipeline/cross_tokenizer.py; with what it fed in the step). Returns (accepted,
         finished) as host lists. ``lengths``: each row's own draft length, where the rows drafted their own (an
-        adaptive draft length, per-row rooms near the end), which then comes in the same transfer."""
+        adaptive draft length, per-row rooms near the end, another tokenizer's text), which then comes in the same
+        transfer."""
         reads_text = getattr(drafter, "reads_text", False)
-        # per row, the target tokens the draft proposed this step: γ, or fewer from another tokenizer's text
-        proposed = list(drafter.drafted_host) if reads_text and gamma else [gamma] * state.batch
         parts = [res.accepted, finished.long(), state.act_len]
         counts_chars = self.char_lengths is not None
         if counts_chars:
-            parts += self._step_chars(res, drafted, gamma, proposed, lengths)
+            parts += self._step_chars(res, drafted, gamma, lengths)
         if lengths is not None:
             parts.append(lengths)
         parts = [torch.stack(parts)]
@@ -700,7 +713,6 @@ class SpeculativeEngine:
         own = [gamma] * state.batch         # per row, the draft length its verify step used
         if lengths is not None:
             own, rest = rest[0], rest[1:]
-            proposed = own
         rows = list(state.rows_host)
         if rest:
             columns = rest[: gamma + 1]
@@ -713,8 +725,8 @@ class SpeculativeEngine:
             fin_h = [1 if r in cancel else f for r, f in zip(rows, fin_h)]
         for i, r in enumerate(rows):
             state.len_host[r] = len_h[i]
-            state.accepted[r] += min(acc_h[i], proposed[i])
-            state.drafted[r] += proposed[i]
+            state.accepted[r] += acc_h[i]
+            state.drafted[r] += own[i]
             state.row_steps[r] += 1
             if chars_h is not None:
                 state.accepted_chars[r] += chars_h[0][i]
@@ -725,7 +737,7 @@ class SpeculativeEngine:
                 state.accepted_hist[acc_h[i]] += 1
         return acc_h, fin_h
 
-    def _step_chars(self, res, drafted: torch.Tensor, gamma: int, proposed: list[int],
+    def _step_chars(self, res, drafted: torch.Tensor, gamma: int,
                     lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
         """int64 [b] each: characters of the accepted drafts and of the proposed ones (no sync). ``lengths``: each
         row's own draft length on the device, where the rows drafted their own."""
@@ -736,10 +748,8 @@ class SpeculativeEngine:
         j = torch.arange(gamma, device=self.device)
         if lengths is not None:                 # rows that drafted their own lengths
             limit = lengths
-        elif all(k == gamma for k in proposed):  # one tokenizer: every row proposed γ (a fill on the device, no copy)
-            limit = torch.full((len(proposed),), gamma, dtype=torch.int64, device=self.device)
-        else:                                   # another tokenizer's text: the counts come from the host
-            limit = torch.tensor(proposed, dtype=torch.int64).to(self.device, non_blocking=True)
+        else:                                   # every row proposed γ: a fill on the device, no copy
+            limit = torch.full((res.accepted.shape[0],), gamma, dtype=torch.int64, device=self.device)
         accepted = (chars * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
         return [accepted, (chars * (j < limit[:, None])).sum(dim=1)]
 

@@ -413,3 +413,26 @@ def test_bench_engine_compares_string_mode_with_transformers_string_level_drafti
     assert by["hf_assisted"]["new_tokens"] == by["ours_speculative"]["new_tokens"] == 8 * by["hf_assisted"]["prompts"]
     assert result["goals"]["T=0.0"]["speculative_over_hf_assisted"] > 0
     assert "ours/HF speculative" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["intersection", "string"])
+def test_with_per_example_randomness_a_rows_tokens_do_not_depend_on_its_batch(pair, mode):
+    """Exact sampling at T = 1 through another tokenizer: a row proposes as many target tokens as its draft's text
+    gives (string mode: fewer than the step's for some rows) and is verified with that many, drawing only its own
+    uniforms, so it decodes alone and inside a batch to the same tokens."""
+    from pipeline.rng import RowGenerators
+
+    _, target_tok, *_ = pair
+    engine = _engine(pair, mode, get_sampler("exact", temperature=1.0))
+    prompts = ["the fox", "police said the", "a new report on", "the court said that", "water and"]
+
+    def decode(idx):
+        enc = target_tok([prompts[i] for i in idx], return_tensors="pt", padding=True)
+        rows = RowGenerators(3, [f"p{i}" for i in idx], "cpu")
+        return engine.generate(enc.input_ids, enc.attention_mask, 12, rows,
+                               prompt_texts=[prompts[i] for i in idx]).tokens
+
+    alone = {i: decode([i])[0] for i in range(len(prompts))}
+    assert len({tuple(t) for t in alone.values()}) > 1
+    for batch in ([0, 1, 2, 3, 4], [4, 2, 0, 3, 1]):
+        assert dict(zip(batch, decode(batch))) == alone
