@@ -16,7 +16,8 @@ is exact for any draft distribution that is a function of what precedes it, so t
 tests/test_adaptive_draft.py tests it with chi-square tests (and a negative control the same test rejects).
 
 How a batch drafts without extra host syncs. A step drafts γ_step = the longest draft length any active row wants,
-capped by γ_max (and by the room left, except with per-example randomness). A row that wants fewer hands the
+capped by γ_max and by the room left (the roomiest row's; with per-example randomness each row's own room cuts its
+own length instead, pipeline/engine.py). A row that wants fewer hands the
 verify rule its own length (the sampler contract's ``lengths``, pipeline/samplers/contract.py), which verifies the
 row as it would verify it alone with γ = that length: the positions past it are never accepted, and a row that
 accepts its whole draft gets its bonus token from the target right after it. With per-example randomness each row
@@ -101,8 +102,8 @@ class DraftLengths:
     def step_gamma(self, rows: list[int], accepted: list[int], room: int | None) -> int:
         """γ for the next step of the active original ``rows``, after taking in the last step's outcome.
         ``accepted``: per original row, its accepted draft tokens so far (the engine's host statistics, kept by the
-        step's sync); ``room``: tokens the roomiest row may still emit (None: no cut near the end, as per-example
-        randomness needs, so that a row's last steps do not depend on the other rows)."""
+        step's sync); ``room``: tokens the roomiest row may still emit (None: no cut here; with per-example
+        randomness the engine cuts each row to its own room, so a row's last steps do not depend on the others)."""
         self._learn(accepted)
         for r in rows:
             self.want.setdefault(r, self.start)

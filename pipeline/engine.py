@@ -572,8 +572,8 @@ class SpeculativeEngine:
         Near the end, a step never drafts more than a row can still emit (one slot is the corrected token): with one
         generator for the batch, the roomiest row's room cuts the step's γ; with per-row generators (``per_row``)
         each row's own room cuts its own length, so how much room the other rows have never changes a row's step,
-        and so its tokens. (A draft with another tokenizer takes no per-row lengths: its γ is not cut with per-row
-        generators, and the tokens past max_new_tokens are not emitted either way.)"""
+        and so its tokens. (A draft with another tokenizer is not cut here: its rows' lengths come from their text,
+        :meth:`_text_lengths`; the tokens past max_new_tokens are not emitted either way.)"""
         rooms = [max_new_tokens - state.len_host[r] for r in state.rows_host]
         if self.policy is None:
             if not per_row:

@@ -10,13 +10,14 @@ data-parallel run (pipeline/distributed.py).
     u = rows.rand((3, γ))                                     # float32 [b, γ]: row i from row i's own stream
     rows.follow([0, 2])                                       # the engine dropped row 1 (it finished)
     u = rows.rand((2, γ + 1))                                 # rows 0 and 2 draw on; row 1 never draws again
-    rows.set_step(4, [4, 2])                                  # an adaptive draft length: row 1 drafts only 2
+    rows.set_step(4, [4, 2])                                  # rows draft their own lengths: row 1 only 2
     u = rows.rand((2, 4 + 1))                                 # row 0 draws 5, row 1 draws 3 (then zeros)
 
 The engine (pipeline/engine.py ``_draft``) and the samplers' uniform helper (pipeline/samplers/contract.py
 ``uniforms``) take either a plain generator or this object. A step draws from each active row's generator in turn:
 one small ``torch.rand`` per active row instead of one for the batch (no host sync either way). Where the rows of a
-step draft different lengths (an adaptive draft length, pipeline/draft_policy.py), :meth:`RowGenerators.set_step`
+step draft different lengths (an adaptive draft length, each row's room near the end, another tokenizer's text:
+pipeline/engine.py), :meth:`RowGenerators.set_step`
 makes each row draw only what it would draw alone, so its stream, and so its tokens, do not depend on the lengths
 the other rows drafted.
 """
@@ -44,11 +45,12 @@ class RowGenerators:
     active       host list: the original row index of each active row, in order (all rows until :meth:`follow`)
     """
 
-    def __init__(self, seed: int, example_ids, device) -> None:
+    def __init__(self, seed: int, example_ids, device, *, row_seeds=None) -> None:
         self.device = torch.device(device)
         self.example_ids = list(example_ids)
-        self.generators = [torch.Generator(device=self.device).manual_seed(example_seed(seed, i))
-                           for i in self.example_ids]
+        if row_seeds is None:
+            row_seeds = [example_seed(seed, i) for i in self.example_ids]
+        self.generators = [torch.Generator(device=self.device).manual_seed(int(s)) for s in row_seeds]
         self.active = list(range(len(self.generators)))
         self._step: tuple[int, list[int]] | None = None
 
@@ -56,11 +58,8 @@ class RowGenerators:
     def from_seeds(cls, seeds, device) -> RowGenerators:
         """One generator per row seeded with ``seeds[i]`` itself (no hashing): row i then draws what a plain
         ``torch.Generator().manual_seed(seeds[i])`` would draw alone (a server's per-request seeds)."""
-        rows = cls(0, [], device)
-        rows.example_ids = [f"seed {int(s)}" for s in seeds]
-        rows.generators = [torch.Generator(device=rows.device).manual_seed(int(s)) for s in seeds]
-        rows.active = list(range(len(rows.generators)))
-        return rows
+        seeds = [int(s) for s in seeds]
+        return cls(0, [f"seed {s}" for s in seeds], device, row_seeds=seeds)
 
     def __len__(self) -> int:
         return len(self.active)
