@@ -200,6 +200,19 @@ def test_graphed_verify_needs_a_kernel_sampler():
         GraphedVerify(get_sampler("exact"))
 
 
+@pytest.mark.parametrize("rule", ["exact", "sigmoid", "greedy"])
+def test_graphed_verify_answers_what_the_engine_asks_every_sampler(verify_library, rule):
+    """The engine and the draft-tokenizer mode ask a sampler for its name, backend, temperatures, params and whether
+    it verifies by argmax; the graph wrapper answers as the sampler it wraps (a GPU run of `specsweep run
+    --verify-graphs` failed on a missing verifies_by_argmax)."""
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    sampler = cpu_backend(verify_library).samplers[rule](temperature=0.7)
+    graphed = GraphedVerify(sampler)
+    for attribute in ("name", "backend", "temperature", "draft_temperature", "verifies_by_argmax", "params"):
+        assert getattr(graphed, attribute) == getattr(sampler, attribute), attribute
+
+
 def test_graphed_verify_checks_lengths_before_capturing(verify_library):
     """GraphedVerify takes per-row lengths as the samplers do: bad ones are refused by the contract's check before
     anything is captured; good ones reach the capture, which needs CUDA tensors."""

@@ -64,8 +64,13 @@ class GraphedVerify:
         """How many signatures have been captured."""
         return len(self._graphs)
 
-    def _greedy(self) -> bool:
+    @property
+    def verifies_by_argmax(self) -> bool:
+        """The wrapped sampler's (the engine and the draft-tokenizer mode ask every sampler)."""
         return self.sampler.verifies_by_argmax
+
+    def _greedy(self) -> bool:
+        return self.verifies_by_argmax
 
     def _step(self, draft_tokens, draft_logits, target_logits, u, lengths) -> SamplerResult:
         from pipeline.samplers import cupy_backend as kernels
