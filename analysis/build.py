@@ -252,7 +252,8 @@ def _rules_section(losses, task, target, draft, metric, other: bool = False) -> 
 
 
 _OTHER_TOKENIZER_NOTE = ("This draft's tokenizer is not the target's: the draft tokenizer column is how its proposals "
-                         "reached the target (pipeline/cross_tokenizer.py: intersection, or string), tokens are the "
+                         "reached the target (pipeline/decoding/drafters/cross_tokenizer.py: intersection, or "
+                         "string), tokens are the "
                          "target's, and acceptance and emitted length in characters compare it with a draft of the "
                          "target's own tokenizer (section **Drafts with another tokenizer**).")
 
@@ -283,7 +284,8 @@ def _params(r) -> str | None:
 
 
 def _draft_length(r) -> list[str]:
-    """The adaptive draft length a row ran with (pipeline/draft_policy.py), as 'parameters': [] for a fixed γ."""
+    """The adaptive draft length a row ran with (pipeline/decoding/draft_policy.py), as 'parameters': [] for a fixed
+    γ."""
     schedule, confidence = r.get("draft_schedule"), to_number(r.get("draft_confidence"))
     parts = [f"draft schedule {schedule}"] if isinstance(schedule, str) and schedule != "constant" else []
     if confidence:

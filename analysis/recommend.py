@@ -4,7 +4,7 @@ Quality loss is relative to the reference quality of the same task, model pair a
 (γ = 0 sampling from the target alone) when there is one, else the mean of the exact sampler's runs. The AR baseline
 does not use the draft, so a pair without its own takes one of the same task, target and dtype measured with another
 draft (the pipeline measures one per task, and a target may be run with several drafts, e.g. one with another
-tokenizer: pipeline/cross_tokenizer.py). It is
+tokenizer: pipeline/decoding/drafters/cross_tokenizer.py). It is
 1 - quality ratio, the ratio the project's ``tradeoff`` uses: ROUGE-L / reference ROUGE-L, or for WER
 (1 - WER) / (1 - reference WER). A negative loss means better than the reference (sampling noise, on few samples).
 

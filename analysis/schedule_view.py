@@ -94,7 +94,8 @@ def _fixed_vs_adaptive(schedule: dict) -> list:
         rows.append([Cell.from_dict(cell).label, *_side(fixed), *_side(adaptive), _verdict(fixed, adaptive)])
     return [Heading(4, "Fixed against adaptive draft length"),
             Para("The best-scoring fixed-γ trial and the best-scoring adaptive one (heuristic schedule and/or "
-                 "confidence threshold, pipeline/draft_policy.py) of each cell, with acceptance (accepted / verified "
+                 "confidence threshold, pipeline/decoding/draft_policy.py) of each cell, with acceptance "
+                 "(accepted / verified "
                  "draft positions) and draft positions per verify step."),
             Table(["cell", "fixed", "speedup", "acceptance", "drafted/step", "adaptive", "speedup", "acceptance",
                    "drafted/step", "verdict"], rows)]

@@ -1,4 +1,5 @@
-"""The report's section on drafts whose tokenizer is not the target's (pipeline/cross_tokenizer.py): what the
+"""The report's section on drafts whose tokenizer is not the target's (pipeline/decoding/drafters/cross_tokenizer.py):
+what the
 mismatched tokenizer costs next to a draft that shares the target's.
 
 Per task and target that ran a draft with another tokenizer, one table with a row per (draft, mode, rule, γ,
@@ -48,7 +49,8 @@ def section(table, fig_dir: Path | None = None, written: dict | None = None) -> 
         return []
     blocks = [Heading(2, "Drafts with another tokenizer"),
               Para("A draft whose tokenizer is not the target's proposes through a bridge "
-                   "(pipeline/cross_tokenizer.py): in **intersection** mode it drafts only the tokens whose text "
+                   "(pipeline/decoding/drafters/cross_tokenizer.py): in **intersection** mode it drafts "
+                   "only the tokens whose text "
                    "both vocabularies share (lossless at any temperature; the target's probability mass on those "
                    "tokens bounds the acceptance), in **string** mode its own text is re-tokenised for the target "
                    "and verified as a one-hot draft. "

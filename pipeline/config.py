@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.draft_policy import SCHEDULES
+from pipeline.decoding.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
@@ -47,7 +47,8 @@ class RunConfig:
     preset: str | None = setting(None, "a rule's preset parameters (sigmoid: paper, the constants of the paper's "
                                        "kernels, sigmoid((z + 1e4) / 2e4))", choices=preset_names())
     gamma: int = setting(4, "draft tokens per step; 0 = autoregressive")
-    # Adaptive draft length (pipeline/draft_policy.py): γ is where each row starts, --gamma-max the most a step drafts.
+    # Adaptive draft length (pipeline/decoding/draft_policy.py): γ is where each row starts, --gamma-max the most a
+    # step drafts.
     draft_schedule: str = setting("constant", "draft length per step and row: constant (γ) or heuristic "
                                               "(transformers' num_assistant_tokens_schedule: +2 after a step that "
                                               "accepted every draft token, -1 after a rejection, from γ, at most "
@@ -88,7 +89,8 @@ class RunConfig:
     engine: str = setting("specsweep", "specsweep: our loop; hf: transformers' generate(assistant_model=...) with "
                                        "our sampler", choices=ENGINES)
     draft_tokenizer_mode: str = setting("auto", "a draft with another tokenizer than the target's "
-                                                "(pipeline/cross_tokenizer.py): intersection = propose only tokens "
+                                                "(pipeline/decoding/drafters/cross_tokenizer.py): "
+                                                "intersection = propose only tokens "
                                                 "both vocabularies share, lossless at any temperature; string = "
                                                 "re-tokenise the draft's text for the target (greedy, or exact-match "
                                                 "acceptance at T > 0); shared = one tokenizer. auto: shared when the "
@@ -200,7 +202,8 @@ class RunConfig:
         return self
 
     def _validate_draft_length(self) -> None:
-        """The adaptive draft length's settings (pipeline/draft_policy.py): one-line SpecsweepError on a problem."""
+        """The adaptive draft length's settings (pipeline/decoding/draft_policy.py): one-line SpecsweepError on a
+        problem."""
         if not 0 <= self.draft_confidence < 1:
             raise SpecsweepError(f"--draft-confidence must be in [0, 1) (a probability; 0 = off); got "
                                  f"{self.draft_confidence}")

@@ -168,7 +168,7 @@ def merge_totals(parts: list[dict]) -> dict:
             merge_counts(merged["token_classes"], counts)
     bridges = [p["cross_tokenizer"] for p in parts if p.get("cross_tokenizer")]
     if bridges:
-        from pipeline.cross_tokenizer import merge_statistics
+        from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 
         merged["cross_tokenizer"] = merge_statistics(bridges)
     cuts = parts[0]["cuts"]

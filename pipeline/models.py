@@ -137,3 +137,12 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     if ids is None:
         return []
     return [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]
+
+
+def max_positions(config) -> int | None:
+    """The most positions a model config allows (None: no limit stated)."""
+    for name in ("max_position_embeddings", "n_positions", "max_target_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -29,7 +29,7 @@ REPEAT_SEED = 10_000  # repeat generators start here, away from the quality pass
 
 def prompt_texts(loop, batch: dict) -> dict:
     """generate's ``prompt_texts`` keyword where the loop reads them (our engine with a draft of another tokenizer,
-    pipeline/cross_tokenizer.py) and the task's batch has them; else nothing."""
+    pipeline/decoding/drafters/cross_tokenizer.py) and the task's batch has them; else nothing."""
     if getattr(loop, "bridge", None) is not None and "prompt_texts" in batch:
         return {"prompt_texts": batch["prompt_texts"]}
     return {}

@@ -17,7 +17,8 @@ Version history (``specsweep_results``):
      data-parallel run ``resolved.rank_wall_time_s`` and ``resolved.speed_measured_on`` (pipeline/distributed.py);
      ``resolved.draft_tokenizer_mode``, ``metrics.cross_tokenizer`` and the acceptance in characters
      (``metrics.accepted_chars``, ``drafted_chars``, ``acceptance_rate_chars``, ``chars_per_step``;
-     ``samples[].accepted_chars``, ``drafted_chars``) (pipeline/cross_tokenizer.py; absent: one tokenizer).
+     ``samples[].accepted_chars``, ``drafted_chars``) (pipeline/decoding/drafters/cross_tokenizer.py; absent: one
+     tokenizer).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Resolved(TypedDict, total=False):
     seed_per_example: bool           # each example drew from its own generator (pipeline/rng.py)
     rank_wall_time_s: list[float]    # with processes > 1: each rank's seconds inside generate (wall_time_s: the most)
     speed_measured_on: str           # with processes > 1: where the paired speed measurement ran, "rank 0 (cpu)"
-    draft_tokenizer_mode: str        # shared, intersection or string (pipeline/cross_tokenizer.py)
+    draft_tokenizer_mode: str        # shared, intersection or string (pipeline/decoding/drafters/cross_tokenizer.py)
     # and the task's record of inputs it cut to fit (pipeline/tasks: e.g. truncated, long_inputs)
 
 
@@ -102,7 +103,8 @@ class Metrics(TypedDict, total=False):
     drafted_chars: int
     acceptance_rate_chars: float | None
     chars_per_step: float | None
-    # a draft with another tokenizer (pipeline/cross_tokenizer.py): mode, intersection_size, target_vocab,
+    # a draft with another tokenizer (pipeline/decoding/drafters/cross_tokenizer.py): mode, intersection_size,
+    # target_vocab,
     # draft_vocab, target_share_in_intersection, and in intersection mode target_mass_on_intersection and
     # draft_mass_on_intersection (with the sums they come from); None with one tokenizer
     cross_tokenizer: dict | None

@@ -24,7 +24,8 @@ METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_
                   "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
                   "theoretical_speedup", "predicted_speedup", "cost_ratio", "verify_cost_ratio", "wall_time_s",
                   "new_tokens", "peak_memory_mb", "acceptance_rate_chars", "chars_per_step")
-# A draft with another tokenizer than the target's (pipeline/cross_tokenizer.py): from metrics.cross_tokenizer, None
+# A draft with another tokenizer than the target's (pipeline/decoding/drafters/cross_tokenizer.py): from
+# metrics.cross_tokenizer, None
 # for a run with one tokenizer. The mode itself is the ``draft_tokenizer_mode`` column (resolved; "shared" for a
 # results file written before drafts could have another tokenizer).
 CROSS_TOKENIZER_COLUMNS = ("intersection_size", "target_share_in_intersection", "target_mass_on_intersection")

@@ -13,11 +13,11 @@ data-parallel run (pipeline/distributed.py).
     rows.set_step(4, [4, 2])                                  # rows draft their own lengths: row 1 only 2
     u = rows.rand((2, 4 + 1))                                 # row 0 draws 5, row 1 draws 3 (then zeros)
 
-The engine (pipeline/engine.py ``_draft``) and the samplers' uniform helper (pipeline/samplers/contract.py
+The engine (pipeline/decoding/engine.py ``_draft``) and the samplers' uniform helper (pipeline/samplers/contract.py
 ``uniforms``) take either a plain generator or this object. A step draws from each active row's generator in turn:
 one small ``torch.rand`` per active row instead of one for the batch (no host sync either way). Where the rows of a
 step draft different lengths (an adaptive draft length, each row's room near the end, another tokenizer's text:
-pipeline/engine.py), :meth:`RowGenerators.set_step`
+pipeline/decoding/engine.py), :meth:`RowGenerators.set_step`
 makes each row draw only what it would draw alone, so its stream, and so its tokens, do not depend on the lengths
 the other rows drafted.
 """

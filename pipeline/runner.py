@@ -76,9 +76,9 @@ def _build_sampler(config: RunConfig):
 
 
 def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: str):
-    from pipeline.draft_policy import DraftPolicy
-    from pipeline.engine import SpeculativeEngine
-    from pipeline.hf_engine import HFEngine
+    from pipeline.decoding.draft_policy import DraftPolicy
+    from pipeline.decoding.engine import SpeculativeEngine
+    from pipeline.decoding.hf_engine import HFEngine
     from pipeline.models import eos_token_ids
 
     eos = [] if config.ignore_eos else eos_token_ids(target, tokenizer)
@@ -108,9 +108,10 @@ def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: 
 
 
 def draft_tokenizer_mode(config: RunConfig, sampler, draft, tokenizer) -> str:
-    """The run's draft-tokenizer mode, ``--draft-tokenizer-mode`` resolved (pipeline/cross_tokenizer.py): shared
+    """The run's draft-tokenizer mode, ``--draft-tokenizer-mode`` resolved
+    (pipeline/decoding/drafters/cross_tokenizer.py): shared
     for a speech pair (checked when loaded) or without a draft."""
-    from pipeline.cross_tokenizer import resolve_mode, same_vocabulary
+    from pipeline.decoding.drafters.cross_tokenizer import resolve_mode, same_vocabulary
     from pipeline.tasks import get_task
 
     if draft is None or config.gamma == 0 or get_task(config.task).speech:
@@ -121,7 +122,7 @@ def draft_tokenizer_mode(config: RunConfig, sampler, draft, tokenizer) -> str:
 
 def _draft_bridge(config: RunConfig, sampler, target, draft, tokenizer, device: str):
     """(mode, VocabBridge or None) for the run's pair."""
-    from pipeline.cross_tokenizer import build_bridge
+    from pipeline.decoding.drafters.cross_tokenizer import build_bridge
 
     mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)
     if mode == "shared":
@@ -140,7 +141,7 @@ _TOKEN_TEXTS: dict = {}
 
 def _token_text(name: str, tokenizer):
     """The target tokenizer's TokenText (what each token adds), built once per process."""
-    from pipeline.cross_tokenizer import TokenText
+    from pipeline.decoding.drafters.cross_tokenizer import TokenText
 
     if name not in _TOKEN_TEXTS:
         _TOKEN_TEXTS[name] = TokenText(tokenizer)
@@ -155,7 +156,7 @@ def _draft_tokenizer(name: str):
 
 
 def _forwards(engine) -> dict:
-    """Which forward each model ran: "static" (pipeline/static_cache.py) or "transformers"."""
+    """Which forward each model ran: "static" (pipeline/decoding/static/) or "transformers"."""
     models = {"target": getattr(engine, "target", None), "draft": getattr(engine, "draft", None)}
     return {name: ("static" if getattr(m, "static", None) is not None else "transformers")
             for name, m in models.items() if m is not None}
@@ -188,7 +189,8 @@ def _load_models(config: RunConfig, task, dtype, device: str):
                      else load_speech_seq2seq(config.draft, dtype, device))
         return target, draft, tokenizer, processor
     tokenizer = load_tokenizer(config.target)
-    if use_draft:  # a draft with another tokenizer is bridged (pipeline/cross_tokenizer.py), unless asked not to be
+    # a draft with another tokenizer is bridged (pipeline/decoding/drafters/cross_tokenizer.py), unless asked not to be
+    if use_draft:
         _check_draft_tokenizer(config, tokenizer)
     target = load_causal_lm(config.target, dtype, device, spread=spread)
     draft = load_causal_lm(config.draft, dtype, device) if use_draft else None
@@ -394,7 +396,7 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
             totals["hist"] = [a + b for a, b in zip(totals.get("hist", [0] * len(hist)), hist)]
         totals["peak"] = max(totals["peak"], result.peak_memory_mb)
         if "cross_tokenizer" in result.extra:
-            from pipeline.cross_tokenizer import merge_statistics
+            from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 
             parts = [totals["cross_tokenizer"]] if "cross_tokenizer" in totals else []
             totals["cross_tokenizer"] = merge_statistics([*parts, result.extra["cross_tokenizer"]])
@@ -500,14 +502,16 @@ def _summarize(samples: list[dict], totals: dict) -> dict:
         "drafted_chars": drafted_chars,
         "acceptance_rate_chars": accepted_chars / drafted_chars if drafted_chars else None,
         "chars_per_step": sum(len(s["text"]) for s in samples) / steps if steps else None,
-        # a draft with another tokenizer (pipeline/cross_tokenizer.py): the mode, the intersection's size and the
+        # a draft with another tokenizer (pipeline/decoding/drafters/cross_tokenizer.py): the mode, the intersection's
+        # size and the
         # probability mass it covers
         "cross_tokenizer": totals.get("cross_tokenizer"),
         "prefill_time_s": t.get("prefill", 0.0),
         "draft_time_s": t.get("draft", 0.0),
         "target_time_s": t.get("target", 0.0),
         "verify_time_s": t.get("verify", 0.0),
-        # a draft with another tokenizer: re-reading the emitted text on the host (pipeline/cross_tokenizer.py)
+        # a draft with another tokenizer: re-reading the emitted text on the host
+        # (pipeline/decoding/drafters/cross_tokenizer.py)
         "bridge_time_s": t.get("bridge", 0.0),
         "draft_forwards": totals["draft_forwards"],
         "target_forwards": calls.get("target", 0),

@@ -95,6 +95,7 @@ def samples_table(result: dict):
     """A wandb.Table with one row per sample: id, output, reference, its quality scores, accepted tokens, and the
     output coloured by each token's origin (an HTML column; None where the engine recorded no origins)."""
     import wandb
+
     from pipeline.provenance import legend_html, pieces_for, render_html, sample_origins
 
     samples = result.get("samples", [])

@@ -4,7 +4,7 @@ Search space (a YAML file, by default sweeps/optuna_space.yaml): γ, the accepta
 pipeline/rules.py, e.g. exact, sigmoid, typical), each rule's parameters over the registry's ranges (sampled only
 in that rule's trials: the sigmoid's alpha and beta; integer ones such as relaxed's top_k with suggest_int),
 optionally dtype, and the draft length (``draft``: fixed γ, the heuristic schedule up to a sampled γ_max, or a
-sampled confidence threshold; pipeline/draft_policy.py). Each trial is one :func:`pipeline.runner.run`
+sampled confidence threshold; pipeline/decoding/draft_policy.py). Each trial is one :func:`pipeline.runner.run`
 of the base RunConfig with the trial's settings; its objectives are
 
     speedup   the paired median speedup: tokens/s over the γ = 0 loop's of the same engine and target, timed in
@@ -81,7 +81,7 @@ def _integer_params(rule_name: str) -> set[str]:
 
 
 DRAFT_MODES = ("fixed", "heuristic", "confidence")
-"""How a trial drafts (pipeline/draft_policy.py): fixed γ; the heuristic schedule from γ up to γ_max; or the
+"""How a trial drafts (pipeline/decoding/draft_policy.py): fixed γ; the heuristic schedule from γ up to γ_max; or the
 confidence threshold with γ as the most a step drafts."""
 _DRAFT_DEFAULTS = {"drafts": ("fixed",), "draft_confidence": (0.1, 0.9, False), "gamma_max": (2, 8)}
 
@@ -92,7 +92,8 @@ class SearchSpace:
     each of its parameters; a rule's parameters are sampled only in trials that chose it. Unset ranges are the
     registry's. ``drafts``: the draft-length modes (:data:`DRAFT_MODES`) a trial chooses from, with the confidence
     threshold's range (confidence trials) and γ_max's (heuristic trials, at least the trial's γ). ``tokenizer_modes``:
-    for a draft with another tokenizer, the draft-tokenizer modes a trial chooses from (pipeline/cross_tokenizer.py;
+    for a draft with another tokenizer, the draft-tokenizer modes a trial chooses from
+    (pipeline/decoding/drafters/cross_tokenizer.py;
     empty: not searched, the run's own setting)."""
 
     gamma: tuple[int, int] = (1, 8)
@@ -419,10 +420,11 @@ def pareto_front(study) -> dict:
 
 
 def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
-    """``space`` for the run's pair. A draft with another tokenizer than the target's (pipeline/cross_tokenizer.py)
+    """``space`` for the run's pair. A draft with another tokenizer than the target's
+    (pipeline/decoding/drafters/cross_tokenizer.py)
     drafts a fixed γ (an adaptive trial could only fail), and its trials choose how to bridge the tokenizers
     (intersection or string; which is faster depends on the pair) unless ``--draft-tokenizer-mode`` fixes it."""
-    from pipeline.cross_tokenizer import same_vocabulary
+    from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
     from pipeline.models import load_tokenizer
 
     if not base.draft or get_task(base.task).speech \

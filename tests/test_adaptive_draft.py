@@ -1,4 +1,4 @@
-"""Adaptive draft length (pipeline/draft_policy.py): the heuristic schedule and the confidence threshold.
+"""Adaptive draft length (pipeline/decoding/draft_policy.py): the heuristic schedule and the confidence threshold.
 
 Exactness: the stopping rule depends only on the draft's own distribution and on earlier steps, and a row that stops
 pads with one-hot argmax proposals, so the emitted tokens still follow the target: chi-square tests of the first
@@ -19,8 +19,9 @@ from stat_utils import THRESHOLD, assert_fits, chisquare_pvalue, counts, target_
 from tiny_models import PROMPTS, load_saved_pair
 
 from pipeline.config import RunConfig
-from pipeline.draft_policy import DraftLengths, DraftPolicy, row_limits
-from pipeline.engine import Drafter, SpeculativeEngine
+from pipeline.decoding.draft_policy import DraftLengths, DraftPolicy, row_limits
+from pipeline.decoding.drafters.model import Drafter
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.errors import SpecsweepError
 from pipeline.samplers import get_sampler
 
@@ -161,7 +162,7 @@ def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, t
     target, draft, tok = pair
     engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=temperature), 2, "cpu", [], 0,
                                draft_policy=POLICIES[name])
-    import pipeline.engine
+    import pipeline.decoding.engine
 
     padded, limited = [], []
     record = DraftLengths.record
@@ -176,7 +177,7 @@ def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, t
         return limits
 
     monkeypatch.setattr(DraftLengths, "record", spy_record)
-    monkeypatch.setattr(pipeline.engine, "row_limits", spy_limits)
+    monkeypatch.setattr(pipeline.decoding.engine, "row_limits", spy_limits)
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     assert sum(padded) > 0 and (any(limited) or name == "confidence")
     V = target.config.vocab_size
@@ -203,9 +204,9 @@ def _short_draft_corrected(monkeypatch):
 
 
 def _padding_off_its_distribution(monkeypatch):
-    import pipeline.engine
+    import pipeline.decoding.engine
 
-    monkeypatch.setattr(pipeline.engine, "Drafter", _PaddingOffItsDistribution)
+    monkeypatch.setattr(pipeline.decoding.engine, "Drafter", _PaddingOffItsDistribution)
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Drafts with another tokenizer than the target's (pipeline/cross_tokenizer.py).
+"""Drafts with another tokenizer than the target's (pipeline/decoding/drafters/cross_tokenizer.py).
 
 The pair: a tiny word-level target and a draft over a byte-level BPE in which only the frequent words are one token
 (tests/tiny_models.py ``cross_tokenizer_pair``). Exactness of the intersection mode at T = 1 and T = 0.7, and of the
@@ -19,8 +19,8 @@ import torch
 from stat_utils import THRESHOLD, chisquare_pvalue, counts, target_laws
 from tiny_models import PROMPTS, WORDS, build_bpe_tokenizer, build_tokenizer, cross_tokenizer_pair
 
-from pipeline.cross_tokenizer import TextDrafter, build_bridge, resolve_mode, same_vocabulary
-from pipeline.engine import SpeculativeEngine
+from pipeline.decoding.drafters.cross_tokenizer import TextDrafter, build_bridge, resolve_mode, same_vocabulary
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.errors import SpecsweepError
 from pipeline.samplers import get_sampler
 
@@ -154,10 +154,10 @@ class _ShiftedLogitsDrafter(TextDrafter):
 
 @pytest.mark.slow
 def test_negative_control_proposal_logits_off_the_proposals_fail(pair, monkeypatch):
-    import pipeline.cross_tokenizer
+    import pipeline.decoding.drafters.cross_tokenizer
 
     target, target_tok, *_ = pair
-    monkeypatch.setattr(pipeline.cross_tokenizer, "TextDrafter", _ShiftedLogitsDrafter)
+    monkeypatch.setattr(pipeline.decoding.drafters.cross_tokenizer, "TextDrafter", _ShiftedLogitsDrafter)
     engine = _engine(pair, "intersection", get_sampler("exact"), gamma=3, eos=())
     pvalues = _pvalues(_emitted(engine, target_tok, PROMPTS[0], seed=5), target, target_tok, 1.0)
     assert min(pvalues) <= THRESHOLD, f"the wrong proposal logits passed (p = {pvalues}): the test has no power"
@@ -176,7 +176,7 @@ def test_intersection_mode_reports_the_mass_it_covers(pair):
 
 
 def test_an_adaptive_draft_length_is_refused_with_another_tokenizer(pair):
-    from pipeline.draft_policy import DraftPolicy
+    from pipeline.decoding.draft_policy import DraftPolicy
 
     target, _, draft, _, bridge = pair
     with pytest.raises(SpecsweepError, match="fixed γ"):
@@ -244,7 +244,7 @@ def test_the_hf_engine_refuses_another_tokenizer_when_sampling_in_one_line(saved
 def test_transformers_universal_assisted_generation_is_the_greedy_baseline(pair):
     """--engine hf at T = 0 runs transformers' string-level drafting: the target's greedy output too, as our string
     mode gives it."""
-    from pipeline.hf_engine import HFEngine
+    from pipeline.decoding.hf_engine import HFEngine
 
     target, target_tok, draft, draft_tok, _ = pair
     enc = target_tok(PROMPTS, return_tensors="pt", padding=True)
@@ -348,7 +348,7 @@ def test_cuts_back_into_earlier_steps_keep_the_targets_greedy_output(monkeypatch
 
 def test_statistics_of_batches_and_ranks_merge_from_their_sums():
     from pipeline import distributed
-    from pipeline.cross_tokenizer import merge_statistics
+    from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
     from pipeline.tasks.base import Cuts
 
     static = {"mode": "intersection", "intersection_size": 10, "target_vocab": 20, "draft_vocab": 30,

@@ -14,7 +14,8 @@ import torch
 from stat_utils import assert_fits, counts
 from tiny_models import PROMPTS, build_tokenizer, noisy_copy, save_pair
 
-from pipeline.engine import CachedModel, SpeculativeEngine
+from pipeline.decoding.cache import CachedModel
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.errors import SpecsweepError
 from pipeline.models import check_same_tokenizer, load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler

@@ -173,7 +173,7 @@ def test_the_engine_decodes_the_same_tokens_with_graphed_verify(tmp_path):
     the same seed gives the same tokens as eager kernel steps."""
     from tiny_models import PROMPTS, save_pair
 
-    from pipeline.engine import SpeculativeEngine
+    from pipeline.decoding.engine import SpeculativeEngine
     from pipeline.models import load_causal_lm, load_tokenizer
     from pipeline.samplers.cuda_graphs import GraphedVerify
 

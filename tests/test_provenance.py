@@ -19,7 +19,7 @@ from tiny_models import PROMPTS, build_tokenizer, load_saved_pair, save_pair, wr
 
 from pipeline import provenance as prov
 from pipeline.cli import main
-from pipeline.engine import SpeculativeEngine
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.samplers import get_sampler
 
 A, C, B, T = prov.ACCEPTED, prov.CORRECTED, prov.BONUS, prov.TARGET
@@ -359,6 +359,7 @@ def test_show_copes_with_samples_without_origins(piped_run, capsys, tmp_path):
 
 def test_wandb_samples_table_has_the_coloured_output(piped_run):
     import wandb
+
     from pipeline.tracking import samples_table
 
     path, _ = piped_run

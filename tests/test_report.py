@@ -403,7 +403,7 @@ def test_every_acceptance_rule_appears_side_by_side_with_its_parameters_and_loss
 
 
 # ---------------------------------------------------------------------------------------------- drafts with another
-# tokenizer (pipeline/cross_tokenizer.py): the runs table's columns and the report's section
+# tokenizer (pipeline/decoding/drafters/cross_tokenizer.py): the runs table's columns and the report's section
 
 BRIDGE = {"intersection_size": 412, "target_vocab": 1003, "draft_vocab": 2000, "target_share_in_intersection": 0.41,
           "draft_tokens_per_target_token_max": 3}

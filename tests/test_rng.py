@@ -11,8 +11,8 @@ import pytest
 import torch
 from tiny_models import PROMPTS, load_saved_pair
 
-from pipeline.draft_policy import DraftPolicy
-from pipeline.engine import SpeculativeEngine
+from pipeline.decoding.draft_policy import DraftPolicy
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.rng import RowGenerators, example_seed, rand
 from pipeline.samplers import get_sampler
 from pipeline.samplers.contract import uniforms

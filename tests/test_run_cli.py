@@ -9,8 +9,8 @@ import torch
 from tiny_models import PROMPTS, save_pair, write_articles, write_prompts
 
 from pipeline.cli import main
-from pipeline.engine import SpeculativeEngine
-from pipeline.hf_engine import HFEngine, hf_verify_step
+from pipeline.decoding.engine import SpeculativeEngine
+from pipeline.decoding.hf_engine import HFEngine, hf_verify_step
 from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
 

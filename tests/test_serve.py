@@ -21,7 +21,7 @@ from tiny_models import PROMPTS, save_pair
 
 from pipeline.cli import main
 from pipeline.config import RunConfig
-from pipeline.engine import SpeculativeEngine
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.errors import SpecsweepError
 from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
@@ -192,7 +192,7 @@ def test_streamed_origins_follow_the_engines_provenance(pair, adaptive):
     """The origins the server derives per step (accepted draft, corrected, bonus) are the engine's own, also where
     the rows of a batch draft their own lengths (an adaptive draft length: a row that accepts its whole, shorter
     draft ends its step with a bonus token)."""
-    from pipeline.draft_policy import DraftPolicy
+    from pipeline.decoding.draft_policy import DraftPolicy
     from pipeline.serving.decoder import step_origins
 
     _, _, (target, draft, tok) = pair

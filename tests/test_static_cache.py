@@ -1,4 +1,4 @@
-"""The static-cache forward (pipeline/static_cache.py) computes what transformers' forward computes.
+"""The static-cache forward (pipeline/decoding/static/) computes what transformers' forward computes.
 
 Logits agree with transformers' over a ragged batch (left padding, holes from uneven rollbacks, rows dropped,
 the buffer grown past its first capacity); a seeded generation emits the same tokens, step for step, with and
@@ -11,9 +11,10 @@ import pytest
 import torch
 from tiny_models import PROMPTS, build_model, build_tokenizer, load_saved_pair
 
-from pipeline.engine import CachedModel, SpeculativeEngine
+from pipeline.decoding.cache import CachedModel
+from pipeline.decoding.engine import SpeculativeEngine
+from pipeline.decoding.static import GPT2StaticForward, static_forward_for
 from pipeline.samplers import get_sampler
-from pipeline.static_cache import GPT2StaticForward, static_forward_for
 
 EOS = 1
 

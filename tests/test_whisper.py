@@ -17,7 +17,7 @@ import torch
 from stat_utils import assert_fits, counts
 
 from pipeline.config import RunConfig
-from pipeline.engine import SpeculativeEngine
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.runner import run
 from pipeline.samplers import get_sampler
 from pipeline.synthetic import save_whisper_pair

@@ -42,7 +42,7 @@ def cross_tokenizer_pair(kind: str = "gpt2", bpe_size: int = 1000, noise: float 
     that word's embedding, so on the shared words it roughly agrees with the target (acceptance well above 0)."""
     import torch
 
-    from pipeline.cross_tokenizer import build_bridge
+    from pipeline.decoding.drafters.cross_tokenizer import build_bridge
 
     target_tok, draft_tok = build_tokenizer(), build_bpe_tokenizer(WORDS, bpe_size)
     target = build_model(kind, len(target_tok), 2, 32, seed)

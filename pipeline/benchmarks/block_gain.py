@@ -1,6 +1,7 @@
 """`specsweep bench block`: how many more draft tokens block verification accepts than token-wise `exact`.
 
-For each γ, the real speculative loop (:class:`pipeline.engine.SpeculativeEngine`, batch 1) decodes every prompt
+For each γ, the real speculative loop (:class:`pipeline.decoding.engine.SpeculativeEngine`, batch 1) decodes every
+prompt
 twice, once verifying with `exact` and once with `block`, from the same generator seed (seed + prompt index), so
 the first step of both sees the same drafts and uniforms. The measure is accepted draft tokens per verify step
 over the steps that drafted the full γ (the engine's accepted histogram; a prompt's last steps may draft fewer),
@@ -94,7 +95,7 @@ def run(target: str, draft: str, data: str, gammas=GAMMAS, steps: int = 64, seed
         ignore_eos: bool = False, progress: bool = True) -> dict:
     """Decode every prompt of ``data`` with `exact` and with `block` at each γ in ``gammas`` (``steps``: the most
     new tokens per prompt); returns the results JSON, also written to ``out`` (and its figure beside it, .png)."""
-    from pipeline.engine import SpeculativeEngine
+    from pipeline.decoding.engine import SpeculativeEngine
     from pipeline.models import eos_token_ids, load_causal_lm, load_tokenizer
     from pipeline.samplers import get_sampler
 

@@ -13,7 +13,7 @@ all loops sample one distribution:
   hf_plain           target.generate()
   ours_speculative_hf_forward, ours_autoregressive_hf_forward
                      our two loops with transformers' forward and DynamicCache instead of the static-cache
-                     forward (pipeline/static_cache.py): what the static cache buys (same tokens)
+                     forward (pipeline/decoding/static/): what the static cache buys (same tokens)
 
 Tokens/s is total new tokens over total seconds; the loops are interleaved and repeated, and the median of
 the repeats is reported. The goals use paired ratios: within each repeat, ours over HF's, then the median over
@@ -26,7 +26,8 @@ Without --target/--draft a
 synthetic random-init pair is built (pipeline.synthetic): it measures the loops, not language quality.
 
 A draft with another tokenizer (its token -> id map differs from the target's) is compared at T = 0 only: our loop
-drafts in string mode (pipeline/cross_tokenizer.py), HF's assisted loop is transformers' Universal Assisted
+drafts in string mode (pipeline/decoding/drafters/cross_tokenizer.py), HF's assisted loop is transformers' Universal
+Assisted
 Generation (``generate(..., tokenizer=, assistant_tokenizer=)``), which at T > 0 prunes the draft's LM head in
 place. Both loops then emit the target's greedy output (checked). Their "drafted" counts are in different units:
 ours counts the target tokens proposed, HF's the draft's forwards (draft tokens).
@@ -46,9 +47,10 @@ import torch
 from tqdm import tqdm
 
 from pipeline.benchmarks.timing import format_table
-from pipeline.engine import PhaseTimer, SpeculativeEngine
+from pipeline.decoding.engine import SpeculativeEngine
+from pipeline.decoding.hf_engine import assistant_schedule, forward_timing, hf_verify_step
+from pipeline.decoding.timing import PhaseTimer
 from pipeline.env_info import provenance
-from pipeline.hf_engine import assistant_schedule, forward_timing, hf_verify_step
 from pipeline.io import write_json_atomic
 from pipeline.samplers import get_sampler
 
@@ -139,7 +141,7 @@ class _Bench:
     def load(cls, target: str, draft: str, data: str | None, device: str, max_new_tokens: int) -> _Bench:
         """Load the tokenizer and both models (float32 on ``device``) and tokenize the prompts of ``data`` (the
         synthetic prompts when None)."""
-        from pipeline.cross_tokenizer import build_bridge, same_vocabulary
+        from pipeline.decoding.drafters.cross_tokenizer import build_bridge, same_vocabulary
         from pipeline.models import load_causal_lm, load_tokenizer
 
         tok, d_tok = load_tokenizer(target), load_tokenizer(draft)
@@ -181,7 +183,7 @@ def _ours(bench: _Bench, gam: int, temperature: float, seed: int, static: bool =
     on the static-cache forward unless ``static`` is False. Returns the tokens of each prompt, accepted, drafted
     and verify steps summed over prompts, the accepted-count histogram (None at ``gam`` = 0) and the seconds in
     model forwards (None off CPU)."""
-    from pipeline.cross_tokenizer import resolve_mode
+    from pipeline.decoding.drafters.cross_tokenizer import resolve_mode
 
     sampler = get_sampler("exact", temperature=temperature)
     bridge = bench.bridge if gam else None

@@ -3,7 +3,7 @@
     python -m pipeline.benchmarks.forward [--layers 2 --width 32 --context 256 --rounds 6 --no-compile]
 
   transformers  the model's own forward over a DynamicCache (what the engine runs with --no-static-cache)
-  static        the engine's static-cache forward (pipeline/static_cache.py, through CachedModel)
+  static        the engine's static-cache forward (pipeline/decoding/static/, through CachedModel)
   compiled      torch.compile(model.forward, dynamic=False) over transformers' StaticCache, the route of
                 transformers' static-cache generation; its first call's compile time is reported apart
 
@@ -43,7 +43,7 @@ def run(layers: int = 2, width: int = 32, heads: int = 2, vocab: int = 269, cont
 def _run(layers, width, heads, vocab, context, rounds, calls, compile, threads, out) -> dict:
     from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, StaticCache
 
-    from pipeline.engine import CachedModel
+    from pipeline.decoding.cache import CachedModel
 
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=vocab, n_positions=context + 64, n_embd=width, n_layer=layers, n_head=heads,

@@ -4,7 +4,7 @@ A rule the registry (pipeline/rules.py) calls lossless ("always") must decode ex
 In exact arithmetic it does; in bfloat16 or float16 the target scores γ + 1 tokens in one forward where
 autoregressive decoding scores one, the matrix shapes differ, and the logits may differ in the last bits, so a
 near-tie can flip. This benchmark measures that, per (rule, dtype), against the target alone (γ = 0) in the
-same engine (:class:`pipeline.engine.SpeculativeEngine`) and dtype:
+same engine (:class:`pipeline.decoding.engine.SpeculativeEngine`) and dtype:
 
   greedy    T = 0, batch 1: every prompt decoded by the rule at γ and by the target alone; the rate of prompts
             whose tokens are identical token for token, and for each mismatch the first diverging position
@@ -166,7 +166,7 @@ class _Pair:
 
     def engine(self, choice: RuleChoice | None, temperature: float):
         """The rule's speculative engine at γ, or the target alone (``choice`` None: γ = 0, `exact` sampler)."""
-        from pipeline.engine import SpeculativeEngine
+        from pipeline.decoding.engine import SpeculativeEngine
         from pipeline.samplers import get_sampler
 
         if choice is None:

@@ -14,7 +14,7 @@ between 1 and γ+1 tokens::
       result.tokens    int64 [B, γ+1]      the accepted draft tokens, then the one corrected or bonus
                                            token, then -1 padding
 
-Per-row draft lengths (an adaptive draft length: pipeline/draft_policy.py). Row b then drafted only
+Per-row draft lengths (an adaptive draft length: pipeline/decoding/draft_policy.py). Row b then drafted only
 draft_tokens[b, :g_b]; the step treats that row exactly as it would treat the row alone with γ = g_b: at most g_b
 tokens are accepted, a row that accepts all g_b draws its bonus token from the target's position g_b, and its
 uniforms are u[b, :g_b] for the acceptance tests and u[b, g_b] for the emitted token. Columns past g_b (tokens,

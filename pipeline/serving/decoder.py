@@ -56,8 +56,7 @@ class Decoder:
     def __init__(self, config: RunConfig, models: tuple | None = None) -> None:
         import torch
 
-        from pipeline.engine import max_positions
-        from pipeline.models import eos_token_ids, parse_dtype, resolve_device
+        from pipeline.models import eos_token_ids, max_positions, parse_dtype, resolve_device
         from pipeline.runner import _load_models
         from pipeline.tasks import get_task
 

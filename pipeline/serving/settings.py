@@ -70,11 +70,12 @@ def from_recommendation(folder: str, kind: str, base: dict, max_quality_loss: fl
              "sampler": row["sampler"], "backend": _text(row.get("backend")) or "torch",
              "gamma": int(float(row["gamma"])), "preset": _text(row.get("preset")),
              "dtype": _text(row.get("dtype")) or "float32",
-             # the adaptive draft length the point was measured with (pipeline/draft_policy.py), if any
+             # the adaptive draft length the point was measured with (pipeline/decoding/draft_policy.py), if any
              "draft_schedule": _text(row.get("draft_schedule")) or "constant",
              "draft_confidence": _number(row.get("draft_confidence")) or 0.0,
              "gamma_max": None if _number(row.get("gamma_max")) is None else int(_number(row.get("gamma_max"))),
-             # a draft with another tokenizer: the mode it was measured in (pipeline/cross_tokenizer.py)
+             # a draft with another tokenizer: the mode it was measured in
+             # (pipeline/decoding/drafters/cross_tokenizer.py)
              "draft_tokenizer_mode": _text(row.get("draft_tokenizer_mode")) or "auto",
              **({"temperature": temperature} if temperature is not None else {})}
     config = RunConfig(**{k: v for k, v in base.items() if k not in point}, **point, rule_params=rule_params,

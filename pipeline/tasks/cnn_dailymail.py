@@ -35,7 +35,7 @@ class CnnDailyMailTask(Task):
     source_hint = 'a JSONL file of {"id", "article", "highlights"} lines'
 
     def encoder(self, target, tokenizer, processor, config) -> Encoder:
-        from pipeline.engine import max_positions
+        from pipeline.models import max_positions
 
         return _Summaries(tokenizer, config, max_positions(target.config))
 

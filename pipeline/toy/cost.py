@@ -6,7 +6,7 @@ for attention scores and values over ``n_ctx`` cached positions (and, for an enc
 the same again for cross-attention over the encoder's positions).
 
 Time is the median wall time of single-token forwards with a KV cache after a prefill, batch 1, on the
-current device and thread count, through the forward the engine runs (pipeline/engine.py's CachedModel): what a
+current device and thread count, through the forward the engine runs (pipeline/decoding/engine.py's CachedModel): what a
 draft step costs in a speculative loop on this machine. On a CPU
 and at these tiny sizes fixed per-call overheads (Python, kernel launches) weigh much more than on a GPU,
 so the time ratio is far closer to 1 than the FLOP ratio.
@@ -54,7 +54,7 @@ def median_step_seconds(step: Callable[[], None], warmup: int = 3, repeats: int 
 def causal_lm_step_seconds(model, prompt_ids: torch.Tensor, repeats: int = 30) -> float:
     """Median seconds of one cached decode step of a causal LM, through the forward the engine runs for it
     (its static-cache forward where the family has one, else transformers'). ``prompt_ids``: int64 [1, T]."""
-    from pipeline.engine import CachedModel
+    from pipeline.decoding.cache import CachedModel
 
     model.eval()
     cached = CachedModel(model, static=True)

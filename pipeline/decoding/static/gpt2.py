@@ -1,27 +1,4 @@
-"""Static-KV-cache forwards: the engine's fast path for the model families it knows (GPT-2 today).
-
-Why. A speculative loop makes γ draft forwards and one target forward per step, each over a handful of tokens.
-At the toy pairs' sizes, and for any small draft on a GPU, such a forward is mostly fixed per-call cost, not
-arithmetic: transformers' module dispatch, its mask builder, the DynamicCache's concatenations. That makes a
-draft with 1/12 of the target's FLOPs cost 0.8 of its time (docs/measurement.md), and speculative
-decoding cannot win. gpt-fast answers with its own model code over a preallocated cache; so does this module,
-for one family at a time, over the transformers model's own parameters (nothing is copied, so a checkpoint
-loads once and both paths compute with the same weights).
-
-What it computes. Exactly the transformers forward of the same model in eval mode with sdpa attention (the
-same operations in the same order: ``addmm`` for GPT-2's Conv1D, the model's own activation and layer-norm
-epsilons, sdpa with the model's scaling), so logits agree with transformers' to rounding and a seeded run
-emits the same tokens with and without it (tests/test_static_cache.py).
-
-The cache. Keys and values live in one buffer per kind, dtype [n_layer, B, H, capacity, D], allocated when a
-generation starts (capacity: prompt + new tokens + γ + 2, grown by doubling if a caller asks for more).
-Appending k tokens writes positions [length, length + k); rolling back is ``length -= n``: the stale
-positions past ``length`` are never attended (the causal mask ends at each query's own position) and the
-next append overwrites them. No allocation, no copy, no host sync per forward.
-
-:func:`static_forward_for` picks the implementation for a model, or None when the model's family (or one of
-its options) has none; the engine then uses transformers' forward with a DynamicCache.
-"""
+"""The static-cache forward of GPT-2 (and its kin): the package docstring says what a static forward is."""
 
 from __future__ import annotations
 
@@ -137,15 +114,3 @@ class GPT2StaticForward:
         if last:
             x = x[:, -last:]
         return F.linear(torch.layer_norm(x, (d,), *self.ln_f), self.head)
-
-
-# model families with a static forward, tried in order
-STATIC_FORWARDS = (GPT2StaticForward,)
-
-
-def static_forward_for(model):
-    """The static forward for ``model``, or None when its family or configuration has none."""
-    for impl in STATIC_FORWARDS:
-        if impl.supports(model):
-            return impl(model)
-    return None

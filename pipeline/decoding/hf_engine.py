@@ -14,7 +14,8 @@ values back. Time in draft and target forwards is measured with forward hooks.
 
 A draft with another tokenizer (``tokenizers``: the target's and the draft's) runs transformers' Universal Assisted
 Generation (``generate(..., tokenizer=, assistant_tokenizer=)``) at T = 0: the draft's text re-tokenised for the
-target and matched greedily, the baseline of our string mode (pipeline/cross_tokenizer.py). Its sampling variant
+target and matched greedily, the baseline of our string mode (pipeline/decoding/drafters/cross_tokenizer.py). Its
+sampling variant
 prunes the draft's LM head in place, which would change the draft that later runs of a grid share, so it is not
 offered (the runner refuses it in one line).
 """
@@ -26,7 +27,8 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from pipeline.engine import GenerationResult, PhaseTimer, peak_memory_mb, reset_peak_memory
+from pipeline.decoding.engine import GenerationResult
+from pipeline.decoding.timing import PhaseTimer, peak_memory_mb, reset_peak_memory
 from pipeline.samplers import FiniteCheck, Sampler
 
 

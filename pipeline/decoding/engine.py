@@ -10,13 +10,14 @@ finished rows):
   4. both caches roll back to the accepted prefix; the emitted token is fed on.
 γ = 0 is plain autoregressive decoding through the same code (the draft is never called).
 
-A draft with another tokenizer (pipeline/cross_tokenizer.py) swaps :class:`Drafter` for ``TextDrafter``, which
+A draft with another tokenizer (pipeline/decoding/drafters/cross_tokenizer.py) swaps :class:`Drafter` for
+``TextDrafter``, which
 proposes in target ids (through the two vocabularies' intersection, or through text: then K ≤ γ target tokens per
 step) and re-reads the emitted text with its own tokenizer; the steps are the same.
 
 Cache layout. Both models keep one KV cache whose length is common to all rows, plus a per-row mask of which
 cache positions hold real tokens (:class:`CachedModel`): a static cache with the engine's own forward where the
-model's family has one (pipeline/static_cache.py: GPT-2), else a transformers ``DynamicCache``. Rows accept
+model's family has one (pipeline/decoding/static/: GPT-2), else a transformers ``DynamicCache``. Rows accept
 different numbers of tokens: the cache is cropped to the longest accepted prefix and the positions a row rejected
 stay in the cache as masked holes, with explicit ``position_ids`` counting only real tokens. At B = 1 there
 are never holes. Rows that finish (EOS or max_new_tokens) are dropped from both caches, so they stop costing
@@ -32,308 +33,24 @@ the engine calls them, since the engine tracks padding itself. A draft with anot
 tokens in that sync too (it re-reads the text on the host); in its string mode the proposals' text is built on the
 host, a second sync per step.
 """
-
 from __future__ import annotations
 
-import inspect
-import resource
 import time
-from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from pipeline import rng
-from pipeline.draft_policy import DraftLengths, DraftPolicy, row_limits
+from pipeline.decoding.cache import CachedModel, model_kind
+from pipeline.decoding.draft_policy import DraftLengths, DraftPolicy, row_limits
+from pipeline.decoding.drafters.model import Drafter
+from pipeline.decoding.timing import PhaseTimer, peak_memory_mb, reset_peak_memory
 from pipeline.errors import SpecsweepError
+from pipeline.models import max_positions
 from pipeline.provenance import BONUS, N_ORIGINS, origin_table
 from pipeline.rng import RowGenerators
 from pipeline.samplers import FiniteCheck, Sampler
-from pipeline.samplers.contract import draft_sample, sample_from_weights
-
-
-class PhaseTimer:
-    """Time spent in named phases: CUDA events on a GPU (no syncs until ``totals``), perf_counter on CPU."""
-
-    def __init__(self, device: str) -> None:
-        self.cuda = str(device).startswith("cuda")
-        self.counts: dict[str, int] = defaultdict(int)
-        self._cpu: dict[str, float] = defaultdict(float)
-        self._events: dict[str, list] = defaultdict(list)
-        self._open: dict[str, object] = {}
-
-    def start(self, name: str) -> None:
-        self.counts[name] += 1
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._open[name] = event
-        else:
-            self._open[name] = time.perf_counter()
-
-    def stop(self, name: str) -> None:
-        begun = self._open.pop(name)
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._events[name].append((begun, end))
-        else:
-            self._cpu[name] += time.perf_counter() - begun
-
-    @contextmanager
-    def phase(self, name: str):
-        self.start(name)
-        yield
-        self.stop(name)
-
-    def totals(self) -> dict[str, float]:
-        """Seconds per phase. On CUDA this synchronises once."""
-        if not self.cuda:
-            return dict(self._cpu)
-        torch.cuda.synchronize()
-        return {k: sum(s.elapsed_time(e) for s, e in v) / 1e3 for k, v in self._events.items()}
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    """Start counting peak memory for :func:`peak_memory_mb` (on a GPU; a process's peak RSS cannot be reset)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """MiB: the CUDA allocator's peak since reset_peak_memory on a GPU, else the process's peak resident set."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-# How each kind of model is called: (token ids, attention mask, position ids) keyword names.
-_CALL_NAMES = {
-    "causal": ("input_ids", "attention_mask", "position_ids"),
-    "seq2seq": ("decoder_input_ids", "decoder_attention_mask", "decoder_position_ids"),  # e.g. Whisper
-    "decoder_with_encoder": ("input_ids", "attention_mask", "position_ids"),  # e.g. WhisperForCausalLM
-}
-
-
-def model_kind(model, target_is_seq2seq: bool = False) -> str:
-    """'seq2seq' (an encoder-decoder: its decoder is driven), 'decoder_with_encoder' (a decoder-only draft that
-    reads the target's encoder outputs, as distil-large-v2 is used as Whisper's assistant) or 'causal'."""
-    if getattr(model.config, "is_encoder_decoder", False):
-        return "seq2seq"
-    return "decoder_with_encoder" if target_is_seq2seq else "causal"
-
-
-def attention_mask_4d(mask: torch.Tensor, q: int, fmt: str, dtype: torch.dtype) -> torch.Tensor:
-    """The attention mask for the last ``q`` of ``L`` cache positions, in the form transformers passes on as is.
-
-    mask: bool [B, L], True where a position holds a real token. Query i (cache position L - q + i) may attend
-    to real positions j <= L - q + i, and always to itself, so a padding query never has an empty row (an
-    all-masked row makes sdpa return NaN, which masked keys would then carry into real rows as 0 * NaN).
-    Returns bool [B, 1, q, L] (True = attend; fmt "bool", for sdpa) or ``dtype`` [B, 1, q, L] with 0 and the
-    dtype's minimum (fmt "float", for eager attention).
-    """
-    L = mask.shape[1]
-    key = torch.arange(L, device=mask.device)
-    query = torch.arange(L - q, L, device=mask.device)[:, None]                 # [q, 1]
-    allowed = ((key <= query) & mask[:, None, :]) | (key == query)             # [B, q, L]
-    allowed = allowed[:, None]
-    if fmt == "bool":
-        return allowed
-    return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill_(~allowed,
-                                                                                   torch.finfo(dtype).min)
-
-
-def _no_padding_warning(*args, **kwargs) -> None:
-    """Stands in for transformers' padding-without-mask warning, which reads two ids per forward back to the
-    host; the engine passes a mask whenever a row has padding or holes."""
-
-
-class CachedModel:
-    """A causal LM (or the decoder of an encoder-decoder), its KV cache, and which cache positions hold real
-    tokens for each row.
-
-    static    the static-cache forward (pipeline/static_cache.py) when ``static`` is asked for and the model's
-              family has one; None: transformers' forward with a DynamicCache
-
-    length    int                host: cache positions (common to all rows)
-    mask      bool  [B, length]  True where cache position l of row b holds a real token; None while every
-                                 position of every row does (always at B = 1), so the common case costs no mask
-                                 bookkeeping and the model takes its fast, mask-free causal path
-    n_real    int64 [B]          real tokens per row (the next token's position id); kept while mask is kept
-    encoder   (hidden [B, S, D],) encoder outputs the decoder attends to (kinds seq2seq, decoder_with_encoder)
-    """
-
-    def __init__(self, model, kind: str = "causal", static: bool = False) -> None:
-        from pipeline.static_cache import static_forward_for
-
-        self.model = model
-        self.kind = kind
-        self.static = static_forward_for(model) if static and kind == "causal" else None
-        self._ids, self._mask, self._pos = _CALL_NAMES[kind]
-        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
-            else model.config
-        attn = getattr(config, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", None)
-        # the mask format the attention reads: bool (sdpa), additive float (eager), or 2-D (flash/flex, and
-        # any model whose layers are not all plain causal, e.g. sliding-window or chunked attention: HF builds
-        # each layer's mask from the 2-D mask, at the price of its per-forward read of the mask)
-        plain_causal = (getattr(config, "sliding_window", None) is None
-                        and getattr(config, "attention_chunk_size", None) is None
-                        and set(getattr(config, "layer_types", None) or ()) <= {"full_attention"})
-        self._mask_format = {"sdpa": "bool", "eager": "float"}.get(attn, "2d") if plain_causal else "2d"
-        self._plain_causal = plain_causal
-        self._dtype = next(model.parameters()).dtype
-        # modules whose forward reads input ids back to warn about padding without a mask (GPT-2 and kin)
-        self._padding_warners = [m for m in model.modules()
-                                 if hasattr(m, "warn_if_padding_and_no_attention_mask")
-                                 and getattr(m.config, "pad_token_id", None) is not None]
-        params = inspect.signature(model.forward).parameters
-        self._keeps_logits = "logits_to_keep" in params
-        self.encoder: tuple[torch.Tensor] | None = None
-        self.cache = None
-        self.length = 0
-        self.batch = 0
-        self.mask: torch.Tensor | None = None
-        self.n_real: torch.Tensor | None = None
-
-    def reset(self, batch: int, device: torch.device, encoder_hidden: torch.Tensor | None = None,
-              capacity: int = 0) -> None:
-        """An empty cache for ``batch`` rows; ``capacity``: the positions a static cache allocates up front."""
-        from transformers import DynamicCache, EncoderDecoderCache
-
-        if self.static is not None:
-            self.static.allocate(batch, max(capacity, 16), device)
-            self.cache = None
-        elif self.kind != "causal":
-            self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-            self.encoder = (encoder_hidden,)
-        elif self._plain_causal:
-            self.cache = DynamicCache(config=self.model.config)
-        else:
-            # Sliding-window (or chunked) layers get a full-length cache: a window-sized cache layer drops the
-            # states a rollback needs (transformers refuses such a crop, and its past-recording mode returns
-            # mis-sized states over several forwards without a crop in some 5.x releases). The masks HF builds
-            # from the 2-D mask still apply each layer's window; the cost is memory for the whole sequence.
-            self.cache = DynamicCache()
-        self.length, self.batch = 0, batch
-        self.mask = self.n_real = None
-
-    @property
-    def has_holes(self) -> bool:
-        return self.mask is not None
-
-    def _track_holes(self, device: torch.device) -> None:
-        """Start the per-row mask: every position so far is real."""
-        if self.mask is None:
-            self.mask = torch.ones(self.batch, self.length, dtype=torch.bool, device=device)
-            self.n_real = torch.full((self.batch,), self.length, dtype=torch.int64, device=device)
-
-    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, last: int = 0,
-                holes: bool = False) -> torch.Tensor:
-        """Append input_ids [B, k] and return logits [B, k, V] (or only the last ``last`` positions, [B, last, V]).
-
-        valid  bool [B, k] or None (all real): False marks a hole (padding, or a slot a row does not use). The
-               caller says whether it holds any False (``holes``): the host knows without a sync.
-        """
-        if holes:
-            self._track_holes(input_ids.device)
-        mask = positions = None
-        if self.has_holes:
-            if valid is None:
-                valid = torch.ones_like(input_ids, dtype=torch.bool)
-            mask = torch.cat([self.mask, valid], dim=1)                           # [B, length + k]
-            positions = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
-        if self.static is not None:
-            attend = None if mask is None else attention_mask_4d(mask, input_ids.shape[1], "bool", self._dtype)
-            logits = self.static(input_ids, self.length, attend, positions, last)
-        else:
-            logits = self._hf_forward(input_ids, mask, positions, last)
-        self.length += input_ids.shape[1]
-        if self.has_holes:
-            self.mask = mask
-            self.n_real = self.n_real + valid.sum(dim=1)
-        return logits
-
-    def _hf_forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None,
-                    last: int) -> torch.Tensor:
-        """transformers' forward over the DynamicCache; mask bool [B, length + k] or None (no holes)."""
-        kwargs = {"logits_to_keep": last} if last and self._keeps_logits else {}
-        if mask is not None:
-            kwargs[self._mask] = (mask.long() if self._mask_format == "2d"
-                                  else attention_mask_4d(mask, input_ids.shape[1], self._mask_format, self._dtype))
-            kwargs[self._pos] = positions
-        if self.encoder is not None:
-            kwargs["encoder_outputs"] = self.encoder
-        kwargs[self._ids] = input_ids
-        for m in self._padding_warners:  # an instance attribute shadows the method for this call only
-            m.warn_if_padding_and_no_attention_mask = _no_padding_warning
-        try:
-            out = self.model(past_key_values=self.cache, use_cache=True, **kwargs)
-        finally:
-            for m in self._padding_warners:
-                del m.warn_if_padding_and_no_attention_mask
-        return out.logits[:, -last:] if last else out.logits
-
-    def retain(self, k: int, keep: torch.Tensor, max_keep: int, min_keep: int) -> None:
-        """Of the last k cache positions, row b keeps the first keep[b] (int64 [B]); the cache is cropped to
-        the longest kept prefix. ``max_keep``/``min_keep`` = keep.max()/min(), passed in because the caller
-        has them on the host already; rows that keep fewer than the longest leave holes."""
-        if k == 0 or min_keep == k:  # every row keeps all k: nothing to roll back
-            return
-        start = self.length - k
-        if min_keep < max_keep:
-            self._track_holes(keep.device)
-        if self.has_holes:
-            recent = self.mask[:, start:] & (torch.arange(k, device=keep.device) < keep[:, None])
-            self.mask = torch.cat([self.mask[:, :start], recent], dim=1)[:, : start + max_keep]
-            self.n_real = self.mask.sum(dim=1)
-        if k > max_keep and self.static is None:  # a static cache just moves its length
-            self.cache.crop(-(k - max_keep))
-        self.length = start + max_keep
-
-    def truncate(self, cuts: list[int]) -> None:
-        """Row b keeps the cache positions before cuts[b] (host ints): later ones become holes, and the cache is
-        cropped to the largest cut. Unlike :meth:`retain` a cut may lie before the last step (a draft with another
-        tokenizer re-reads text whose tokenisation changed, pipeline/cross_tokenizer.py)."""
-        end = max(cuts)
-        if min(cuts) < end:
-            self._track_holes(self.mask.device if self.mask is not None else self._device())
-        if self.has_holes:
-            cut = torch.tensor(cuts, dtype=torch.int64).to(self.mask.device, non_blocking=True)
-            self.mask = (self.mask & (torch.arange(self.length, device=cut.device) < cut[:, None]))[:, :end]
-            self.n_real = self.mask.sum(dim=1)
-        if end < self.length and self.static is None:
-            self.cache.crop(end - self.length)
-        self.length = end
-
-    def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (int64 indices, on the engine's device)."""
-        # A model spread over several GPUs (device_map) keeps each layer's cache on that layer's GPU, and an
-        # index tensor must live on the indexed tensor's device: copy the rows to each (device to device, no
-        # host sync), as HF's own cache reordering for beam search does.
-        on_device = {rows.device: rows}
-        if self.static is not None:
-            self.static.select(rows)
-            caches = ()
-        elif hasattr(self.cache, "self_attention_cache"):
-            caches = (self.cache.self_attention_cache, self.cache.cross_attention_cache)
-        else:
-            caches = (self.cache,)
-        for cache in caches:
-            for layer in cache.layers:
-                keys = getattr(layer, "keys", None)  # None until the layer has seen a token
-                layer.batch_select_indices(rows if keys is None else
-                                           on_device.setdefault(keys.device, rows.to(keys.device)))
-        self.batch = rows.shape[0]
-        if self.has_holes:
-            self.mask = self.mask[rows]
-            self.n_real = self.n_real[rows]
-        if self.encoder is not None:
-            self.encoder = (self.encoder[0][on_device.setdefault(self.encoder[0].device,
-                                                                 rows.to(self.encoder[0].device))],)
 
 
 @dataclass
@@ -362,14 +79,6 @@ class GenerationResult:
     origin_steps: list[list[int]] | None = None
 
 
-def max_positions(config) -> int | None:
-    for name in ("max_position_embeddings", "n_positions", "max_target_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 class SpeculativeEngine:
     """Speculative decoding of a draft/target pair with any sampler; γ = 0 is autoregressive decoding.
 
@@ -379,10 +88,12 @@ class SpeculativeEngine:
     pad_token_id      id fed at cache holes and left padding (never attended to)
     suppress_tokens   ids never emitted (their logits are -inf for draft and target), as Whisper's
                       generation config asks; begin_suppress_tokens: the same for the first new token only
-    static_cache      use the static-cache forward for models whose family has one (pipeline/static_cache.py);
+    static_cache      use the static-cache forward for models whose family has one (pipeline/decoding/static/);
                       False: transformers' forward for every model
-    bridge            a pipeline.cross_tokenizer.VocabBridge for a draft whose tokenizer is not the target's, with
-                      ``bridge_mode`` "intersection" or "string" (pipeline/cross_tokenizer.py); None: one tokenizer
+    bridge            a pipeline.decoding.drafters.cross_tokenizer.VocabBridge for a draft whose tokenizer is not the
+    target's, with
+                      ``bridge_mode`` "intersection" or "string" (pipeline/decoding/drafters/cross_tokenizer.py); None:
+                      one tokenizer
     char_lengths      int64 [V_t]: characters each target token adds; with it the statistics count accepted and
                       drafted characters too, comparable across tokenizers (None: tokens only)
 
@@ -412,7 +123,8 @@ class SpeculativeEngine:
         self.begin_suppress = {v: _id_tensor(begin_suppress_tokens, v, device) for v in vocabs}
         self.masked = any(t is not None for t in (*self.suppress.values(), *self.begin_suppress.values()))
         self.sampler = sampler
-        # adaptive draft length (pipeline/draft_policy.py): γ is where each row starts, self.gamma the most a step
+        # adaptive draft length (pipeline/decoding/draft_policy.py): γ is where each row starts, self.gamma the most a
+        # step
         # drafts
         self.policy = draft_policy if draft_policy is not None and draft_policy.adaptive and gamma > 0 else None
         self.gamma_start = gamma
@@ -541,8 +253,9 @@ class SpeculativeEngine:
 
     def _text_drafter(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_texts: list[str] | None,
                       max_new_tokens: int, timer: PhaseTimer):
-        """The drafter of a draft with another tokenizer, its prompts read (pipeline/cross_tokenizer.py)."""
-        from pipeline.cross_tokenizer import TextDrafter, draft_room
+        """The drafter of a draft with another tokenizer, its prompts read
+        (pipeline/decoding/drafters/cross_tokenizer.py)."""
+        from pipeline.decoding.drafters.cross_tokenizer import TextDrafter, draft_room
 
         draft_tok = self.bridge.draft.tokenizer
         pad = draft_tok.pad_token_id if draft_tok.pad_token_id is not None else (draft_tok.eos_token_id or 0)
@@ -568,7 +281,8 @@ class SpeculativeEngine:
         """(γ for this step, each active row's own draft length as host ints, or None where every row drafts γ).
 
         γ is the longest any row drafts: the constant γ, or with an adaptive draft length (self.policy) the longest
-        any active row wants (pipeline/draft_policy.py), decided on the host from what the last step's sync brought.
+        any active row wants (pipeline/decoding/draft_policy.py), decided on the host from what the last step's sync
+        brought.
         Near the end, a step never drafts more than a row can still emit (one slot is the corrected token): with one
         generator for the batch, the roomiest row's room cuts the step's γ; with per-row generators (``per_row``)
         each row's own room cuts its own length, so how much room the other rows have never changes a row's step,
@@ -623,7 +337,8 @@ class SpeculativeEngine:
 
     def _text_lengths(self, drafter, width: int, generator) -> torch.Tensor | None:
         """A draft with another tokenizer in string mode proposes as many target tokens as its text gives, fewer than
-        the step's ``width`` for some rows (pipeline/cross_tokenizer.py): those rows draft their own lengths, int64
+        the step's ``width`` for some rows (pipeline/decoding/drafters/cross_tokenizer.py): those rows draft their own
+        lengths, int64
         [b] on the device (None where every row proposed ``width``), and with per-row generators each draws only
         its own length's verify uniforms."""
         if not getattr(drafter, "reads_text", False) or width == 0:
@@ -689,7 +404,8 @@ class SpeculativeEngine:
         per-row statistics are kept (with the engine's char_lengths, accepted and drafted characters too). The
         step's tokens res.tokens [b, γ+1] come in the same transfer when something needs them: ``on_step`` (see
         generate: the callback sees each row's emitted ones, and the rows it cancels are marked finished), or a
-        draft that reads text (pipeline/cross_tokenizer.py; with what it fed in the step). Returns (accepted,
+        draft that reads text (pipeline/decoding/drafters/cross_tokenizer.py; with what it fed in the step). Returns
+        (accepted,
         finished) as host lists. ``lengths``: each row's own draft length, where the rows drafted their own (an
         adaptive draft length, per-row rooms near the end, another tokenizer's text), which then comes in the same
         transfer."""
@@ -861,131 +577,6 @@ class _Decoding:
         return len(self.rows_host)
 
 
-class Drafter:
-    """The draft model's side of the loop (the shape of transformers' CandidateGenerator): its KV cache, the
-    tokens it has not read yet, and its proposals.
-
-        start(prompt)                       read the prompt; its last logits give the first proposal
-        propose(γ, u)                       γ tokens int64 [b, γ] and their logits [b, γ, V_d] (with an adaptive
-                                            draft length, rows past their own length pad with one-hot argmax)
-        commit(γ, accepted, ..., next)      after verification: back to the accepted prefix, queue what follows
-        skip(next)                          a step that drafted nothing (the last one): queue the emitted token
-        select(rows)                        keep only these rows
-
-    The draft never sees x_γ when it proposes it, and it reads the emitted token only at the next proposal, so
-    after a step it has a short backlog (x_γ where every draft was accepted, then the emitted token), read in the
-    next step's first forward. Target ids it cannot embed reach it as the pad id.
-    """
-
-    def __init__(self, model: CachedModel, temperature: float, mask_logits, pad: int, vocab_in: int) -> None:
-        self.model = model
-        self.temperature = temperature
-        self.mask_logits = mask_logits        # (logits, first_position) -> logits, or None
-        self.pad = pad
-        self.vocab_in = vocab_in
-        self.forwards = 0
-        self.carry: torch.Tensor | None = None   # logits [b, V_d] of the next proposal, when already computed
-        self.confident: torch.Tensor | None = None   # int64 [b]: positions each row proposed for itself (adaptive)
-        self.backlog = self.backlog_valid = None
-        self.backlog_holes = False
-
-    def _readable(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.where(ids < self.vocab_in, ids, self.pad)
-
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: bool,
-              encoder_hidden: torch.Tensor | None, capacity: int = 0) -> None:
-        B, dev = input_ids.shape[0], input_ids.device
-        self.model.reset(B, dev, encoder_hidden, capacity)
-        self.carry = self.model.forward(input_ids, attention_mask, last=1, holes=padded)[:, 0]
-        self.backlog = torch.empty(B, 0, dtype=torch.int64, device=dev)
-        self.backlog_valid = torch.ones_like(self.backlog, dtype=torch.bool)
-
-    def propose(self, gamma: int, u: torch.Tensor, first_step: bool, limits: torch.Tensor | None = None,
-                confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """γ proposals sampled with uniforms u float32 [b, γ] (argmax at temperature 0).
-
-        Adaptive draft length (pipeline/draft_policy.py; ``confidence`` not None): row b proposes for itself at
-        positions i < limits[b] (int64 [b]; None: all γ) until the first position whose draft confidence (the largest
-        probability of its distribution) is below ``confidence`` (0: never), that position included; at its other
-        positions it pads with the draft's argmax and one-hot logits (a deterministic draft the verify rule treats
-        exactly; past limits[b] the verify step never reads it, since the engine hands it ``limits`` as the rows'
-        lengths). ``self.confident`` then holds int64 [b], the positions each row proposed for itself. No host
-        sync."""
-        if self.carry is not None:
-            logits, self.carry = self.carry, None
-        else:
-            logits = self.model.forward(self.backlog, self.backlog_valid, 1, self.backlog_holes)[:, 0]
-            self.forwards += 1
-        proposals, proposal_logits = [], []
-        stopped = confident = None
-        if confidence is not None:
-            stopped = torch.zeros(u.shape[0], dtype=torch.bool, device=u.device)
-            confident = torch.zeros(u.shape[0], dtype=torch.int64, device=u.device)
-        for i in range(gamma):
-            if i > 0:
-                logits = self.model.forward(proposals[-1][:, None], last=1)[:, 0]
-                self.forwards += 1
-            if self.mask_logits is not None:
-                logits = self.mask_logits(logits, first_position=False)
-                if first_step and i == 0:
-                    self.mask_logits(logits, first_position=True)
-            if stopped is None:
-                proposals.append(draft_sample(logits, self.temperature, u[:, i]))
-                proposal_logits.append(logits)
-                continue
-            own = ~stopped if limits is None else ~stopped & (limits > i)                     # bool [b]
-            token, probs = self._sample_with_probs(logits, u[:, i])
-            greedy = logits.argmax(dim=-1)
-            one_hot = torch.full_like(logits, float("-inf")).scatter_(-1, greedy[:, None], 0.0)
-            proposals.append(torch.where(own, token, greedy))
-            proposal_logits.append(torch.where(own[:, None], logits, one_hot))
-            confident += own.long()
-            stopped = ~own
-            if confidence > 0:
-                stopped |= probs.amax(dim=-1) < confidence
-        self.confident = confident
-        return torch.stack(proposals, dim=1), torch.stack(proposal_logits, dim=1)
-
-    def _sample_with_probs(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The proposal of :func:`draft_sample` (the same token for the same uniforms u [b]) and the draft's
-        distribution float32 [b, V_d] it was drawn from (softmax of the logits at T = 0, where it proposes the
-        argmax)."""
-        if self.temperature == 0.0:
-            return logits.argmax(dim=-1), torch.softmax(logits, dim=-1, dtype=torch.float32)
-        scaled = logits if self.temperature == 1.0 else logits.float() / self.temperature
-        probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)
-        return sample_from_weights(probs, u), probs
-
-    def commit(self, gamma: int, accepted: torch.Tensor, max_acc: int, min_acc: int, drafted: torch.Tensor,
-               next_token: torch.Tensor) -> None:
-        """accepted int64 [b] of drafted int64 [b, γ]; next_token int64 [b] the corrected or bonus token."""
-        # the draft appended its backlog, then x_1..x_{γ-1}; it never saw x_γ
-        self.model.retain(gamma - 1, accepted.clamp_max(gamma - 1), min(max_acc, gamma - 1), min(min_acc, gamma - 1))
-        readable = self._readable(next_token)
-        self.backlog_holes = min_acc < gamma <= max_acc   # some rows feed [x_γ, y], others [hole, y]
-        if max_acc == gamma:
-            all_accepted = accepted == gamma
-            self.backlog = torch.stack([torch.where(all_accepted, drafted[:, -1], self.pad), readable], 1)
-            self.backlog_valid = torch.stack([all_accepted, torch.ones_like(all_accepted)], dim=1)
-        else:
-            self.backlog, self.backlog_valid = readable[:, None], _ones(readable.shape[0], readable.device)
-
-    def skip(self, next_token: torch.Tensor) -> None:
-        self.carry = None
-        b = next_token.shape[0]
-        self.backlog = torch.cat([self.backlog, self._readable(next_token)[:, None]], dim=1)
-        self.backlog_valid = torch.cat([self.backlog_valid, _ones(b, next_token.device)], dim=1)
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.model.select(rows)
-        self.carry = self.carry[rows] if self.carry is not None else None
-        self.backlog, self.backlog_valid = self.backlog[rows], self.backlog_valid[rows]
-
-
 def _id_tensor(ids, vocab: int, device) -> torch.Tensor | None:
     ids = sorted({int(i) for i in ids or () if 0 <= int(i) < vocab})
     return torch.tensor(ids, dtype=torch.int64, device=device) if ids else None
-
-
-def _ones(b: int, dev: torch.device) -> torch.Tensor:
-    return torch.ones(b, 1, dtype=torch.bool, device=dev)

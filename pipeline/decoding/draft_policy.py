@@ -17,7 +17,7 @@ tests/test_adaptive_draft.py tests it with chi-square tests (and a negative cont
 
 How a batch drafts without extra host syncs. A step drafts γ_step = the longest draft length any active row wants,
 capped by γ_max and by the room left (the roomiest row's; with per-example randomness each row's own room cuts its
-own length instead, pipeline/engine.py). A row that wants fewer hands the
+own length instead, pipeline/decoding/engine.py). A row that wants fewer hands the
 verify rule its own length (the sampler contract's ``lengths``, pipeline/samplers/contract.py), which verifies the
 row as it would verify it alone with γ = that length: the positions past it are never accepted, and a row that
 accepts its whole draft gets its bonus token from the target right after it. With per-example randomness each row
