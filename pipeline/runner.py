@@ -30,13 +30,12 @@ Speed metrics (pipeline/paired.py: after the quality pass over every sample, the
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import paired
+from pipeline import paired, stack
 from pipeline.config import RunConfig
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
@@ -64,147 +63,6 @@ def _load_baseline(path: str, config: RunConfig, device: str) -> dict:
         raise SpecsweepError(f"--baseline {path} differs from this run in {differ}: the AR baseline must use the "
                              "same settings")
     return {"path": path, "tokens_per_second": tps, "quality": baseline.get("quality")}
-
-
-def _build_sampler(config: RunConfig):
-    from pipeline.samplers import get_sampler
-
-    params = config.sampler_params()
-    if config.engine == "hf" and config.temperature > 0 and "temperature" in params:
-        params["temperature"] = 1.0  # HF divides the logits by T before its verify step
-    return get_sampler(config.sampler, backend=config.backend, **params)
-
-
-def _build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: str):
-    from pipeline.decoding.draft_policy import DraftPolicy
-    from pipeline.decoding.engine import SpeculativeEngine
-    from pipeline.decoding.hf_engine import HFEngine
-    from pipeline.models import eos_token_ids
-
-    eos = [] if config.ignore_eos else eos_token_ids(target, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    if config.engine == "hf":
-        tokenizers = None
-        if draft_tokenizer_mode(config, sampler, draft, tokenizer) != "shared":
-            if config.temperature > 0:
-                raise SpecsweepError("--engine hf with a draft of another tokenizer runs transformers' Universal "
-                                     "Assisted Generation at --temperature 0 only (its sampling variant prunes the "
-                                     "draft's LM head in place); at T > 0 use --engine specsweep")
-            tokenizers = (tokenizer, _draft_tokenizer(config.draft))
-        return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad, tokenizers)
-    if config.verify_graphs:
-        from pipeline.samplers.cuda_graphs import GraphedVerify
-
-        sampler = GraphedVerify(sampler)
-    gc = getattr(target, "generation_config", None)
-    mode, bridge = _draft_bridge(config, sampler, target, draft, tokenizer, device)
-    return SpeculativeEngine(target, draft, sampler, config.gamma, device, eos, pad,
-                             suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
-                             begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
-                             static_cache=config.static_cache, draft_policy=DraftPolicy.of(config),
-                             bridge=bridge, bridge_mode=mode,
-                             char_lengths=_token_text(config.target, tokenizer).char_lengths(
-                                 target.get_output_embeddings().weight.shape[0], device))
-
-
-def draft_tokenizer_mode(config: RunConfig, sampler, draft, tokenizer) -> str:
-    """The run's draft-tokenizer mode, ``--draft-tokenizer-mode`` resolved
-    (pipeline/decoding/drafters/cross_tokenizer.py): shared
-    for a speech pair (checked when loaded) or without a draft."""
-    from pipeline.decoding.drafters.cross_tokenizer import resolve_mode, same_vocabulary
-    from pipeline.tasks import get_task
-
-    if draft is None or config.gamma == 0 or get_task(config.task).speech:
-        return "shared"
-    return resolve_mode(config.draft_tokenizer_mode, same_vocabulary(tokenizer, _draft_tokenizer(config.draft)),
-                        sampler.verifies_by_argmax)
-
-
-def _draft_bridge(config: RunConfig, sampler, target, draft, tokenizer, device: str):
-    """(mode, VocabBridge or None) for the run's pair."""
-    from pipeline.decoding.drafters.cross_tokenizer import build_bridge
-
-    mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)
-    if mode == "shared":
-        return mode, None
-    key = (config.target, config.draft, str(device))
-    if key not in _BRIDGES:
-        _BRIDGES[key] = build_bridge(tokenizer, _draft_tokenizer(config.draft),
-                                     target.get_output_embeddings().weight.shape[0],
-                                     draft.get_output_embeddings().weight.shape[0], device)
-    return mode, _BRIDGES[key]
-
-
-_BRIDGES: dict = {}
-_TOKEN_TEXTS: dict = {}
-
-
-def _token_text(name: str, tokenizer):
-    """The target tokenizer's TokenText (what each token adds), built once per process."""
-    from pipeline.decoding.drafters.cross_tokenizer import TokenText
-
-    if name not in _TOKEN_TEXTS:
-        _TOKEN_TEXTS[name] = TokenText(tokenizer)
-    return _TOKEN_TEXTS[name]
-
-
-@functools.lru_cache(maxsize=8)
-def _draft_tokenizer(name: str):
-    from pipeline.models import load_tokenizer
-
-    return load_tokenizer(name)
-
-
-def _forwards(engine) -> dict:
-    """Which forward each model ran: "static" (pipeline/decoding/static/) or "transformers"."""
-    models = {"target": getattr(engine, "target", None), "draft": getattr(engine, "draft", None)}
-    return {name: ("static" if getattr(m, "static", None) is not None else "transformers")
-            for name, m in models.items() if m is not None}
-
-
-def _load_models(config: RunConfig, task, dtype, device: str):
-    """-> (target, draft or None, tokenizer, processor or None). Refuses a pair with different vocabularies.
-    With --device auto and several GPUs the target is spread over all of them; the draft stays on ``device``."""
-    from pipeline.models import (
-        check_same_tokenizer,
-        load_causal_lm,
-        load_processor,
-        load_speech_seq2seq,
-        load_tokenizer,
-        spreads_target,
-    )
-
-    spread = spreads_target(config.device)
-
-    use_draft = bool(config.draft) and config.gamma > 0
-    if task.speech:
-        processor = load_processor(config.target)
-        tokenizer = processor.tokenizer
-        if use_draft:
-            check_same_tokenizer(tokenizer, load_processor(config.draft).tokenizer, config.target, config.draft)
-        target = load_speech_seq2seq(config.target, dtype, device, spread=spread)
-        draft = None
-        if use_draft:
-            draft = (load_causal_lm(config.draft, dtype, device) if config.draft_decoder_only
-                     else load_speech_seq2seq(config.draft, dtype, device))
-        return target, draft, tokenizer, processor
-    tokenizer = load_tokenizer(config.target)
-    # a draft with another tokenizer is bridged (pipeline/decoding/drafters/cross_tokenizer.py), unless asked not to be
-    if use_draft:
-        _check_draft_tokenizer(config, tokenizer)
-    target = load_causal_lm(config.target, dtype, device, spread=spread)
-    draft = load_causal_lm(config.draft, dtype, device) if use_draft else None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    return target, draft, tokenizer, None
-
-
-def _check_draft_tokenizer(config: RunConfig, tokenizer) -> None:
-    """--draft-tokenizer-mode shared with a draft whose vocabulary differs: refused before the models load."""
-    from pipeline.models import check_same_tokenizer
-
-    if config.draft_tokenizer_mode == "shared":
-        check_same_tokenizer(tokenizer, _draft_tokenizer(config.draft), config.target, config.draft)
 
 
 def run(config: RunConfig, progress: bool = True, models: dict | None = None) -> dict:
@@ -241,14 +99,6 @@ def run_grid(configs: list[RunConfig], progress: bool = True, on_result=None) ->
     return results
 
 
-def _ar_engine(config: RunConfig, target, tokenizer, device: str):
-    """The γ = 0 loop of the run's engine around the same loaded target, sampling exactly from it (the AR
-    baseline's sampler), for the paired timing."""
-    ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", rule_params={}, preset=None,
-                             verify_graphs=False)
-    return _build_engine(ar, _build_sampler(ar), target, None, tokenizer, device)
-
-
 def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) -> dict | None:
     """One run in this process, or this rank's part of a data-parallel run (pipeline/distributed.py: the ranks
     decode their shares of the examples, rank 0 gathers them, measures speed, scores and writes; the other ranks
@@ -272,7 +122,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     main_device = device if world is None else resolve_device(
         distributed.rank_device(distributed.World(0, world.size, 0), config.device), dtype)
     baseline = _load_baseline(config.baseline, config, main_device) if config.baseline else None
-    sampler = _build_sampler(config)  # before loading models: a bad sampler request fails fast
+    sampler = stack.build_sampler(config)  # before loading models: a bad sampler request fails fast
     task = get_task(config.task)
     if not progress:
         from transformers.utils import logging as hf_logging
@@ -291,12 +141,13 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
                config.draft_decoder_only)
         # a rank's models stay on its own device (never spread over the GPUs of the other ranks)
         loading = config if world is None else dataclasses.replace(config, device=device)
-        loaded = (models or {}).get(key) or _load_models(loading, task, dtype, device)
+        loaded = (models or {}).get(key) or stack.load_pair(loading, task, dtype, device)
         if models is not None:
             models[key] = loaded
         target, _, tokenizer, processor = loaded
-        engine = _build_engine(config, sampler, target, loaded[1], tokenizer, device)
-        loops = {paired.SPECULATIVE: engine, paired.AUTOREGRESSIVE: _ar_engine(config, target, tokenizer, device)} \
+        engine = stack.build_engine(config, sampler, target, loaded.draft, tokenizer, device)
+        loops = {paired.SPECULATIVE: engine,
+                 paired.AUTOREGRESSIVE: stack.autoregressive_engine(config, target, tokenizer, device)} \
             if config.gamma > 0 else {paired.AUTOREGRESSIVE: engine}
         encode = task.encoder(target, tokenizer, processor, config)  # cuts long inputs by the run's long-inputs rule
         share = records if world is None else world.shard(records)
@@ -341,14 +192,16 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
         s["quality"] = q
     resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
                 "baseline_quality": baseline["quality"] if baseline else None,
-                "forward": _forwards(engine), **encode.record(totals["cuts"]),
+                "forward": stack.forwards_used(engine), **encode.record(totals["cuts"]),
                 "processes": 1 if world is None else world.size, "seed_per_example": per_example,
-                "draft_tokenizer_mode": getattr(engine, "bridge_mode", "shared")}
+                "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer)}
     if world is not None:
         # the quality pass ran on every rank; the paired speed measurement (a per-device property) on rank 0 alone
         resolved["rank_wall_time_s"] = totals["rank_wall"]
         resolved["speed_measured_on"] = f"rank 0 ({device})"
-    results = make_result(config.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
+    # the config as it was in effect: --processes > 1 implies per-example randomness
+    effective = dataclasses.replace(config, seed_per_example=per_example)
+    results = make_result(effective.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
     write_result(config.out, results)
     return results
 

@@ -10,6 +10,7 @@ host sync. Chi-square tests here: 6 (counted against tests/stat_utils.py's MAX_T
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -20,8 +21,10 @@ from tiny_models import PROMPTS, load_saved_pair
 
 from pipeline.config import RunConfig
 from pipeline.decoding.draft_policy import DraftLengths, DraftPolicy, row_limits
-from pipeline.decoding.drafters.model import Drafter
+from pipeline.decoding.drafters.base import DraftAsk, DraftPrompt
+from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.decoding.engine import SpeculativeEngine
+from pipeline.decoding.timing import PhaseTimer
 from pipeline.errors import SpecsweepError
 from pipeline.samplers import get_sampler
 
@@ -78,10 +81,14 @@ def test_drafter_pads_past_each_rows_length_with_one_hot_argmax(pair):
     enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
     engine = SpeculativeEngine(target, draft, get_sampler("exact"), 3, "cpu", [], 0)
     for confidence, limits, want in ((0.0, torch.tensor([3, 1]), [3, 1]), (0.999999, None, [1, 1])):
-        drafter = Drafter(engine.draft, 1.0, None, 0, draft.get_input_embeddings().num_embeddings)
-        drafter.start(enc.input_ids, enc.attention_mask.bool(), True, None, capacity=64)
-        tokens, logits = drafter.propose(3, torch.rand(2, 3, generator=_gen(0)), True, limits, confidence)
-        assert drafter.confident.tolist() == want
+        drafter = ModelDrafter(draft)
+        drafter.bind(dataclasses.replace(engine.drafter.setup, draft_temperature=1.0))
+        drafter.start(DraftPrompt(enc.input_ids, enc.attention_mask.bool(), True, None, {}, None, 64, 8,
+                                  PhaseTimer("cpu")))
+        proposal = drafter.propose(DraftAsk(3, torch.rand(2, 3, generator=_gen(0)), True, limits,
+                                            None if limits is None else limits.tolist(), confidence))
+        tokens, logits = proposal.tokens, proposal.logits
+        assert proposal.confident.tolist() == want
         for row, n in enumerate(want):
             pad = logits[row, n:]
             assert (torch.isinf(pad).sum(-1) == pad.shape[-1] - 1).all()          # one finite entry per position
@@ -186,36 +193,36 @@ def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, t
         assert_fits(counts(out[:, k], V), law, f"{name}, T={temperature}: emitted token {k + 1}")
 
 
-class _PaddingOffItsDistribution(Drafter):
+class _PaddingOffItsDistribution(ModelDrafter):
     """WRONG: where a row pads, it proposes another token than the one its one-hot draft distribution names."""
 
-    def propose(self, gamma, u, first_step, limits=None, confidence=None):
-        tokens, logits = super().propose(gamma, u, first_step, limits, confidence)
+    def propose(self, ask):
+        proposal = super().propose(ask)
+        logits = proposal.logits
         one_hot = torch.isinf(logits).sum(-1) == logits.shape[-1] - 1                  # [b, γ]
-        return torch.where(one_hot, (tokens + 1) % logits.shape[-1], tokens), logits
+        proposal.tokens = torch.where(one_hot, (proposal.tokens + 1) % logits.shape[-1], proposal.tokens)
+        return proposal
 
 
-def _short_draft_corrected(monkeypatch):
+def _short_draft_corrected(monkeypatch, draft):
     """WRONG: a row that accepted its whole draft, shorter than the step's, gets a corrected token (the residual
     against the padding at its length) instead of a bonus token from the target there."""
     import pipeline.samplers.torch_ref
 
     monkeypatch.setattr(pipeline.samplers.torch_ref, "is_full", lambda accepted, gamma, lengths: accepted == gamma)
+    return draft
 
 
-def _padding_off_its_distribution(monkeypatch):
-    import pipeline.decoding.engine
-
-    monkeypatch.setattr(pipeline.decoding.engine, "Drafter", _PaddingOffItsDistribution)
+def _padding_off_its_distribution(monkeypatch, draft):
+    return _PaddingOffItsDistribution(draft)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("wrong", [_padding_off_its_distribution, _short_draft_corrected])
 def test_negative_controls_fail_the_same_test(pair, monkeypatch, wrong):
     target, draft, tok = pair
-    wrong(monkeypatch)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 2, "cpu", [], 0,
-                               draft_policy=POLICIES["both"])
+    engine = SpeculativeEngine(target, wrong(monkeypatch, draft), get_sampler("exact", temperature=1.0), 2, "cpu",
+                               [], 0, draft_policy=POLICIES["both"])
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     V = target.config.vocab_size
     laws = target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, 1.0, 3)

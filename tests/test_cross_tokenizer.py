@@ -35,9 +35,9 @@ def pair():
     return target, target_tok, draft, draft_tok, bridge
 
 
-def _engine(pair, mode: str, sampler, gamma: int = 3, eos=(EOS,)):
+def _engine(pair, mode: str, sampler, gamma: int = 3, eos=(EOS,), drafter=TextDrafter):
     target, target_tok, draft, _, bridge = pair
-    return SpeculativeEngine(target, draft, sampler, gamma, "cpu", list(eos), 0, bridge=bridge, bridge_mode=mode,
+    return SpeculativeEngine(target, drafter(draft, bridge, mode), sampler, gamma, "cpu", list(eos), 0,
                              char_lengths=bridge.target.char_lengths(len(target_tok), "cpu"))
 
 
@@ -100,10 +100,11 @@ def test_string_mode_proposes_several_target_words_from_the_drafts_text(pair, mo
     widths = []
     through_text = TextDrafter._through_text
 
-    def spy(self, drafted, gamma):
-        out = through_text(self, drafted, gamma)
-        widths.append((out[0].shape[1], list(self.drafted_host)))
-        for row, n in zip(out[0].tolist(), self.drafted_host):
+    def spy(self, drafted, gamma, wants):
+        out = through_text(self, drafted, gamma, wants)
+        own = out.lengths_host or [out.width] * out.tokens.shape[0]
+        widths.append((out.width, own))
+        for row, n in zip(out.tokens.tolist(), own):
             assert target_tok.unk_token_id not in row[:n]
         return out
 
@@ -153,12 +154,9 @@ class _ShiftedLogitsDrafter(TextDrafter):
 
 
 @pytest.mark.slow
-def test_negative_control_proposal_logits_off_the_proposals_fail(pair, monkeypatch):
-    import pipeline.decoding.drafters.cross_tokenizer
-
+def test_negative_control_proposal_logits_off_the_proposals_fail(pair):
     target, target_tok, *_ = pair
-    monkeypatch.setattr(pipeline.decoding.drafters.cross_tokenizer, "TextDrafter", _ShiftedLogitsDrafter)
-    engine = _engine(pair, "intersection", get_sampler("exact"), gamma=3, eos=())
+    engine = _engine(pair, "intersection", get_sampler("exact"), gamma=3, eos=(), drafter=_ShiftedLogitsDrafter)
     pvalues = _pvalues(_emitted(engine, target_tok, PROMPTS[0], seed=5), target, target_tok, 1.0)
     assert min(pvalues) <= THRESHOLD, f"the wrong proposal logits passed (p = {pvalues}): the test has no power"
 
@@ -180,8 +178,8 @@ def test_an_adaptive_draft_length_is_refused_with_another_tokenizer(pair):
 
     target, _, draft, _, bridge = pair
     with pytest.raises(SpecsweepError, match="fixed γ"):
-        SpeculativeEngine(target, draft, get_sampler("exact"), 3, "cpu", [EOS], 0, bridge=bridge,
-                          bridge_mode="intersection", draft_policy=DraftPolicy("heuristic", 0.0, 6))
+        SpeculativeEngine(target, TextDrafter(draft, bridge, "intersection"), get_sampler("exact"), 3, "cpu", [EOS],
+                          0, draft_policy=DraftPolicy("heuristic", 0.0, 6))
 
 
 # ---- `specsweep run` ----------------------------------------------------------------------------------------------
@@ -326,22 +324,22 @@ def test_cuts_back_into_earlier_steps_keep_the_targets_greedy_output(monkeypatch
     target, draft = build_model("gpt2", len(target_tok), 2, 32, 0), build_model("gpt2", len(draft_tok), 1, 32, 1)
     bridge = build_bridge(target_tok, draft_tok, len(target_tok), len(draft_tok), "cpu")
     deep = []
-    commit = TextDrafter.commit_text
+    commit = TextDrafter._commit_text
 
     def spy(self, emitted, shipped):
         before = [p[-1] if p else -1 for p in self.pos]
         commit(self, emitted, shipped)
         deep.extend(p[-1] < last for p, last in zip(self.pos, before) if p)
 
-    monkeypatch.setattr(TextDrafter, "commit_text", spy)
+    monkeypatch.setattr(TextDrafter, "_commit_text", spy)
     rng = random.Random(0)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(7)]
     enc = target_tok(prompts, return_tensors="pt", padding=True)
     reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
         enc.input_ids, enc.attention_mask, 17).tokens
     for mode in ("string", "intersection"):
-        engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, "cpu", [EOS], 0, bridge=bridge,
-                                   bridge_mode=mode)
+        engine = SpeculativeEngine(target, TextDrafter(draft, bridge, mode), get_sampler("greedy"), 3, "cpu", [EOS],
+                                   0)
         assert engine.generate(enc.input_ids, enc.attention_mask, 17, prompt_texts=prompts).tokens == reference
     assert any(deep), "no cache was cut back past a step's start: the test lost its point"
 

@@ -290,6 +290,17 @@ def test_same_seed_same_tokens(pair):
     assert run(5) != run(6)
 
 
+def test_one_engine_reused_reports_each_calls_own_statistics(pair):
+    """The drafter lives as long as the engine; each generate call's statistics (draft forwards) count that call
+    alone, so a run's warm-up and earlier batches never leak into a later batch's figures."""
+    target, draft, tok, dev = pair
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, dev, [EOS], 0)
+    first, second = (engine.generate(enc.input_ids, enc.attention_mask, 16, gen(dev, 5)) for _ in range(2))
+    assert first.tokens == second.tokens
+    assert first.extra["draft_forwards"] == second.extra["draft_forwards"] > 0
+
+
 def test_sigmoid_and_gamma_zero_run_through_the_same_loop(pair):
     target, draft, tok, dev = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
@@ -375,8 +386,8 @@ def test_suppressed_tokens_match_hf_and_never_sync(pair):
     for V in {target.config.vocab_size, draft.get_output_embeddings().weight.shape[0]}:
         logits = torch.zeros(2, 3, V, device=dev)
         with NoHostSync() as mode:
-            engine._mask_logits(logits, first_position=False)
-            engine._mask_logits(logits[:, :1], first_position=True)
+            engine.mask(logits, first_position=False)
+            engine.mask(logits[:, :1], first_position=True)
         assert not mode.syncs
         assert torch.isinf(logits[..., suppress]).all() and torch.isinf(logits[:, 0, begin]).all()
         assert not torch.isinf(logits[:, 1:, begin]).any()

@@ -248,19 +248,19 @@ def test_hf_engine_restores_hfs_function_after_the_call_and_after_an_error(model
 def test_only_device_auto_with_several_gpus_spreads_and_only_the_target(setup, monkeypatch):
     """--device auto on a machine with several GPUs loads the target with device_map="auto"; --device cuda keeps
     both models on one GPU, and the draft is never spread (it and the inputs stay on the first GPU)."""
-    from pipeline import models, runner
+    from pipeline import models, stack
     from pipeline.config import RunConfig
     from pipeline.tasks import get_task
 
     _, tp, dp, data, _ = setup
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     loaded = []
-    monkeypatch.setattr(models, "load_causal_lm",
+    monkeypatch.setattr(stack, "load_causal_lm",
                         lambda name, dtype, device, spread=False: loaded.append((name, spread)) or object())
     for requested, target_spread in (("auto", True), ("cuda", False), ("cpu", False)):
         loaded.clear()
         cfg = RunConfig(target=str(tp), draft=str(dp), data=str(data), device=requested, gamma=2)
-        runner._load_models(cfg, get_task("prompts"), torch.float32, "cpu")
+        stack.load_pair(cfg, get_task("prompts"), torch.float32, "cpu")
         assert loaded == [(str(tp), target_spread), (str(dp), False)], requested
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert not models.spreads_target("auto")

@@ -79,7 +79,9 @@ def test_greedy_speculative_whisper_equals_hf_greedy(whisper, gamma):
     assert one.tokens == reference[:1]
     if gamma:
         assert 0 < sum(s["accepted"] for s in batched.row_stats) < sum(s["drafted"] for s in batched.row_stats)
-        assert batched.phase_calls["encode"] == 1
+        # the target's encoder runs once per batch; a seq2seq draft runs its own once more, a decoder-only draft
+        # reads the target's
+        assert batched.phase_calls["encode"] == (2 if kind == "seq2seq" else 1)
 
 
 def test_exact_sampling_of_whisper_follows_the_target(whisper):

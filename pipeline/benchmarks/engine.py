@@ -183,14 +183,16 @@ def _ours(bench: _Bench, gam: int, temperature: float, seed: int, static: bool =
     on the static-cache forward unless ``static`` is False. Returns the tokens of each prompt, accepted, drafted
     and verify steps summed over prompts, the accepted-count histogram (None at ``gam`` = 0) and the seconds in
     model forwards (None off CPU)."""
-    from pipeline.decoding.drafters.cross_tokenizer import resolve_mode
+    from pipeline.decoding.drafters.cross_tokenizer import TextDrafter, resolve_mode
 
     sampler = get_sampler("exact", temperature=temperature)
-    bridge = bench.bridge if gam else None
-    engine = SpeculativeEngine(bench.t_model, bench.d_model if gam else None, sampler, gam, bench.device,
+    drafter = None
+    if gam:
+        drafter = bench.d_model if bench.bridge is None else TextDrafter(
+            bench.d_model, bench.bridge, resolve_mode("auto", False, sampler.verifies_by_argmax))
+    engine = SpeculativeEngine(bench.t_model, drafter, sampler, gam, bench.device,
                                eos_token_ids=[], pad_token_id=bench.pad, suppress_tokens=bench.masked,
-                               static_cache=static, bridge=bridge,
-                               bridge_mode=resolve_mode("auto", bridge is None, sampler.verifies_by_argmax))
+                               static_cache=static)
     g = torch.Generator(device=bench.device).manual_seed(seed)
     decoded = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0, "hist": [0] * (gam + 1) if gam else None}
     with _forwards(bench) as timer:
@@ -324,7 +326,7 @@ class _TimedForward:
 
 
 def _time_static_forwards(engine: SpeculativeEngine, timer: PhaseTimer) -> None:
-    for name, cached in (("target", engine.target), ("draft", engine.draft)):
+    for name, cached in (("target", engine.target), ("draft", engine.drafter.model if engine.drafter else None)):
         if cached is not None and cached.static is not None:
             cached.static = _TimedForward(cached.static, timer, name)
 

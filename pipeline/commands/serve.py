@@ -143,6 +143,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _forwards(decoder) -> dict:
-    from pipeline.runner import _forwards as forwards
+    from pipeline.stack import forwards_used
 
-    return forwards(decoder.engine(decoder.config.temperature))
+    return forwards_used(decoder.engine(decoder.config.temperature))

@@ -1,42 +1,33 @@
-"""The speculative decoding loop for a draft/target pair of causal LMs (or a Whisper-style target's decoder).
+"""The speculative decoding loop: a drafter proposes, the target scores, a sampler verifies.
 
 One step, for B rows at once (``SpeculativeEngine.generate``: draft, score, verify, emit, sync, roll back, drop
 finished rows):
-  1. the draft proposes γ tokens autoregressively with its KV cache          [B, γ], logits [B, γ, V_d]
-     (:class:`Drafter` owns the draft's side: its cache, the tokens it has not read yet, its proposals)
-  2. the target scores the pending token and the γ proposals in one forward  logits [B, γ+1, V_t]
-     (in the first step it takes the whole prompt before the γ proposals: no separate target prefill)
-  3. the sampler verifies (any sampler from pipeline.samplers)              accepted [B], tokens [B, γ+1]
-  4. both caches roll back to the accepted prefix; the emitted token is fed on.
-γ = 0 is plain autoregressive decoding through the same code (the draft is never called).
+  1. the drafter proposes up to γ tokens per row                           tokens [b, K], logits [b, K, V] or None
+     (pipeline/decoding/drafters/: a draft model, a draft with another tokenizer, ...; the loop never asks which)
+  2. the target scores the pending token and the K proposals in one forward  logits [b, K+1, V_t]
+     (in the first step it takes the whole prompt before the proposals: no separate target prefill)
+  3. the sampler verifies (any sampler from pipeline.samplers)              accepted [b], tokens [b, K+1]
+  4. the target's cache rolls back to the accepted prefix, the drafter is told what was accepted and emitted
+     (:class:`~pipeline.decoding.drafters.base.StepOutcome`), and the emitted token is fed on.
+γ = 0 is plain autoregressive decoding through the same code (no drafter is called).
 
-A draft with another tokenizer (pipeline/decoding/drafters/cross_tokenizer.py) swaps :class:`Drafter` for
-``TextDrafter``, which
-proposes in target ids (through the two vocabularies' intersection, or through text: then K ≤ γ target tokens per
-step) and re-reads the emitted text with its own tokenizer; the steps are the same.
+The target's side is a :class:`~pipeline.decoding.cache.CachedModel` (its KV cache, the per-row mask of real
+positions, a static-cache forward where the family has one). Rows accept different numbers of tokens: caches are
+cropped to the longest accepted prefix and the rest become masked holes. Rows that finish (EOS or max_new_tokens)
+are dropped from every cache, so they stop costing work.
 
-Cache layout. Both models keep one KV cache whose length is common to all rows, plus a per-row mask of which
-cache positions hold real tokens (:class:`CachedModel`): a static cache with the engine's own forward where the
-model's family has one (pipeline/decoding/static/: GPT-2), else a transformers ``DynamicCache``. Rows accept
-different numbers of tokens: the cache is cropped to the longest accepted prefix and the positions a row rejected
-stay in the cache as masked holes, with explicit ``position_ids`` counting only real tokens. At B = 1 there
-are never holes. Rows that finish (EOS or max_new_tokens) are dropped from both caches, so they stop costing
-target work.
-
-Synchronisation. Each step makes exactly one host sync: after the verify step, a small tensor (accepted
-counts, finished flags) comes to the host, because cropping the cache and dropping rows need host integers.
-Token bookkeeping (EOS, length limits, output buffers, statistics) stays on the device. The model forwards
-add none: with holes the engine hands the model a ready 4-D attention mask (transformers would otherwise
-read the 2-D mask back to decide whether it can skip masking: one sync per forward), and GPT-2-style
-models' "is there padding without a mask?" warning check (another per-forward read) is switched off while
-the engine calls them, since the engine tracks padding itself. A draft with another tokenizer brings the step's
-tokens in that sync too (it re-reads the text on the host); in its string mode the proposals' text is built on the
-host, a second sync per step.
+Synchronisation. Each step makes exactly one host sync (:func:`to_host`): after the verify step, the accepted
+counts, finished flags and emitted lengths come to the host, because cropping the cache and dropping rows need
+host integers; the step's tokens come in the same transfer when a callback or the drafter reads them, and so does
+what the drafter asks for (``host_rows``). Token bookkeeping (EOS, length limits, output buffers, statistics) stays
+on the device, and the forwards add no sync. A drafter may do host work of its own (a draft with another
+tokenizer's string mode builds text on the host, a second sync; prompt lookup searches on the host), timed in a
+phase of its own.
 """
+
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +35,8 @@ import torch
 from pipeline import rng
 from pipeline.decoding.cache import CachedModel, model_kind
 from pipeline.decoding.draft_policy import DraftLengths, DraftPolicy, row_limits
-from pipeline.decoding.drafters.model import Drafter
+from pipeline.decoding.drafters.base import DraftAsk, Drafter, DraftPrompt, DraftSetup, Proposal, StepOutcome
+from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.decoding.timing import PhaseTimer, peak_memory_mb, reset_peak_memory
 from pipeline.errors import SpecsweepError
 from pipeline.models import max_positions
@@ -80,9 +72,11 @@ class GenerationResult:
 
 
 class SpeculativeEngine:
-    """Speculative decoding of a draft/target pair with any sampler; γ = 0 is autoregressive decoding.
+    """Speculative decoding with any drafter and any sampler; γ = 0 is autoregressive decoding.
 
-    target, draft     transformers causal LMs on ``device`` (draft may be None when gamma == 0)
+    target            a transformers causal LM, or an encoder-decoder (Whisper) whose decoder is driven, on ``device``
+    draft             a :class:`~pipeline.decoding.drafters.base.Drafter`, or a draft model (wrapped in a
+                      :class:`~pipeline.decoding.drafters.model.ModelDrafter`), or None (γ = 0)
     sampler           a pipeline.samplers Sampler (its temperature is the decoding temperature)
     eos_token_ids     ids that end a row (empty: run to max_new_tokens)
     pad_token_id      id fed at cache holes and left padding (never attended to)
@@ -90,88 +84,57 @@ class SpeculativeEngine:
                       generation config asks; begin_suppress_tokens: the same for the first new token only
     static_cache      use the static-cache forward for models whose family has one (pipeline/decoding/static/);
                       False: transformers' forward for every model
-    bridge            a pipeline.decoding.drafters.cross_tokenizer.VocabBridge for a draft whose tokenizer is not the
-    target's, with
-                      ``bridge_mode`` "intersection" or "string" (pipeline/decoding/drafters/cross_tokenizer.py); None:
-                      one tokenizer
+    draft_policy      an adaptive draft length (pipeline/decoding/draft_policy.py), or None: a fixed γ
     char_lengths      int64 [V_t]: characters each target token adds; with it the statistics count accepted and
                       drafted characters too, comparable across tokenizers (None: tokens only)
 
     Encoder-decoder targets (Whisper): ``generate`` takes the encoder inputs (``input_features``); the target's
-    encoder runs once per batch; the draft uses its own encoder (a seq2seq draft) or the target's outputs (a
-    decoder-only draft). input_ids are then the decoder prompt (e.g. <|startoftranscript|><|notimestamps|>).
+    encoder runs once per batch; input_ids are the decoder prompt (e.g. <|startoftranscript|><|notimestamps|>).
     """
 
     def __init__(self, target, draft, sampler: Sampler, gamma: int, device: str, eos_token_ids: list[int],
                  pad_token_id: int = 0, suppress_tokens: list[int] = (),
                  begin_suppress_tokens: list[int] = (), static_cache: bool = True,
-                 draft_policy: DraftPolicy | None = None, bridge=None, bridge_mode: str = "shared",
-                 char_lengths: torch.Tensor | None = None) -> None:
+                 draft_policy: DraftPolicy | None = None, char_lengths: torch.Tensor | None = None) -> None:
         if gamma < 0:
             raise SpecsweepError(f"gamma must be >= 0; got {gamma}")
         if gamma > 0 and draft is None:
-            raise SpecsweepError("gamma > 0 needs a draft model")
+            raise SpecsweepError("gamma > 0 needs a drafter (a draft model, prompt lookup, ...)")
         self.target = CachedModel(target, model_kind(target), static_cache)
-        seq2seq = self.target.kind == "seq2seq"
-        self.draft = CachedModel(draft, model_kind(draft, seq2seq), static_cache) if draft is not None else None
-        # Suppressed ids, filtered once per vocabulary size (target and draft rows may differ): boolean-mask
-        # indexing inside the step would be a host sync on a GPU.
-        vocabs = {target.get_output_embeddings().weight.shape[0]}
-        if draft is not None:
-            vocabs.add(draft.get_output_embeddings().weight.shape[0])
-        self.suppress = {v: _id_tensor(suppress_tokens, v, device) for v in vocabs}
-        self.begin_suppress = {v: _id_tensor(begin_suppress_tokens, v, device) for v in vocabs}
-        self.masked = any(t is not None for t in (*self.suppress.values(), *self.begin_suppress.values()))
         self.sampler = sampler
-        # adaptive draft length (pipeline/decoding/draft_policy.py): γ is where each row starts, self.gamma the most a
-        # step
-        # drafts
+        self.device = torch.device(device)
+        self.mask = LogitMask(suppress_tokens, begin_suppress_tokens, self.device)
+        # adaptive draft length: γ is where each row starts, self.gamma the most a step drafts
         self.policy = draft_policy if draft_policy is not None and draft_policy.adaptive and gamma > 0 else None
         self.gamma_start = gamma
         self.gamma = self.policy.ceiling(gamma) if self.policy is not None else gamma
         self._lengths: DraftLengths | None = None
-        self.device = torch.device(device)
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.int64, device=self.device)
         self.pad = pad_token_id
-        # The draft proposes at the temperature the verify rule assumes (its argmax for greedy verification).
+        # The drafter proposes at the temperature the verify rule assumes (its argmax for greedy verification).
         self.draft_temperature = sampler.draft_temperature
-        self.v_draft = draft.get_output_embeddings().weight.shape[0] if draft is not None else None
-        # The target may emit ids the draft cannot embed (rows of a padded target vocabulary). They reach the
-        # draft as the pad id: that only changes what the draft proposes (acceptance), never the output
-        # distribution, which the verify step guarantees whatever the draft's context was.
-        self.draft_vocab_in = draft.get_input_embeddings().num_embeddings if draft is not None else None
-        self.bridge = bridge if bridge_mode != "shared" and gamma > 0 else None
-        self.bridge_mode = bridge_mode if self.bridge is not None else "shared"
-        if self.bridge is not None:
-            if self.target.kind != "causal" or self.masked or self.policy is not None:
-                raise SpecsweepError("a draft with another tokenizer works with causal LMs, without suppressed tokens "
-                                     "and with a fixed γ: use a draft with the target's tokenizer here")
-            self.v_draft = target.get_output_embeddings().weight.shape[0]   # proposals arrive in target ids
+        self.target_vocab = target.get_output_embeddings().weight.shape[0]
+        self.drafter: Drafter | None = None
+        if gamma > 0:
+            self.drafter = draft if isinstance(draft, Drafter) else ModelDrafter(draft)
+            self.drafter.bind(DraftSetup(self.device, self.gamma, self.draft_temperature, sampler.temperature,
+                                         self.target.kind, self.mask if self.mask.active else None, pad_token_id,
+                                         self.policy is not None, static_cache, self.target_vocab))
+        self.mask.prepare(self.target_vocab, self._draft_vocab())
         self.char_lengths = char_lengths.to(self.device) if char_lengths is not None else None
 
-    def _mask_logits(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
-        """logits [..., V]: suppressed ids set to -inf in place; with ``first_position`` only begin_suppress
-        (applied on top of a tensor already masked with suppress). No host sync."""
-        V = logits.shape[-1]
-        ids = self.begin_suppress[V] if first_position else self.suppress[V]
-        if ids is not None:
-            logits.index_fill_(-1, ids, float("-inf"))
-        return logits
-
-    def _encode(self, encoder_inputs: dict, timer: PhaseTimer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Encoder hidden states for the target and the draft (None for causal models)."""
+    def _encode(self, encoder_inputs: dict, timer: PhaseTimer) -> tuple[dict, torch.Tensor | None]:
+        """The encoder inputs on the device in the target's dtype, and the target's encoder output (None for a
+        causal target)."""
         if self.target.kind != "seq2seq":
-            return None, None
+            return {}, None
         dtype = next(self.target.model.parameters()).dtype
         inputs = {k: v.to(self.device, dtype=dtype if v.is_floating_point() else v.dtype)
                   for k, v in encoder_inputs.items()}
         with timer.phase("encode"):
             # .to: a target spread over several GPUs may leave them on another GPU than the draft's
-            h_target = self.target.model.get_encoder()(**inputs).last_hidden_state.to(self.device)
-            h_draft = h_target
-            if self.draft is not None and self.draft.kind == "seq2seq" and self.gamma > 0:
-                h_draft = self.draft.model.get_encoder()(**inputs).last_hidden_state
-        return h_target, h_draft
+            hidden = self.target.model.get_encoder()(**inputs).last_hidden_state.to(self.device)
+        return inputs, hidden
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
@@ -181,25 +144,60 @@ class SpeculativeEngine:
         encoder_inputs: for an encoder-decoder target, e.g. {"input_features": float [B, n_mels, frames]}.
         generator: a ``torch.Generator`` (None: torch's global one) for every draw of the batch, or a
         :class:`pipeline.rng.RowGenerators` with one generator per row (per example: a row's tokens then do not
-        depend on the other rows of its batch); the draft and the verify step draw from it.
+        depend on the other rows of its batch); the drafter and the verify step draw from it.
 
         on_step: None, or called after every verify step (for streaming) as
         ``on_step(rows, tokens, accepted, finished, lengths)``: the original row indices active in the step, the
         tokens each emitted in it (list of int lists), its accepted draft tokens, whether it finished (EOS or
         max_new_tokens), and the draft length it was verified with (the step's γ, or its own where rows draft their
-        own: an adaptive draft length, per-row rooms near the end, another tokenizer's text; accepted == length
-        means a bonus token). It
-        returns the original indices of rows to cancel (or None): they end as finished rows do, keeping the tokens
-        emitted so far. The step's tokens come to the host in the step's one sync; without on_step the loop is
-        unchanged.
+        own: an adaptive draft length, per-row rooms near the end, a drafter's own count; accepted == length means a
+        bonus token). It returns the original indices of rows to cancel (or None): they end as finished rows do,
+        keeping the tokens emitted so far. The step's tokens come to the host in the step's one sync.
 
-        prompt_texts: each row's prompt as text, which a draft with another tokenizer reads (tokenised its own way);
-        None: the prompt's tokens decoded with the target's tokenizer."""
+        prompt_texts: each row's prompt as text, for a drafter that reads text (tokenised its own way); None: the
+        prompt's tokens decoded with the target's tokenizer."""
         B, L = input_ids.shape
-        dev = self.device
-        input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev).bool()
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device).bool()
         # one sync before decoding: is the last column all real tokens, and is there any padding?
         last_real, unpadded = torch.stack([attention_mask[:, -1].all(), attention_mask.all()]).tolist()
+        self._check_inputs(L, max_new_tokens, last_real, encoder_inputs)
+        timer = PhaseTimer(str(self.device))
+        guard = FiniteCheck()
+        reset_peak_memory(self.device)
+        t_start = time.perf_counter()
+
+        encoder_inputs, h_target = self._encode(encoder_inputs or {}, timer)
+        capacity = L + max_new_tokens + self.gamma + 2          # positions a static cache allocates up front
+        self.target.reset(B, self.device, h_target, capacity)
+        if self.drafter is not None:
+            self.drafter.start(DraftPrompt(input_ids, attention_mask, not unpadded, prompt_texts, encoder_inputs,
+                                           h_target, capacity, max_new_tokens, timer))
+        state = _Decoding.start(input_ids, attention_mask, not unpadded, max_new_tokens + self.gamma + 2,
+                                self.gamma)
+
+        while state.rows_host and max_new_tokens > 0:                   # one verify step per trip
+            state.steps += 1
+            gamma, wants = self._step_lengths(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
+            proposal = self._draft(state, gamma, wants, generator, timer)
+            target_logits, scored = self._score(state, proposal.tokens, timer)
+            draft_logits = proposal.logits
+            if draft_logits is None:
+                draft_logits = target_logits.new_empty(state.batch, 0, self._draft_vocab())
+            if self.drafter is not None:
+                self.drafter.observe_target(target_logits, proposal)
+            with timer.phase("verify"):
+                res = self.sampler(proposal.tokens, draft_logits, target_logits, generator=generator,
+                                   **({} if proposal.lengths is None else {"lengths": proposal.lengths}))
+            guard.update(res)
+            finished = self._emit(state, res, proposal.width, max_new_tokens, proposal.lengths)
+            host = self._sync(state, res, finished, proposal, time.perf_counter() - t_start, on_step)
+            self._roll_back(state, res, proposal, scored, host)
+            self._drop_finished(state, host["finished"])
+
+        guard.check()
+        return self._result(state, timer, time.perf_counter() - t_start)
+
+    def _check_inputs(self, L: int, max_new_tokens: int, last_real: bool, encoder_inputs: dict | None) -> None:
         if not last_real:
             raise SpecsweepError("prompts must be left-padded and non-empty (the last column must be real tokens)")
         limit = max_positions(self.target.model.config)
@@ -209,85 +207,22 @@ class SpeculativeEngine:
                 f"{limit} positions: shorten the prompts (--max-prompt-tokens) or lower --max-new-tokens")
         if self.target.kind == "seq2seq" and encoder_inputs is None:
             raise SpecsweepError("an encoder-decoder target needs encoder inputs (e.g. input_features)")
-        timer = PhaseTimer(str(dev))
-        guard = FiniteCheck()
-        reset_peak_memory(dev)
-        t_start = time.perf_counter()
 
-        h_target, h_draft = self._encode(encoder_inputs or {}, timer)
-        capacity = L + max_new_tokens + self.gamma + 2          # positions a static cache allocates up front
-        self.target.reset(B, dev, h_target, capacity)
-        drafter = None
-        if self.bridge is not None:
-            drafter = self._text_drafter(input_ids, attention_mask, prompt_texts, max_new_tokens, timer)
-        elif self.gamma > 0:
-            drafter = Drafter(self.draft, self.draft_temperature, self._mask_logits if self.masked else None,
-                              self.pad, self.draft_vocab_in)
-            with timer.phase("prefill"):
-                drafter.start(input_ids, attention_mask, not unpadded, h_draft, capacity)
-        state = _Decoding.start(input_ids, attention_mask, not unpadded, max_new_tokens + self.gamma + 2,
-                                self.gamma)
-
-        while state.rows_host and max_new_tokens > 0:                   # one verify step per trip
-            state.steps += 1
-            gamma, wants = self._step_lengths(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
-            drafted, draft_logits, lengths = self._draft(drafter, state, gamma, wants, generator, timer)
-            width = drafted.shape[1]         # target tokens proposed: γ, or fewer from another tokenizer's text
-            target_logits, scored = self._score(state, drafted, width, timer)
-            if draft_logits is None:
-                draft_logits = target_logits.new_empty(state.batch, 0, self.v_draft or target_logits.shape[-1])
-            if self.bridge is not None:
-                drafter.observe_target(target_logits, self.sampler.temperature)
-            with timer.phase("verify"):
-                res = self.sampler(drafted, draft_logits, target_logits, generator=generator,
-                                   **({} if lengths is None else {"lengths": lengths}))
-            guard.update(res)
-            finished = self._emit(state, res, width, max_new_tokens, lengths)
-            accepted_h, finished_h = self._sync(state, res, finished, width, time.perf_counter() - t_start, on_step,
-                                                drafter, drafted, lengths)
-            self._roll_back(drafter, state, res, drafted, width, scored, accepted_h, timer)
-            self._drop_finished(drafter, state, finished_h)
-
-        guard.check()
-        return self._result(state, drafter, timer, time.perf_counter() - t_start)
-
-    def _text_drafter(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_texts: list[str] | None,
-                      max_new_tokens: int, timer: PhaseTimer):
-        """The drafter of a draft with another tokenizer, its prompts read
-        (pipeline/decoding/drafters/cross_tokenizer.py)."""
-        from pipeline.decoding.drafters.cross_tokenizer import TextDrafter, draft_room
-
-        draft_tok = self.bridge.draft.tokenizer
-        pad = draft_tok.pad_token_id if draft_tok.pad_token_id is not None else (draft_tok.eos_token_id or 0)
-        drafter = TextDrafter(self.draft, self.bridge, self.bridge_mode, self.draft_temperature, pad,
-                              max_positions(self.draft.model.config))
-        if prompt_texts is None:
-            ids, real = input_ids.tolist(), attention_mask.tolist()
-            prompt_texts = [self.bridge.target.tokenizer.decode([t for t, m in zip(row, keep) if m],
-                                                                skip_special_tokens=True)
-                            for row, keep in zip(ids, real)]
-        if len(prompt_texts) != input_ids.shape[0]:
-            raise SpecsweepError(f"{len(prompt_texts)} prompt texts for {input_ids.shape[0]} prompts")
-        room = draft_room(self.bridge, max_new_tokens, self.gamma)
-        prompts = drafter.prompt_ids(prompt_texts, room)
-        with timer.phase("prefill"):
-            drafter.start(prompts, self.device, max(len(p) for p in prompts) + room + 2)
-        return drafter
+    def _draft_vocab(self) -> int:
+        return self.drafter.vocab_size if self.drafter is not None else self.target_vocab
 
     # ---- the steps of generate ---------------------------------------------------------------------------------
 
     def _step_lengths(self, state: _Decoding, max_new_tokens: int,
                       per_row: bool = False) -> tuple[int, list[int] | None]:
-        """(γ for this step, each active row's own draft length as host ints, or None where every row drafts γ).
+        """(γ for this step, each active row's own draft limit as host ints, or None where every row may draft γ).
 
         γ is the longest any row drafts: the constant γ, or with an adaptive draft length (self.policy) the longest
         any active row wants (pipeline/decoding/draft_policy.py), decided on the host from what the last step's sync
-        brought.
-        Near the end, a step never drafts more than a row can still emit (one slot is the corrected token): with one
-        generator for the batch, the roomiest row's room cuts the step's γ; with per-row generators (``per_row``)
-        each row's own room cuts its own length, so how much room the other rows have never changes a row's step,
-        and so its tokens. (A draft with another tokenizer is not cut here: its rows' lengths come from their text,
-        :meth:`_text_lengths`; the tokens past max_new_tokens are not emitted either way.)"""
+        brought. Near the end, a step never drafts more than a row can still emit (one slot is the corrected token):
+        with one generator for the batch, the roomiest row's room cuts the step's γ; with per-row generators
+        (``per_row``) each row's own room cuts its own limit, so how much room the other rows have never changes a
+        row's step, and so its tokens."""
         rooms = [max_new_tokens - state.len_host[r] for r in state.rows_host]
         if self.policy is None:
             if not per_row:
@@ -300,71 +235,55 @@ class SpeculativeEngine:
             wants = self._lengths.wanted()
             if not per_row:
                 return gamma, wants
-        if self.bridge is not None:
-            return max(wants), None
         wants = [max(0, min(w, room - 1)) for w, room in zip(wants, rooms)]
         return max(wants), wants
 
-    def _draft(self, drafter: Drafter | None, state: _Decoding, gamma: int, wants: list[int] | None, generator,
-               timer: PhaseTimer):
-        """The draft's γ proposals: (int64 [b, γ], logits [b, γ, V_d], lengths); (empty [b, 0], None, None) when
-        γ = 0. Where rows draft their own lengths (``wants``, host ints: an adaptive draft length, or per-row rooms
-        near the end), ``lengths`` is int64 [b] on the device (None where every row drafts all γ): a row past its
-        length, or past the position where its confidence fell, proposes the draft's argmax with one-hot logits. The
-        verify step verifies each row up to its own length, as it would alone.
+    def _draft(self, state: _Decoding, gamma: int, wants: list[int] | None, generator, timer: PhaseTimer) -> Proposal:
+        """The drafter's proposals (an empty one when γ = 0). Where rows have their own limits (``wants``, host ints:
+        an adaptive draft length, or per-row rooms near the end), the drafter proposes at most that many for each
+        row, and its :class:`Proposal` says how many each row proposed; the verify step verifies each row up to its
+        own length, as it would alone.
 
         A :class:`~pipeline.rng.RowGenerators` first follows the active rows (finished rows were dropped after the
-        last step), so this step's draws, the draft's and the verify step's, come from each active row's own
+        last step), so this step's draws, the drafter's and the verify step's, come from each active row's own
         generator; where rows draft their own lengths each draws only for its own positions
         (RowGenerators.set_step), so its stream does not depend on the other rows' lengths."""
-        if isinstance(generator, RowGenerators):
+        per_row = isinstance(generator, RowGenerators)
+        if per_row:
             generator.follow(state.rows_host)
             if wants is not None and gamma > 0:
                 generator.set_step(gamma, wants)
         if gamma <= 0:
-            return torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None, None
+            return Proposal(torch.empty(state.batch, 0, dtype=torch.int64, device=self.device), None)
         with timer.phase("draft"):
             u = rng.rand(generator, (state.batch, gamma), self.device)
             limits = None if wants is None else row_limits(wants, gamma, self.device)
-            if self.policy is None and limits is None:
-                drafted, logits = drafter.propose(gamma, u, first_step=state.steps == 1)
-                return drafted, logits, self._text_lengths(drafter, drafted.shape[1], generator)
-            out = drafter.propose(gamma, u, first_step=state.steps == 1, limits=limits,
-                                  confidence=self.policy.confidence if self.policy is not None else 0.0)
-            if self.policy is not None:
-                self._lengths.record(drafter.confident)
-            return *out, limits
+            proposal = self.drafter.propose(DraftAsk(gamma, u, state.steps == 1, limits, wants,
+                                                     self.policy.confidence if self.policy is not None else None))
+        if self.policy is not None:
+            self._lengths.record(proposal.confident)
+        if per_row and (proposal.width, proposal.lengths_host) != (gamma, wants):
+            generator.set_step(proposal.width, proposal.lengths_host)   # the verify step draws for what was proposed
+        return proposal
 
-    def _text_lengths(self, drafter, width: int, generator) -> torch.Tensor | None:
-        """A draft with another tokenizer in string mode proposes as many target tokens as its text gives, fewer than
-        the step's ``width`` for some rows (pipeline/decoding/drafters/cross_tokenizer.py): those rows draft their own
-        lengths, int64
-        [b] on the device (None where every row proposed ``width``), and with per-row generators each draws only
-        its own length's verify uniforms."""
-        if not getattr(drafter, "reads_text", False) or width == 0:
-            return None
-        own = drafter.drafted_host
-        if isinstance(generator, RowGenerators) and min(own) < width:
-            generator.set_step(width, own)
-        return row_limits(own, width, self.device)
-
-    def _score(self, state: _Decoding, drafted: torch.Tensor, gamma: int, timer: PhaseTimer):
-        """The target's logits [b, γ+1, V_t] for the pending token and the proposals (in the first step: for the
+    def _score(self, state: _Decoding, drafted: torch.Tensor, timer: PhaseTimer):
+        """The target's logits [b, K+1, V_t] for the pending token and the K proposals (in the first step: for the
         prompt and the proposals, timed as prefill), and how many positions the target appended."""
+        width = drafted.shape[1]
         if state.prompt is not None:  # first step: the prompt and the drafts in one forward
             target_in = torch.cat([state.prompt, drafted], dim=1)
             valid = torch.cat([state.prompt_valid, torch.ones_like(drafted, dtype=torch.bool)], dim=1)
             with timer.phase("prefill"):
-                logits = self.target.forward(target_in, valid, last=gamma + 1, holes=state.padded)
+                logits = self.target.forward(target_in, valid, last=width + 1, holes=state.padded)
             state.prompt = state.prompt_valid = None
         else:
-            target_in = torch.cat([state.pending[:, None], drafted], dim=1) if gamma else state.pending[:, None]
+            target_in = torch.cat([state.pending[:, None], drafted], dim=1) if width else state.pending[:, None]
             with timer.phase("target"):
                 logits = self.target.forward(target_in)
-        if self.masked:
-            self._mask_logits(logits, first_position=False)
+        if self.mask.active:
+            self.mask(logits, first_position=False)
             if state.steps == 1:
-                self._mask_logits(logits[:, :1], first_position=True)
+                self.mask(logits[:, :1], first_position=True)
         return logits, target_in.shape[1]
 
     def _emit(self, state: _Decoding, res, gamma: int, max_new_tokens: int,
@@ -398,97 +317,77 @@ class SpeculativeEngine:
         state.act_len = state.act_len + n_emit
         return finished
 
-    def _sync(self, state: _Decoding, res, finished: torch.Tensor, gamma: int, now: float, on_step=None,
-              drafter=None, drafted: torch.Tensor | None = None, lengths: torch.Tensor | None = None):
-        """The one host sync of the step: accepted counts, finished flags and lengths come to the host, where the
-        per-row statistics are kept (with the engine's char_lengths, accepted and drafted characters too). The
-        step's tokens res.tokens [b, γ+1] come in the same transfer when something needs them: ``on_step`` (see
-        generate: the callback sees each row's emitted ones, and the rows it cancels are marked finished), or a
-        draft that reads text (pipeline/decoding/drafters/cross_tokenizer.py; with what it fed in the step). Returns
-        (accepted,
-        finished) as host lists. ``lengths``: each row's own draft length, where the rows drafted their own (an
-        adaptive draft length, per-row rooms near the end, another tokenizer's text), which then comes in the same
-        transfer."""
-        reads_text = getattr(drafter, "reads_text", False)
-        parts = [res.accepted, finished.long(), state.act_len]
-        counts_chars = self.char_lengths is not None
-        if counts_chars:
-            parts += self._step_chars(res, drafted, gamma, lengths)
-        if lengths is not None:
-            parts.append(lengths)
-        parts = [torch.stack(parts)]
-        if on_step is not None or reads_text:
-            parts.append(res.tokens.long().T)                                           # [γ + 1, b]
-        shipped = drafter.shipped() if reads_text else None
-        if shipped is not None:
-            parts.append(shipped.T)
-        host = torch.cat(parts).tolist() if len(parts) > 1 else parts[0].tolist()
-        acc_h, fin_h, len_h = host[0], host[1], host[2]
-        chars_h = host[3:5] if counts_chars else None
-        rest = host[5 if counts_chars else 3:]
-        own = [gamma] * state.batch         # per row, the draft length its verify step used
-        if lengths is not None:
-            own, rest = rest[0], rest[1:]
+    def _sync(self, state: _Decoding, res, finished: torch.Tensor, proposal: Proposal, now: float,
+              on_step=None) -> dict:
+        """The one host sync of the step (:func:`to_host`): accepted counts, finished flags and emitted lengths, the
+        per-row character counts (with the engine's char_lengths), the step's tokens [K+1, b] when ``on_step`` or
+        the drafter reads them, and the drafter's ``host_rows``. Keeps the per-row statistics on the host, calls
+        ``on_step`` (the rows it cancels are marked finished) and returns the host record: "accepted", "finished",
+        and "emitted" / "drafter" (per-row lists) where they came."""
+        width = proposal.width
+        parts = {"accepted": res.accepted, "finished": finished.long(), "emitted_len": state.act_len}
+        if self.char_lengths is not None:
+            parts["accepted_chars"], parts["drafted_chars"] = self._step_chars(res, proposal)
+        if on_step is not None or (self.drafter is not None and self.drafter.reads_emitted):
+            parts["tokens"] = res.tokens.long().T                                        # [K + 1, b]
+        extra = self.drafter.host_rows() if self.drafter is not None else None
+        if extra is not None:
+            parts["drafter"] = extra.T                                                   # [k, b]
+        host = to_host(parts)
         rows = list(state.rows_host)
-        if rest:
-            columns = rest[: gamma + 1]
-            state.step_emitted = [[col[i] for col in columns[: len_h[i] - state.len_host[r]]]
-                                  for i, r in enumerate(rows)]
-            state.step_shipped = None if shipped is None else [list(x) for x in zip(*rest[gamma + 1:])] \
-                if rest[gamma + 1:] else [[] for _ in rows]
+        own = proposal.lengths_host or [width] * len(rows)   # per row, the draft length its verify step used
+        if "tokens" in host:
+            host["emitted"] = [[col[i] for col in host["tokens"][: host["emitted_len"][i] - state.len_host[r]]]
+                               for i, r in enumerate(rows)]
+        if "drafter" in host:
+            host["drafter"] = [list(x) for x in zip(*host["drafter"])] or [[] for _ in rows]
         if on_step is not None:
-            cancel = set(on_step(rows, state.step_emitted, acc_h, [bool(f) for f in fin_h], own) or ())
-            fin_h = [1 if r in cancel else f for r, f in zip(rows, fin_h)]
+            cancel = set(on_step(rows, host["emitted"], host["accepted"], [bool(f) for f in host["finished"]],
+                                 own) or ())
+            host["finished"] = [1 if r in cancel else f for r, f in zip(rows, host["finished"])]
         for i, r in enumerate(rows):
-            state.len_host[r] = len_h[i]
-            state.accepted[r] += acc_h[i]
+            state.len_host[r] = host["emitted_len"][i]
+            state.accepted[r] += host["accepted"][i]
             state.drafted[r] += own[i]
             state.row_steps[r] += 1
-            if chars_h is not None:
-                state.accepted_chars[r] += chars_h[0][i]
-                state.drafted_chars[r] += chars_h[1][i]
-            if fin_h[i]:
+            if "accepted_chars" in host:
+                state.accepted_chars[r] += host["accepted_chars"][i]
+                state.drafted_chars[r] += host["drafted_chars"][i]
+            if host["finished"][i]:
                 state.finish_time[r] = now
             if own[i] == self.gamma > 0:     # a full-γ step of this row (the histogram's steps)
-                state.accepted_hist[acc_h[i]] += 1
-        return acc_h, fin_h
+                state.accepted_hist[host["accepted"][i]] += 1
+        return host
 
-    def _step_chars(self, res, drafted: torch.Tensor, gamma: int,
-                    lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """int64 [b] each: characters of the accepted drafts and of the proposed ones (no sync). ``lengths``: each
-        row's own draft length on the device, where the rows drafted their own."""
+    def _step_chars(self, res, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
+        """int64 [b] each: characters of the accepted proposals and of all proposals (no sync)."""
+        gamma = proposal.width
         if not gamma:
             zero = torch.zeros_like(res.accepted)
-            return [zero, zero]
-        chars = self.char_lengths[drafted.clamp(0, self.char_lengths.shape[0] - 1)]              # [b, γ]
+            return zero, zero
+        chars = self.char_lengths[proposal.tokens.clamp(0, self.char_lengths.shape[0] - 1)]   # [b, K]
         j = torch.arange(gamma, device=self.device)
-        if lengths is not None:                 # rows that drafted their own lengths
-            limit = lengths
-        else:                                   # every row proposed γ: a fill on the device, no copy
+        limit = proposal.lengths
+        if limit is None:                       # every row proposed K: a fill on the device, no copy
             limit = torch.full((res.accepted.shape[0],), gamma, dtype=torch.int64, device=self.device)
         accepted = (chars * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
-        return [accepted, (chars * (j < limit[:, None])).sum(dim=1)]
+        return accepted, (chars * (j < limit[:, None])).sum(dim=1)
 
-    def _roll_back(self, drafter: Drafter | None, state: _Decoding, res, drafted: torch.Tensor, gamma: int,
-                   scored: int, accepted_h: list[int], timer: PhaseTimer | None = None) -> None:
-        """Both caches back to the accepted prefix; the emitted token becomes the pending one. A draft with another
-        tokenizer re-reads the emitted text instead, timed as the "bridge" phase (host work)."""
+    def _roll_back(self, state: _Decoding, res, proposal: Proposal, scored: int, host: dict) -> None:
+        """The target's cache back to the accepted prefix, the drafter told what the step decided; the emitted token
+        becomes the pending one."""
+        accepted_h = host["accepted"]
         max_acc, min_acc = max(accepted_h), min(accepted_h)
         next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
-        fed = scored - gamma         # the target keeps the pending token (if it was fed) and the accepted drafts
+        fed = scored - proposal.width  # the target keeps the pending token (if it was fed) and the accepted drafts
         self.target.retain(scored, res.accepted + fed, max_acc + fed, min_acc + fed)
-        if getattr(drafter, "reads_text", False):
-            with timer.phase("bridge") if timer is not None else nullcontext():
-                drafter.commit_text(state.step_emitted, state.step_shipped)
-        elif drafter is not None:
-            if gamma > 0:
-                drafter.commit(gamma, res.accepted, max_acc, min_acc, drafted, next_token)
-            else:                    # the draft sat this step out (the last step)
-                drafter.skip(next_token)
+        if self.drafter is not None:
+            self.drafter.commit(StepOutcome(proposal, res.accepted, accepted_h, next_token, host.get("emitted"),
+                                            host.get("drafter")))
         state.pending = next_token
 
-    def _drop_finished(self, drafter: Drafter | None, state: _Decoding, finished_h: list[int]) -> None:
-        """Rows that finished leave both caches and every per-row tensor."""
+    def _drop_finished(self, state: _Decoding, finished_h: list[int]) -> None:
+        """Rows that finished leave every cache and every per-row tensor."""
         if not any(finished_h):
             return
         keep = [i for i, f in enumerate(finished_h) if not f]
@@ -497,14 +396,11 @@ class SpeculativeEngine:
             return
         keep_t = torch.tensor(keep, dtype=torch.int64, device=self.device)
         self.target.select(keep_t)
-        if drafter is not None:
-            if getattr(drafter, "reads_text", False):
-                drafter.select(keep_t, keep)
-            else:
-                drafter.select(keep_t)
+        if self.drafter is not None:
+            self.drafter.select(keep_t, keep)
         state.rows, state.pending, state.act_len = state.rows[keep_t], state.pending[keep_t], state.act_len[keep_t]
 
-    def _result(self, state: _Decoding, drafter: Drafter | None, timer: PhaseTimer, wall: float) -> GenerationResult:
+    def _result(self, state: _Decoding, timer: PhaseTimer, wall: float) -> GenerationResult:
         out_h, packed_h = torch.stack([state.out, state.origin]).tolist()   # one transfer, at the end
         phase_time = timer.totals()
         peak = peak_memory_mb(self.device)
@@ -517,10 +413,8 @@ class SpeculativeEngine:
         if self.char_lengths is not None:
             for r, stats in enumerate(row_stats):
                 stats.update(accepted_chars=state.accepted_chars[r], drafted_chars=state.drafted_chars[r])
-        extra = {"draft_forwards": drafter.forwards if drafter is not None else 0,
-                 "accepted_histogram": state.accepted_hist}
-        if getattr(drafter, "reads_text", False):
-            extra["cross_tokenizer"] = drafter.statistics()
+        extra = {"accepted_histogram": state.accepted_hist,
+                 **(self.drafter.statistics() if self.drafter is not None else {"draft_forwards": 0})}
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=state.steps,
                                 phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
                                 extra=extra,
@@ -557,8 +451,6 @@ class _Decoding:
     accepted_hist: list[int]     # full-γ steps (one per row) that accepted k = 0..γ tokens
     pending: torch.Tensor | None = None
     steps: int = 0
-    step_emitted: list[list[int]] | None = None   # the step's emitted tokens per active row, when brought to the host
-    step_shipped: list[list[int]] | None = None   # what a text-reading draft fed in the step (cross_tokenizer.py)
 
     @classmethod
     def start(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: bool, width: int,
@@ -577,6 +469,43 @@ class _Decoding:
         return len(self.rows_host)
 
 
-def _id_tensor(ids, vocab: int, device) -> torch.Tensor | None:
-    ids = sorted({int(i) for i in ids or () if 0 <= int(i) < vocab})
-    return torch.tensor(ids, dtype=torch.int64, device=device) if ids else None
+class LogitMask:
+    """Ids never emitted (Whisper's suppress_tokens), and ids never emitted first (its begin_suppress_tokens): set to
+    -inf in logits [..., V] of any vocabulary size, in place. The id tensor of each size is made once (boolean-mask
+    indexing inside a step would be a host sync on a GPU)."""
+
+    def __init__(self, suppress, begin_suppress, device: torch.device) -> None:
+        self.ids = sorted({int(i) for i in suppress or ()})
+        self.begin_ids = sorted({int(i) for i in begin_suppress or ()})
+        self.active = bool(self.ids or self.begin_ids)
+        self.device = device
+        self._tensors: dict[tuple[bool, int], torch.Tensor | None] = {}
+
+    def prepare(self, *vocab_sizes: int) -> None:
+        """Make the id tensors for these vocabulary sizes now (a first call with a new size makes its own, with a
+        host-to-device copy)."""
+        for V in vocab_sizes:
+            for first in (False, True):
+                ids = [i for i in (self.begin_ids if first else self.ids) if 0 <= i < V]
+                self._tensors[first, V] = torch.tensor(ids, dtype=torch.int64, device=self.device) if ids else None
+
+    def __call__(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
+        """With ``first_position`` only begin_suppress (applied on top of logits already masked with suppress)."""
+        if (first_position, logits.shape[-1]) not in self._tensors:
+            self.prepare(logits.shape[-1])
+        ids = self._tensors[first_position, logits.shape[-1]]
+        if ids is not None:
+            logits.index_fill_(-1, ids, float("-inf"))
+        return logits
+
+
+def to_host(parts: dict[str, torch.Tensor]) -> dict[str, list]:
+    """One device-to-host transfer of several int64 tensors of the same batch b, each [b] or [k, b]: a dict of the
+    same names, [b] as a list of b ints and [k, b] as k lists of b ints."""
+    rows, spans = [], {}
+    for name, t in parts.items():
+        block = t[None] if t.dim() == 1 else t
+        spans[name] = (sum(r.shape[0] for r in rows), block.shape[0], t.dim() == 1)
+        rows.append(block.long())
+    host = torch.cat(rows).tolist()
+    return {name: host[start] if flat else host[start: start + n] for name, (start, n, flat) in spans.items()}

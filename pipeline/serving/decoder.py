@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from pipeline import stack
 from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
 from pipeline.provenance import ACCEPTED, BONUS, CORRECTED, TARGET
@@ -57,7 +58,6 @@ class Decoder:
         import torch
 
         from pipeline.models import eos_token_ids, max_positions, parse_dtype, resolve_device
-        from pipeline.runner import _load_models
         from pipeline.tasks import get_task
 
         self.config = config
@@ -65,7 +65,7 @@ class Decoder:
         self.device = resolve_device(config.device, parse_dtype(config.dtype))
         task = get_task("prompts")
         if models is None:
-            target, draft, tokenizer, _ = _load_models(config, task, parse_dtype(config.dtype), self.device)
+            target, draft, tokenizer, _ = stack.load_pair(config, task, parse_dtype(config.dtype), self.device)
         else:
             target, draft, tokenizer = models
             if tokenizer.pad_token_id is None:
@@ -117,14 +117,13 @@ class Decoder:
 
     def engine(self, temperature: float):
         """The engine for ``temperature`` (built on first use, from the run's own builders)."""
-        from pipeline.runner import _build_engine, _build_sampler
-
         key = self.group(temperature)
         if key in self._engines:
             self._engines.move_to_end(key)
             return self._engines[key]
         config = self.config if key is None else dataclasses.replace(self.config, temperature=key)
-        engine = _build_engine(config, _build_sampler(config), self.target, self.draft, self.tokenizer, self.device)
+        engine = stack.build_engine(config, stack.build_sampler(config), self.target, self.draft, self.tokenizer,
+                                    self.device)
         self._engines[key] = engine
         while len(self._engines) > ENGINES_KEPT:
             self._engines.popitem(last=False)

@@ -37,7 +37,11 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.decoding.cache import CachedModel
+from pipeline.decoding.draft_policy import row_limits
+from pipeline.decoding.drafters.base import DraftAsk, Drafter, DraftPrompt, DraftSetup, Proposal, StepOutcome
 from pipeline.errors import SpecsweepError
+from pipeline.models import max_positions
 from pipeline.samplers.contract import draft_sample
 
 MODES = ("shared", "intersection", "string")
@@ -188,42 +192,35 @@ def _lcp(a: list[int], b: list[int]) -> int:
     return n
 
 
-class TextDrafter:
-    """The draft's side of the loop when its tokenizer is not the target's (the engine's :class:`Drafter`
-    interface, in target ids; see the module docstring for the two modes).
+class TextDrafter(Drafter):
+    """A draft whose tokenizer is not the target's (see the module docstring for the two modes): proposals in target
+    ids, and after each step the emitted text re-read with the draft's tokenizer.
 
-        start(prompt, ..., prompt_texts)  read each row's prompt, tokenised from its text by the draft's tokenizer
-        propose(γ, u)                     proposals in target ids int64 [b, K] and their logits [b, K, V_t]
-                                          (intersection: K = γ; string: K = the most target tokens a row's text
-                                          gave, ≤ γ, rows with fewer padded with one-hot pad proposals,
-                                          which the verify step never reads: drafted_host is each row's
-                                          own length, the sampler contract's per-row lengths)
-        shipped()                         device tensor to bring to the host in the step's one sync (the draft
-                                          ids it fed, intersection mode), or None
-        commit_text(emitted, shipped)     after verification: the target's emitted ids per row (host lists) ->
-                                          the draft's cache cut back to its canonical tokenisation, backlog queued
-        select(rows, keep)                keep only these rows (device indices, and the same as a host list)
+    Its :class:`Proposal`: intersection mode, K = γ tokens and the draft's logits scattered into the target's
+    vocabulary [b, γ, V_t]; string mode, K = the most target tokens a row's text gave (≤ γ, and ≤ the row's limit),
+    rows with fewer padded and their own counts in ``lengths`` (the sampler contract's per-row lengths), and one-hot
+    logits. It reads the step's emitted tokens (``reads_emitted``) and, in intersection mode, brings the draft ids it
+    fed in the step's one sync (:meth:`host_rows`).
 
     Host mirror, per active row: ``ids`` the draft ids in its cache (real positions, in order), ``pos`` their cache
     positions, ``generated`` the target ids emitted so far, ``prompt`` its draft prompt ids.
-    drafted_host: per row, target tokens it proposed in the step (the step's statistics).
     """
 
-    reads_text = True
+    reads_emitted = True
 
-    def __init__(self, model, bridge: VocabBridge, mode: str, temperature: float, pad: int,
-                 draft_limit: int | None) -> None:
-        self.model = model
+    def __init__(self, model, bridge: VocabBridge, mode: str) -> None:
+        super().__init__()
+        if mode not in ("intersection", "string"):
+            raise SpecsweepError(f"a draft with another tokenizer runs in intersection or string mode; got {mode!r}")
+        self.lm = model
         self.bridge = bridge
         self.mode = mode
-        self.temperature = temperature
-        self.pad = pad
-        self.draft_limit = draft_limit
-        self.forwards = 0
+        draft_tok = bridge.draft.tokenizer
+        self.pad = draft_tok.pad_token_id if draft_tok.pad_token_id is not None else (draft_tok.eos_token_id or 0)
+        self.draft_limit = max_positions(model.config)
         self.carry: torch.Tensor | None = None
         self.backlog = self.backlog_valid = None
         self.backlog_holes = False
-        self.drafted_host: list[int] = []
         self.ids: list[list[int]] = []
         self.pos: list[list[int]] = []
         self.generated: list[list[int]] = []
@@ -232,10 +229,19 @@ class TextDrafter:
         self._fed: tuple[int, int] = (0, 0)          # (cache position of the first fed proposal, proposals fed)
         self._fed_host: list[list[int]] | None = None
         self._fed_device: torch.Tensor | None = None
+        self._timer = None
         # intersection mass, summed on the device: target positions scored, draft positions proposed
         self.target_mass = self.draft_mass = None
         self.target_positions = self.draft_positions = 0
-        self.confident = None
+
+    def bind(self, setup: DraftSetup) -> None:
+        if setup.target_kind != "causal" or setup.mask_logits is not None or setup.adaptive:
+            raise SpecsweepError("a draft with another tokenizer works with causal LMs, without suppressed tokens "
+                                 "and with a fixed γ: use a draft with the target's tokenizer here")
+        super().bind(setup)
+        self.model = CachedModel(self.lm, "causal", setup.static)
+        self.vocab_size = self.bridge.target_in.shape[0]        # proposals arrive in target ids
+        self.temperature = setup.draft_temperature
 
     # ---- start --------------------------------------------------------------------------------------------------
 
@@ -253,7 +259,22 @@ class TextDrafter:
             out.append(ids or [self.bridge.draft.anchor])
         return out
 
-    def start(self, prompts: list[list[int]], device, capacity: int) -> None:
+    def start(self, prompt: DraftPrompt) -> None:
+        """Each row's prompt read from its text (``prompt.texts``, else its target tokens decoded)."""
+        texts = prompt.texts
+        if texts is None:
+            ids, real = prompt.input_ids.tolist(), prompt.attention_mask.tolist()
+            texts = [self.bridge.target.tokenizer.decode([t for t, m in zip(row, keep) if m], skip_special_tokens=True)
+                     for row, keep in zip(ids, real)]
+        if len(texts) != prompt.input_ids.shape[0]:
+            raise SpecsweepError(f"{len(texts)} prompt texts for {prompt.input_ids.shape[0]} prompts")
+        room = draft_room(self.bridge, prompt.max_new_tokens, self.setup.gamma)
+        prompts = self.prompt_ids(texts, room)
+        self._timer = prompt.timer
+        with prompt.timer.phase("prefill"):
+            self._read_prompts(prompts, prompt.input_ids.device, max(len(p) for p in prompts) + room + 2)
+
+    def _read_prompts(self, prompts: list[list[int]], device, capacity: int) -> None:
         """prompts: per row, the draft's prompt ids (:meth:`prompt_ids`)."""
         B = len(prompts)
         width = max(len(p) for p in prompts)
@@ -272,6 +293,7 @@ class TextDrafter:
         dev = torch.device(device)
         self.target_mass = torch.zeros((), dtype=torch.float32, device=dev)
         self.draft_mass = torch.zeros((), dtype=torch.float32, device=dev)
+        self.target_positions = self.draft_positions = self.forwards = 0
 
     # ---- propose ------------------------------------------------------------------------------------------------
 
@@ -284,9 +306,10 @@ class TextDrafter:
             self.pos[b].extend(range(start + width - len(queued), start + width))
         return logits
 
-    def propose(self, gamma: int, u: torch.Tensor, first_step: bool, limits=None,
-                confidence=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """γ draft tokens sampled with uniforms u float32 [b, γ], returned as target proposals (see the class)."""
+    def propose(self, ask: DraftAsk) -> Proposal:
+        """γ draft tokens sampled with the uniforms ask.u float32 [b, γ], returned as target proposals (see the
+        class)."""
+        gamma, u = ask.gamma, ask.u
         if self.carry is not None:
             logits, self.carry = self.carry, None
         else:
@@ -298,20 +321,19 @@ class TextDrafter:
                 logits = self.model.forward(drafted[-1][:, None], last=1)[:, 0]
                 self.forwards += 1
             if self.mode == "intersection":
-                self.draft_mass = self.draft_mass + _probability_on(logits, self.bridge.draft_in,
-                                                                    self.temperature).sum()
+                mass = _probability_on(logits, self.bridge.draft_in, self.temperature)        # [b]
+                self.draft_mass = self.draft_mass + (mass if ask.limits is None else mass * (ask.limits > i)).sum()
                 logits = logits.masked_fill(~self.bridge.draft_in[: logits.shape[-1]], float("-inf"))
             drafted.append(draft_sample(logits, self.temperature, u[:, i]))
             kept_logits.append(logits)
-        b = u.shape[0]
-        self.draft_positions += b * gamma
+        self.draft_positions += u.shape[0] * gamma if ask.wants is None else sum(ask.wants)
         drafted_d = torch.stack(drafted, dim=1)                                   # int64 [b, γ], draft ids
         self._fed_device = drafted_d[:, : gamma - 1]
         if self.mode == "intersection":
-            self.drafted_host = [gamma] * b
             self._fed_host = None
-            return self.bridge.d2t[drafted_d], self._scatter(torch.stack(kept_logits, dim=1))
-        return self._through_text(drafted_d, gamma)
+            return Proposal(self.bridge.d2t[drafted_d], self._scatter(torch.stack(kept_logits, dim=1)), ask.limits,
+                            ask.wants if ask.limits is not None else None)
+        return self._through_text(drafted_d, gamma, ask.wants)
 
     def _scatter(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [b, γ, V_d] (already -inf outside the intersection) -> [b, γ, V_t], -inf where no draft
@@ -323,18 +345,19 @@ class TextDrafter:
         wide.scatter_(-1, mapped.expand(*logits.shape[:2], -1), logits)
         return wide[..., :V_t]
 
-    def _through_text(self, drafted_d: torch.Tensor, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """String mode: the draft's tokens -> their text -> the target's tokens (the mode's second host sync)."""
+    def _through_text(self, drafted_d: torch.Tensor, gamma: int, wants: list[int] | None) -> Proposal:
+        """String mode: the draft's tokens -> their text -> the target's tokens (the mode's second host sync), each
+        row's cut at its limit (``wants``)."""
         host = drafted_d.tolist()
         self._fed_host = [row[: gamma - 1] for row in host]
         proposals = []
-        for row in host:
+        for b, row in enumerate(host):
             ids = self.bridge.target.encode(self.bridge.draft.decode(row))
             if self.bridge.target.unknown is not None and self.bridge.target.unknown in ids:
                 ids = ids[: ids.index(self.bridge.target.unknown)]
-            proposals.append(ids[:gamma])
-        self.drafted_host = [len(p) for p in proposals]
-        K = max(self.drafted_host)
+            proposals.append(ids[: gamma if wants is None else wants[b]])
+        own = [len(p) for p in proposals]
+        K = max(own)
         V_t = self.bridge.target_in.shape[0]
         out = torch.full((len(host), K), self.bridge.target_pad, dtype=torch.int64)
         for b, p in enumerate(proposals):
@@ -343,25 +366,36 @@ class TextDrafter:
         out = out.to(drafted_d.device)
         one_hot = torch.full((len(host), K, V_t), float("-inf"), device=drafted_d.device)
         one_hot.scatter_(-1, out[..., None], 0.0)
-        return out, one_hot
+        lengths = row_limits(own, K, drafted_d.device) if K else None
+        return Proposal(out, one_hot, lengths, own if lengths is not None else None)
 
-    def observe_target(self, target_logits: torch.Tensor, temperature: float) -> None:
-        """Intersection mode: add the target's probability on the intersection at the scored positions [b, K+1, V_t]
-        (on the device, no sync)."""
+    def observe_target(self, target_logits: torch.Tensor, proposal: Proposal) -> None:
+        """Intersection mode: add the target's probability on the intersection at the positions the verify step reads
+        (of target_logits [b, K+1, V_t], row b's first lengths[b] + 1; on the device, no sync)."""
         if self.mode != "intersection":
             return
-        self.target_mass = self.target_mass + _probability_on(target_logits, self.bridge.target_in,
-                                                              temperature).sum()
-        self.target_positions += target_logits.shape[0] * target_logits.shape[1]
+        mass = _probability_on(target_logits, self.bridge.target_in, self.setup.temperature)          # [b, K+1]
+        if proposal.lengths is None:
+            self.target_positions += mass.numel()
+        else:
+            mass = mass * (torch.arange(mass.shape[1], device=mass.device) <= proposal.lengths[:, None])
+            self.target_positions += sum(proposal.lengths_host) + len(proposal.lengths_host)
+        self.target_mass = self.target_mass + mass.sum()
 
     # ---- after verification -------------------------------------------------------------------------------------
 
-    def shipped(self) -> torch.Tensor | None:
+    def host_rows(self) -> torch.Tensor | None:
         """The draft ids fed as proposals this step (int64 [b, γ-1]), for the step's sync (intersection mode)."""
         return self._fed_device if self._fed_host is None else None
 
-    def commit_text(self, emitted: list[list[int]], shipped: list[list[int]] | None) -> None:
-        """emitted: per active row, the target ids the step emitted; shipped: :meth:`shipped` on the host."""
+    def commit(self, outcome: StepOutcome) -> None:
+        """The draft's cache cut back to the canonical tokenisation of each row's text, the rest queued (timed as
+        the "bridge" phase: host work)."""
+        with self._timer.phase("bridge"):
+            self._commit_text(outcome.emitted, outcome.host_rows)
+
+    def _commit_text(self, emitted: list[list[int]], shipped: list[list[int]] | None) -> None:
+        """emitted: per active row, the target ids the step emitted; shipped: :meth:`host_rows` on the host."""
         fed = self._fed_host if self._fed_host is not None else shipped
         start, n_fed = self._fed
         cuts, self._backlog_host = [], []
@@ -403,13 +437,15 @@ class TextDrafter:
                 setattr(self, name, [values[i] for i in keep])
 
     def statistics(self) -> dict:
-        """What the run records about the bridge (one host read, at the end): :func:`merge_statistics` of one."""
+        """The draft's forwards and what the run records about the bridge (one host read, at the end):
+        :func:`merge_statistics` of one."""
         sums = {}
         if self.mode == "intersection":
             target_mass, draft_mass = torch.stack([self.target_mass, self.draft_mass]).tolist()
             sums = {"target_mass_sum": target_mass, "target_positions": self.target_positions,
                     "draft_mass_sum": draft_mass, "draft_positions": self.draft_positions}
-        return merge_statistics([{"mode": self.mode, **self.bridge.summary(), **sums}])
+        return {"draft_forwards": self.forwards,
+                "cross_tokenizer": merge_statistics([{"mode": self.mode, **self.bridge.summary(), **sums}])}
 
 
 _SUMS = ("target_mass_sum", "target_positions", "draft_mass_sum", "draft_positions")

@@ -1,0 +1,176 @@
+"""From a :class:`~pipeline.config.RunConfig` to a loop that decodes: load the pair, build the sampler, the drafter
+and the engine. ``specsweep run`` (pipeline/runner.py), ``specsweep serve`` (pipeline/serving/) and the benchmarks
+build through here, so a setting means the same thing everywhere.
+
+    pair = load_pair(config, task, dtype, device)        # target, draft (or None), tokenizer, processor (or None)
+    sampler = build_sampler(config)                      # the acceptance rule's verify step (pipeline/samplers/)
+    engine = build_engine(config, sampler, pair.target, pair.draft, pair.tokenizer, device)
+
+:func:`build_drafter` is the one place that decides which drafter a run has (the loop never asks): a draft model
+with the target's tokenizer, or one with another tokenizer (pipeline/decoding/drafters/cross_tokenizer.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+from pipeline.config import RunConfig
+from pipeline.decoding.draft_policy import DraftPolicy
+from pipeline.decoding.drafters.base import Drafter
+from pipeline.decoding.drafters.cross_tokenizer import (
+    TextDrafter,
+    TokenText,
+    build_bridge,
+    resolve_mode,
+    same_vocabulary,
+)
+from pipeline.decoding.drafters.model import ModelDrafter
+from pipeline.decoding.engine import SpeculativeEngine
+from pipeline.decoding.hf_engine import HFEngine
+from pipeline.errors import SpecsweepError
+from pipeline.models import (
+    check_same_tokenizer,
+    eos_token_ids,
+    load_causal_lm,
+    load_processor,
+    load_speech_seq2seq,
+    load_tokenizer,
+    spreads_target,
+)
+from pipeline.samplers import get_sampler
+from pipeline.tasks import get_task
+
+
+class Pair(NamedTuple):
+    """A loaded pair: target, draft (None without one, or at γ = 0), the target's tokenizer, and its processor
+    (speech tasks; else None)."""
+
+    target: object
+    draft: object
+    tokenizer: object
+    processor: object
+
+
+def build_sampler(config: RunConfig):
+    """The run's verify step: its acceptance rule and backend with the rule's parameters."""
+    params = config.sampler_params()
+    if config.engine == "hf" and config.temperature > 0 and "temperature" in params:
+        params["temperature"] = 1.0  # HF divides the logits by T before its verify step
+    return get_sampler(config.sampler, backend=config.backend, **params)
+
+
+def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
+    """Refuses a pair with different vocabularies where they must match (speech; ``--draft-tokenizer-mode shared``)
+    before loading the models. With --device auto and several GPUs the target is spread over all of them; the draft
+    stays on ``device``."""
+    spread = spreads_target(config.device)
+    use_draft = bool(config.draft) and config.gamma > 0
+    if task.speech:
+        processor = load_processor(config.target)
+        tokenizer = processor.tokenizer
+        if use_draft:
+            check_same_tokenizer(tokenizer, load_processor(config.draft).tokenizer, config.target, config.draft)
+        target = load_speech_seq2seq(config.target, dtype, device, spread=spread)
+        draft = None
+        if use_draft:
+            draft = (load_causal_lm(config.draft, dtype, device) if config.draft_decoder_only
+                     else load_speech_seq2seq(config.draft, dtype, device))
+        return Pair(target, draft, tokenizer, processor)
+    tokenizer = load_tokenizer(config.target)
+    if use_draft and config.draft_tokenizer_mode == "shared":
+        check_same_tokenizer(tokenizer, draft_tokenizer(config.draft), config.target, config.draft)
+    target = load_causal_lm(config.target, dtype, device, spread=spread)
+    draft = load_causal_lm(config.draft, dtype, device) if use_draft else None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return Pair(target, draft, tokenizer, None)
+
+
+def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: str):
+    """Our loop (:class:`SpeculativeEngine`) with the run's drafter, or with ``--engine hf`` transformers' own
+    assisted generation around the same models."""
+    eos = [] if config.ignore_eos else eos_token_ids(target, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    if config.engine == "hf":
+        tokenizers = None
+        if draft_tokenizer_mode(config, sampler, draft, tokenizer) != "shared":
+            if config.temperature > 0:
+                raise SpecsweepError("--engine hf with a draft of another tokenizer runs transformers' Universal "
+                                     "Assisted Generation at --temperature 0 only (its sampling variant prunes the "
+                                     "draft's LM head in place); at T > 0 use --engine specsweep")
+            tokenizers = (tokenizer, draft_tokenizer(config.draft))
+        return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad, tokenizers)
+    if config.verify_graphs:
+        from pipeline.samplers.cuda_graphs import GraphedVerify  # imports CuPy's launch code: a GPU run only
+
+        sampler = GraphedVerify(sampler)
+    gc = getattr(target, "generation_config", None)
+    return SpeculativeEngine(target, build_drafter(config, sampler, target, draft, tokenizer, device), sampler,
+                             config.gamma, device, eos, pad,
+                             suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
+                             begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
+                             static_cache=config.static_cache, draft_policy=DraftPolicy.of(config),
+                             char_lengths=token_text(config.target, tokenizer).char_lengths(
+                                 target.get_output_embeddings().weight.shape[0], device))
+
+
+def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: str) -> Drafter | None:
+    """The run's drafter (None at γ = 0): the draft model, bridged when its tokenizer is not the target's."""
+    if config.gamma == 0 or draft is None:
+        return None
+    mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)
+    if mode == "shared":
+        return ModelDrafter(draft)
+    key = (config.target, config.draft, str(device))
+    if key not in _BRIDGES:
+        _BRIDGES[key] = build_bridge(tokenizer, draft_tokenizer(config.draft),
+                                     target.get_output_embeddings().weight.shape[0],
+                                     draft.get_output_embeddings().weight.shape[0], device)
+    return TextDrafter(draft, _BRIDGES[key], mode)
+
+
+def autoregressive_engine(config: RunConfig, target, tokenizer, device: str):
+    """The γ = 0 loop of the run's engine around the same loaded target, sampling exactly from it (the AR
+    baseline's sampler), for the paired timing."""
+    ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", rule_params={}, preset=None,
+                             verify_graphs=False)
+    return build_engine(ar, build_sampler(ar), target, None, tokenizer, device)
+
+
+def draft_tokenizer_mode(config: RunConfig, sampler, draft, tokenizer) -> str:
+    """The run's draft-tokenizer mode, ``--draft-tokenizer-mode`` resolved
+    (pipeline/decoding/drafters/cross_tokenizer.py): shared for a speech pair (checked when loaded) or without a
+    draft."""
+    if draft is None or config.gamma == 0 or get_task(config.task).speech:
+        return "shared"
+    return resolve_mode(config.draft_tokenizer_mode, same_vocabulary(tokenizer, draft_tokenizer(config.draft)),
+                        sampler.verifies_by_argmax)
+
+
+def forwards_used(engine) -> dict:
+    """Which forward each model ran: "static" (pipeline/decoding/static/) or "transformers"."""
+    models = {"target": getattr(engine, "target", None), "draft": getattr(engine, "draft", None)}
+    drafter = getattr(engine, "drafter", None)
+    if drafter is not None:
+        models["draft"] = drafter.model
+    return {name: ("static" if getattr(m, "static", None) is not None else "transformers")
+            for name, m in models.items() if m is not None}
+
+
+@functools.lru_cache(maxsize=8)
+def draft_tokenizer(name: str):
+    """A draft's tokenizer, loaded once per process."""
+    return load_tokenizer(name)
+
+
+_BRIDGES: dict = {}
+_TOKEN_TEXTS: dict = {}
+
+
+def token_text(name: str, tokenizer) -> TokenText:
+    """The target tokenizer's TokenText (what each token adds), built once per process."""
+    if name not in _TOKEN_TEXTS:
+        _TOKEN_TEXTS[name] = TokenText(tokenizer)
+    return _TOKEN_TEXTS[name]
