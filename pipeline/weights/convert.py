@@ -7,7 +7,6 @@ Whisper model: :mod:`pipeline.weights.ct2_whisper`).
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -21,8 +20,8 @@ def detect(folder: Path) -> str:
     naming what was found when it is none of them."""
     from pipeline.weights import ct2_whisper
 
-    config = folder / "config.json"
-    if config.is_file() and "model_type" in _json(config):
+    config = folder / "config.json"  # a CTranslate2 folder has one too, without a model_type
+    if config.is_file() and '"model_type"' in config.read_text(encoding="utf-8", errors="replace"):
         return "transformers"
     ggufs = sorted(p.name for p in folder.glob("*.gguf"))
     if len(ggufs) == 1:
@@ -44,14 +43,6 @@ def detect(folder: Path) -> str:
     raise SpecsweepError(f"unknown model format in {folder} (files: {', '.join(files[:8]) or 'none'}"
                          f"{', ...' if len(files) > 8 else ''}): expected a transformers folder (config.json with a "
                          "model_type), one .gguf file, or a CTranslate2 Whisper model.bin")
-
-
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def to_transformers(folder: Path, out: Path, dtype) -> str:

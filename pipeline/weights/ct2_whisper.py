@@ -43,6 +43,7 @@ SPEC = "WhisperSpec"
 VERSION = 6
 SAMPLING_RATE = 16_000
 HOP_LENGTH = 160            # Whisper's STFT hop: 100 frames a second, halved by conv2's stride to 50 positions
+MULTILINGUAL_VOCAB = 51865  # Whisper's own rule: a vocabulary this large or larger has language and task tokens
 _DTYPES = {0: "float32", 1: "int8", 2: "int16", 3: "int32", 4: "float16", 5: "bfloat16"}
 _SPECIALS = ("<|endoftext|>", "<|startoftranscript|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
              "<|startofprev|>", "<|nocaptions|>", "<|nospeech|>", "<|notimestamps|>")
@@ -77,7 +78,9 @@ def read(path: Path) -> Ct2Model:
     binary version or a truncated file."""
     import torch
 
-    data = memoryview(bytearray(path.read_bytes()))
+    data = memoryview(bytearray(path.stat().st_size))  # writable, so that tensors can view it without a copy
+    with open(path, "rb") as f:
+        f.readinto(data)
     pos = 0
 
     def take(fmt: str):
@@ -99,8 +102,9 @@ def read(path: Path) -> Ct2Model:
 
     version = take("<I")
     if version != VERSION:
-        raise SpecsweepError(f"{path} is CTranslate2 binary version {version}; only version {VERSION} (CTranslate2 >= "
-                             "3) is read: convert the model again with a recent ct2-transformers-converter")
+        raise SpecsweepError(f"{path} is CTranslate2 binary version {version}; only version {VERSION} (what "
+                             "CTranslate2 4 writes) is read: convert the model again with a recent "
+                             "ct2-transformers-converter")
     spec, revision, count = string(), take("<I"), take("<I")
     variables = {}
     for _ in range(count):
@@ -113,17 +117,13 @@ def read(path: Path) -> Ct2Model:
                                  f"{len(data)}): the file is truncated or a part of it is missing")
         if dtype == "?":
             raise SpecsweepError(f"{path}: variable {name} has an unknown dtype id; is this a CTranslate2 model?")
-        variables[name] = torch.frombuffer(data, dtype=getattr(torch, dtype), count=n_bytes // _size(dtype),
-                                           offset=pos).reshape(shape) if n_bytes else torch.empty(shape)
+        kind = getattr(torch, dtype)
+        variables[name] = torch.frombuffer(data, dtype=kind, count=n_bytes // kind.itemsize, offset=pos).reshape(shape)
         pos += n_bytes
     for _ in range(take("<I")):
         alias, target = string(), string()
         variables[alias] = variables[target]
     return Ct2Model(spec, revision, variables)
-
-
-def _size(dtype: str) -> int:
-    return {"float32": 4, "int8": 1, "int16": 2, "int32": 4, "float16": 2, "bfloat16": 2}[dtype]
 
 
 def state_dict(model: Ct2Model, dtype) -> dict:
@@ -141,7 +141,7 @@ def state_dict(model: Ct2Model, dtype) -> dict:
     out = {}
 
     def put(name: str, tensor) -> None:
-        out[name] = tensor.to(dtype).clone()
+        out[name] = tensor.to(dtype, copy=True)  # a copy: ``tensor`` views the file's buffer
 
     def linear(src: str, dst: str) -> None:
         put(f"{dst}.weight", v[f"{src}/weight"])
@@ -212,12 +212,12 @@ def whisper_config(model: Ct2Model, tokenizer):
 
 def generation_config(config, settings: dict, tokenizer):
     """The ``GenerationConfig`` a Hub Whisper checkpoint carries, from the model's ``WhisperConfig``, the
-    CTranslate2 ``config.json`` (``settings``) and the ``tokenizers.Tokenizer``. Multilingual (language and task
-    tokens usable) when the vocabulary has 51865 or more tokens, Whisper's own rule."""
+    CTranslate2 ``config.json`` (``settings``) and the ``tokenizers.Tokenizer``; multilingual (language and task
+    tokens in ``lang_to_id`` and ``task_to_id``) when the vocabulary has :data:`MULTILINGUAL_VOCAB` tokens or more."""
     from transformers import GenerationConfig
 
     ids = _special_ids(tokenizer)
-    multilingual = config.vocab_size >= 51865
+    multilingual = config.vocab_size >= MULTILINGUAL_VOCAB
     extra = {}
     if multilingual:
         extra["lang_to_id"] = {tokenizer.id_to_token(i): i for i in settings.get("lang_ids", [])}

