@@ -1,9 +1,12 @@
-"""Writing results safely: every JSON/CSV the project produces goes through here, atomically."""
+"""Writing safely: every JSON/CSV the project produces goes through here, atomically; so do folders built in one go
+(a converted model), and the lock that keeps parallel processes from building one thing twice."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +30,39 @@ def atomic_file(path: str | os.PathLike, mode: str = "w"):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike):
+    """Yield a new temporary folder beside ``path`` to build in; on success it is renamed to ``path`` (which must
+    not exist, or be an empty folder), so a reader (or a crash) never sees a half-built folder. On error the
+    temporary folder is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    tmp.mkdir()  # the permissions of a folder made as usual (mkdtemp's are owner-only)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike):
+    """Hold an exclusive lock on the file ``path`` (created if missing) for the block, so that parallel processes
+    do one thing at a time (probe the machine, build a cached model); no lock where the platform has no fcntl."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:  # closing the file releases the lock
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

