@@ -1,4 +1,5 @@
-"""Static-KV-cache forwards: the engine's fast path for the model families it knows (GPT-2 today).
+"""Static-KV-cache forwards: the engine's fast path for the model families it knows (GPT-2; Llama,
+Mistral and Qwen2).
 
 Why. A speculative loop makes γ draft forwards and one target forward per step, each over a handful of tokens.
 At the toy pairs' sizes, and for any small draft on a GPU, such a forward is mostly fixed per-call cost, not
@@ -9,15 +10,21 @@ for one family at a time, over the transformers model's own parameters (nothing 
 loads once and both paths compute with the same weights).
 
 What it computes. Exactly the transformers forward of the same model in eval mode with sdpa attention (the
-same operations in the same order: ``addmm`` for GPT-2's Conv1D, the model's own activation and layer-norm
-epsilons, sdpa with the model's scaling), so logits agree with transformers' to rounding and a seeded run
-emits the same tokens with and without it (tests/test_static_cache.py).
+same operations in the same order: ``addmm`` for GPT-2's Conv1D, Llama's float32 RMSNorm and rotate-half RoPE,
+the model's own activation, epsilons and RoPE frequencies, sdpa with the model's scaling), so logits agree with
+transformers' to rounding and a seeded run emits the same tokens with and without it (tests/test_static_cache.py,
+tests/test_static_llama.py).
 
-The cache. Keys and values live in one buffer per kind, dtype [n_layer, B, H, capacity, D], allocated when a
+The cache (base.py). Keys and values live in one buffer per kind, dtype [n_layer, B, H_kv, capacity, D] (H_kv:
+the key/value heads, fewer than the query heads with grouped-query attention), allocated when a
 generation starts (capacity: prompt + new tokens + γ + 2, grown by doubling if a caller asks for more).
 Appending k tokens writes positions [length, length + k); rolling back is ``length -= n``: the stale
 positions past ``length`` are never attended (the causal mask ends at each query's own position) and the
 next append overwrites them. No allocation, no copy, no host sync per forward.
+
+    base.py    StaticForward: the call CachedModel makes, the cache, its growth and row selection
+    gpt2.py    GPT2LMHeadModel
+    llama.py   LlamaForCausalLM, and MistralForCausalLM / Qwen2ForCausalLM without sliding windows
 
 :func:`static_forward_for` picks the implementation for a model, or None when the model's family (or one of
 its options) has none; the engine then uses transformers' forward with a DynamicCache.
@@ -26,9 +33,10 @@ its options) has none; the engine then uses transformers' forward with a Dynamic
 from __future__ import annotations
 
 from pipeline.decoding.static.gpt2 import GPT2StaticForward
+from pipeline.decoding.static.llama import LlamaStaticForward
 
 # model families with a static forward, tried in order
-STATIC_FORWARDS = (GPT2StaticForward,)
+STATIC_FORWARDS = (GPT2StaticForward, LlamaStaticForward)
 
 
 def static_forward_for(model):

@@ -8,6 +8,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from pipeline.decoding.static.base import StaticForward
+
 
 class _GPT2Block(NamedTuple):
     ln_1: tuple            # (weight, bias, eps)
@@ -20,7 +22,7 @@ class _GPT2Block(NamedTuple):
     mlp_proj: tuple
 
 
-class GPT2StaticForward:
+class GPT2StaticForward(StaticForward):
     """GPT-2 (``GPT2LMHeadModel``: gpt2, distilgpt2, gpt2-medium ... and the toy text pair) over a static cache.
 
     model    a ``GPT2LMHeadModel`` in eval mode; its parameters are used in place
@@ -40,11 +42,10 @@ class GPT2StaticForward:
             act=b.mlp.act.forward, mlp_proj=(b.mlp.c_proj.bias, b.mlp.c_proj.weight)) for b in t.h]
         self.ln_f = (t.ln_f.weight, t.ln_f.bias, t.ln_f.eps)
         self.n_layer = len(self.blocks)
-        self.heads = model.config.n_head
+        self.heads = self.kv_heads = model.config.n_head
         self.d_model = model.config.n_embd
         self.head_dim = self.d_model // self.heads
-        self.keys: torch.Tensor | None = None      # [n_layer, B, H, capacity, D]
-        self.values: torch.Tensor | None = None
+        self.dtype = self.wte.dtype
 
     @classmethod
     def supports(cls, model) -> bool:
@@ -56,47 +57,13 @@ class GPT2StaticForward:
                 and getattr(config, "_attn_implementation", None) == "sdpa"
                 and not getattr(model, "hf_device_map", None) and not model.training)
 
-    @property
-    def capacity(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[3]
-
-    def allocate(self, batch: int, capacity: int, device: torch.device) -> None:
-        """Fresh buffers for ``batch`` rows and ``capacity`` positions (previous contents are dropped)."""
-        shape = (self.n_layer, batch, self.heads, capacity, self.head_dim)
-        self.keys = torch.empty(shape, dtype=self.wte.dtype, device=device)
-        self.values = torch.empty_like(self.keys)
-
-    def grow(self, capacity: int) -> None:
-        """At least ``capacity`` positions, keeping what is cached (doubling, so appends stay amortised O(1))."""
-        if capacity <= self.capacity:
-            return
-        new = max(capacity, 2 * self.capacity)
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            buf = old.new_empty((*old.shape[:3], new, old.shape[4]))
-            buf[:, :, :, : old.shape[3]] = old
-            setattr(self, name, buf)
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these batch rows (int64 indices on the cache's device)."""
-        self.keys, self.values = self.keys[:, rows], self.values[:, rows]
-
-    def __call__(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
-                 positions: torch.Tensor | None, last: int) -> torch.Tensor:
-        """Append input_ids int64 [B, q] at cache positions [length, length + q) and return logits [B, q, V] (or
-        the last ``last`` positions' [B, last, V]).
-
-        attend     bool [B, 1, q, length + q] (True = attend), or None: plain causal over every position
-        positions  int64 [B, q] position ids, or None: length, length + 1, ...
-        """
+    def forward(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
+                positions: torch.Tensor | None, last: int) -> torch.Tensor:
+        """input_ids int64 [B, q] -> logits [B, q or last, V] (StaticForward.__call__ says the rest)."""
         B, q = input_ids.shape
         end = length + q
-        self.grow(end)
         pos = self.wpe[length:end] if positions is None else F.embedding(positions, self.wpe)
         x = F.embedding(input_ids, self.wte) + pos
-        if attend is None and q > 1:      # causal among the new tokens, everything cached before them
-            key = torch.arange(end, device=input_ids.device)
-            attend = key <= torch.arange(length, end, device=input_ids.device)[:, None]
         d = self.d_model
         shape = (B, q, self.heads, self.head_dim)
         for i, blk in enumerate(self.blocks):

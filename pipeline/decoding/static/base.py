@@ -1,0 +1,70 @@
+"""What every static forward shares: the call CachedModel makes and the preallocated KV cache it appends to (the
+package docstring says how the cache is used)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class StaticForward:
+    """The call and the KV cache of a static forward: keys and values of every layer in two buffers,
+    dtype [n_layer, B, H_kv, capacity, D].
+
+    A family's forward subclasses it, sets ``n_layer``, ``kv_heads``, ``head_dim`` and ``dtype`` in its
+    constructor and implements :meth:`forward`; CachedModel calls it, :meth:`allocate`, :meth:`grow` and
+    :meth:`select`.
+    """
+
+    n_layer: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    keys: torch.Tensor | None = None       # [n_layer, B, H_kv, capacity, D]
+    values: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
+                 positions: torch.Tensor | None, last: int) -> torch.Tensor:
+        """Append input_ids int64 [B, q] at cache positions [length, length + q) and return logits [B, q, V] (or
+        the last ``last`` positions' [B, last, V]).
+
+        attend     bool [B, 1, q, length + q] (True = attend), or None: plain causal over every position
+        positions  int64 [B, q] position ids, or None: length, length + 1, ...
+        """
+        q = input_ids.shape[1]
+        end = length + q
+        self.grow(end)
+        if attend is None and q > 1:      # causal among the new tokens, everything cached before them
+            key = torch.arange(end, device=input_ids.device)
+            attend = key <= torch.arange(length, end, device=input_ids.device)[:, None]
+        return self.forward(input_ids, length, attend, positions, last)
+
+    def forward(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
+                positions: torch.Tensor | None, last: int) -> torch.Tensor:
+        """The family's forward, as :meth:`__call__` but with room for the new tokens, and ``attend`` bool
+        [B, 1, q, length + q] or [q, length + q], or None where every query attends every position (q = 1)."""
+        raise NotImplementedError
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[3]
+
+    def allocate(self, batch: int, capacity: int, device: torch.device) -> None:
+        """Fresh buffers for ``batch`` rows and ``capacity`` positions (previous contents are dropped)."""
+        shape = (self.n_layer, batch, self.kv_heads, capacity, self.head_dim)
+        self.keys = torch.empty(shape, dtype=self.dtype, device=device)
+        self.values = torch.empty_like(self.keys)
+
+    def grow(self, capacity: int) -> None:
+        """At least ``capacity`` positions, keeping what is cached (doubling, so appends stay amortised O(1))."""
+        if capacity <= self.capacity:
+            return
+        new = max(capacity, 2 * self.capacity)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            buf = old.new_empty((*old.shape[:3], new, old.shape[4]))
+            buf[:, :, :, : old.shape[3]] = old
+            setattr(self, name, buf)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (int64 indices on the cache's device)."""
+        self.keys, self.values = self.keys[:, rows], self.values[:, rows]

@@ -1,0 +1,167 @@
+"""The static-cache forward of Llama (and Mistral and Qwen2 where they compute what Llama does): the package
+docstring says what a static forward is.
+
+What it reproduces, from transformers' modeling_llama with sdpa attention:
+  - RMSNorm in float32: x * rsqrt(mean(x²) + eps), cast back to the input dtype, times the weight
+  - RoPE in rotate-half form, q * cos + rotate_half(q) * sin, with cos and sin of position · inv_freq (float32),
+    times the rotary embedding's attention scaling, cast to the model's dtype. inv_freq and the scaling are the
+    model's own (``model.model.rotary_emb``), so every RoPE type whose frequencies do not change with the
+    sequence length is exact: default, linear, llama3, yarn
+  - grouped-query attention over num_key_value_heads heads, scaled by the layer's own ``scaling``
+  - the MLP down(act(gate(h)) * up(h)) with the model's own activation; every projection with its own bias or
+    none (Llama's attention_bias / mlp_bias, Qwen2's q/k/v biases), tied or untied LM head
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.decoding.static.base import StaticForward
+
+# models whose forward is Llama's, given the checks of LlamaStaticForward.supports
+FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# RoPE types with fixed frequencies; "dynamic" and "longrope" recompute them from the longest position in each
+# forward (a host sync, and a table that changes as the sequence grows)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class _LlamaLayer(NamedTuple):
+    input_norm: tuple      # (weight [d], eps)
+    q_proj: tuple          # (weight [H * D, d], bias [H * D] or None): F.linear's arguments
+    k_proj: tuple          # (weight [H_kv * D, d], bias or None)
+    v_proj: tuple
+    o_proj: tuple          # (weight [d, H * D], bias or None)
+    post_norm: tuple
+    gate_proj: tuple       # (weight [I, d], bias or None)
+    up_proj: tuple
+    down_proj: tuple       # (weight [d, I], bias or None)
+    act: Callable          # the model's own activation (SiLU for Llama)
+    scaling: float
+
+
+def _linear(module) -> tuple:
+    return module.weight, module.bias
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, operation for operation."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaStaticForward(StaticForward):
+    """A Llama-style causal LM (``LlamaForCausalLM``, and Mistral / Qwen2 without sliding windows) over a static
+    cache. Keys and values are cached after RoPE, per key/value head (not repeated for the query heads).
+
+    model    a model of FAMILIES in eval mode (see :meth:`supports`); its parameters are used in place
+    """
+
+    def __init__(self, model) -> None:
+        config = model.config
+        base = model.model
+        attn = base.layers[0].self_attn
+        self.model = model
+        self.embed = base.embed_tokens.weight
+        self.head = _linear(model.lm_head)
+        self.norm = (base.norm.weight, base.norm.variance_epsilon)
+        # the tensors each layer reads, looked up once (nn.Module attribute access costs about a microsecond)
+        self.layers = [_LlamaLayer(
+            input_norm=(b.input_layernorm.weight, b.input_layernorm.variance_epsilon),
+            q_proj=_linear(b.self_attn.q_proj), k_proj=_linear(b.self_attn.k_proj),
+            v_proj=_linear(b.self_attn.v_proj), o_proj=_linear(b.self_attn.o_proj),
+            post_norm=(b.post_attention_layernorm.weight, b.post_attention_layernorm.variance_epsilon),
+            gate_proj=_linear(b.mlp.gate_proj), up_proj=_linear(b.mlp.up_proj), down_proj=_linear(b.mlp.down_proj),
+            act=b.mlp.act_fn.forward, scaling=b.self_attn.scaling) for b in base.layers[: config.num_hidden_layers]]
+        self.n_layer = len(self.layers)
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = attn.head_dim
+        self.dtype = self.embed.dtype
+        self.inv_freq = base.rotary_emb.inv_freq                     # float32 [D / 2]
+        self.rope_scaling = base.rotary_emb.attention_scaling
+        self.cos: torch.Tensor | None = None       # [capacity, D]: cos of position p in row p (model dtype)
+        self.sin: torch.Tensor | None = None
+
+    @classmethod
+    def supports(cls, model) -> bool:
+        """A model of FAMILIES in eval mode with sdpa attention, every layer full attention (no sliding window),
+        RoPE of a type in ROPE_TYPES, plain ``nn.Linear`` projections (not quantised or wrapped ones), on one
+        device (a model spread by accelerate moves activations in hooks that this forward would bypass)."""
+        if type(model).__name__ not in FAMILIES or model.training or getattr(model, "hf_device_map", None):
+            return False
+        config = model.config
+        rope = getattr(config, "rope_parameters", None) or {}
+        layers = model.model.layers
+        linears = [layer.get_submodule(name) for layer in layers for name in
+                   ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")] + [model.lm_head]
+        return (getattr(config, "_attn_implementation", None) == "sdpa"
+                and rope.get("rope_type") in ROPE_TYPES
+                and getattr(config, "sliding_window", None) is None
+                and set(getattr(config, "layer_types", None) or ()) <= {"full_attention"}
+                and all(type(m) is torch.nn.Linear for m in linears))
+
+    def allocate(self, batch: int, capacity: int, device: torch.device) -> None:
+        super().allocate(batch, capacity, device)
+        self._rope_table(capacity, device)
+
+    def grow(self, capacity: int) -> None:
+        if capacity > self.capacity:
+            super().grow(capacity)
+            self._rope_table(self.capacity, self.keys.device)
+
+    def _rope_table(self, capacity: int, device: torch.device) -> None:
+        """cos and sin [capacity, D] of positions 0 .. capacity - 1, as LlamaRotaryEmbedding computes them (a
+        table lookup costs less per forward than computing them: 5-10 % of a tiny model's forward on the CPU)."""
+        freqs = torch.arange(capacity, device=device).float()[:, None] * self.inv_freq.to(device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * self.rope_scaling).to(self.dtype)
+        self.sin = (emb.sin() * self.rope_scaling).to(self.dtype)
+
+    def forward(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
+                positions: torch.Tensor | None, last: int) -> torch.Tensor:
+        """input_ids int64 [B, q] -> logits [B, q or last, V] (StaticForward.__call__ says the rest)."""
+        B, q = input_ids.shape
+        end = length + q
+        if positions is None:                                   # [q, 1, D], broadcast over rows and heads
+            cos, sin = self.cos[length:end, None], self.sin[length:end, None]
+        else:                                                   # [B, q, 1, D]
+            cos, sin = F.embedding(positions, self.cos)[:, :, None], F.embedding(positions, self.sin)[:, :, None]
+        # Grouped-query attention without repeating keys and values: the n_rep query heads that share a key/value
+        # head are laid out as n_rep * q queries of that head, query (r, i) attending as query i does. Measured
+        # against sdpa's enable_gqa and against repeating keys and values: docs/engine.md
+        n_rep = self.heads // self.kv_heads
+        if attend is not None and n_rep > 1:
+            attend = attend.repeat(*(1,) * (attend.dim() - 2), n_rep, 1)        # [(B, 1,) n_rep * q, end]
+        x = F.embedding(input_ids, self.embed)                                  # [B, q, d]
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, *layer.input_norm)
+            query = F.linear(h, *layer.q_proj).view(B, q, self.heads, self.head_dim)
+            key = F.linear(h, *layer.k_proj).view(B, q, self.kv_heads, self.head_dim)
+            value = F.linear(h, *layer.v_proj).view(B, q, self.kv_heads, self.head_dim)
+            query = query * cos + _rotate_half(query) * sin
+            key = key * cos + _rotate_half(key) * sin
+            self.keys[i, :, :, length:end] = key.transpose(1, 2)
+            self.values[i, :, :, length:end] = value.transpose(1, 2)
+            query = query.view(B, q, self.kv_heads, n_rep, self.head_dim).permute(0, 2, 3, 1, 4)
+            a = F.scaled_dot_product_attention(query.reshape(B, self.kv_heads, n_rep * q, self.head_dim),
+                                               self.keys[i, :, :, :end], self.values[i, :, :, :end],
+                                               attn_mask=attend, scale=layer.scaling)   # [B, H_kv, n_rep * q, D]
+            a = a.view(B, self.kv_heads, n_rep, q, self.head_dim).permute(0, 3, 1, 2, 4).reshape(B, q, -1)
+            x = x + F.linear(a, *layer.o_proj)
+            h = _rms_norm(x, *layer.post_norm)
+            x = x + F.linear(layer.act(F.linear(h, *layer.gate_proj)) * F.linear(h, *layer.up_proj),
+                             *layer.down_proj)
+        if last:
+            x = x[:, -last:]
+        return F.linear(_rms_norm(x, *self.norm), *self.head)
