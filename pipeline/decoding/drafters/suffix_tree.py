@@ -21,8 +21,10 @@ Speculation, for a context x (the request's prompt and emitted tokens) and a bud
     unless the output tree's scores strictly higher.
 A parent's count includes the occurrences that end there, the context's own last L tokens among them: a string
 seen once before proposes what followed it with probability 1/2. All of this is ArcticInference's rule (its
-suffix_tree.cc), with two differences: its ties go to whichever child its hash map lists first, and it adds a
-request's output to the shared tree while the request runs, where :meth:`SuffixDecoder.finish` adds it at the end.
+suffix_tree.cc), with three differences: its ties go to whichever child its hash map lists first; it never matches
+the whole context (L < len(x), which differs only for a context shorter than max_depth found whole in the output
+tree); and it adds a request's output to the shared tree while the request runs, where
+:meth:`SuffixDecoder.finish` adds it at the end.
 
 Leaf compression keeps memory linear in practice: a node with count 1 has no children, since the rest of its one
 occurrence is read from its sequence (the node's tail); when a second occurrence reaches it, it gets the child its
