@@ -18,8 +18,10 @@ window, interleaved; a cell is the median over repeats of the mean step time, wi
 interval, and the paired ratio is transformers' time over ours, repeat by repeat. Suffix decoding runs the same
 windows with its request tree alone, and with an output cache of all the highlights. ``start`` (indexing the
 context; for transformers, copying its ids into the tensor) is reported apart. The machine's load while timing is
-recorded (pipeline.env_info.LoadProbe). Memory: what ``start`` leaves allocated (tracemalloc) for the first window
-of each length.
+recorded (pipeline.env_info.LoadProbe) and flagged past pipeline.measure.MAX_CPU_WAIT: on a contended machine
+most of our repeats see no preemption (a 4 ms time slice) and the median ignores those that do, while every repeat
+of transformers' sees several, so its median and the ratio grow with the load. Memory: what ``start`` leaves
+allocated (tracemalloc) for the first window of each length.
 
 Acceptance proxy: each article's highlight, teacher-forced after the article and the summary cue, per setting:
 tokens per step (emitted tokens over steps: the mean accepted + 1, as Spec-Bench reports it, 1.00 without
@@ -47,7 +49,7 @@ from pipeline.decoding.drafters.ngram import NgramIndex, Proposer
 from pipeline.decoding.drafters.suffix_tree import OutputCache, SuffixDecoder
 from pipeline.env_info import LoadProbe, provenance
 from pipeline.io import write_json_atomic
-from pipeline.measure import median_ci
+from pipeline.measure import MAX_CPU_WAIT, median_ci
 from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
 
 WORDS = re.compile(r"\w+|[^\w\s]")
@@ -283,15 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     proxy = measure_proxy(examples)
     print_tables(cost, memory, proxy)
     wait = load["runqueue_wait"]
+    contended = wait is not None and wait["wait_fraction"] > MAX_CPU_WAIT
     print(f"while timing: other processes kept {load['others_busy_cores']:.2f} of {load['cores']} cores busy"
-          + (f"; this process waited for a CPU {wait['wait_fraction']:.0%} of its ready time" if wait else ""))
+          + (f"; this process waited for a CPU {wait['wait_fraction']:.0%} of its ready time" if wait else "")
+          + (" -- FLAGGED: a contended machine, transformers' times and the ratio are inflated" if contended else ""))
     write_json_atomic(args.out, {
         "benchmark": "proposers", "provenance": provenance("cpu"),
         "settings": {"data": str(Path(*args.data.resolve().parts[-3:])), "articles": len(examples),
                      "windows": args.windows, "steps": args.steps, "repeats": args.repeats,
                      "contexts": CONTEXTS, "gammas": GAMMAS, "cost_ngram": COST_NGRAM, "torch_threads": 1,
                      "tokenizer": WORDS.pattern},
-        "load": load, "cost": cost, "memory": memory, "proxy": proxy})
+        "load": load, "contended": contended, "cost": cost, "memory": memory, "proxy": proxy})
     print(f"wrote {args.out}")
     return 0
 
