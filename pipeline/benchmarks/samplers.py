@@ -11,6 +11,9 @@ one-hot logits [B, γ, V_t] with torch.full and scatter_, then calls the rule wi
 order flipping every repeat, and the ratio of each pair (one-hot time / deterministic time) gives a median with its
 distribution-free 95 % interval (pipeline.measure.median_ci). Both ways emit the same tokens from the same uniforms
 (tests/test_deterministic_drafts.py). ``run(deterministic_only=True)`` (``--deterministic-only``) times only these.
+On CUDA the eager calls are mostly host time, so each way is also timed under CUDA-graph replay (device time;
+kernels/bench.py's graph_times, the one-hot build captured with the step), in rounds that alternate the two ways,
+and the replays are paired by their index.
 """
 
 from __future__ import annotations
@@ -99,11 +102,41 @@ def deterministic_rows(sets: list, base: dict, device: str, repeats: int, temper
 
             det_s, one_hot_s = _paired_times((det, one_hot), device, repeats)
             ratio = median_ci([o / d for o, d in zip(one_hot_s, det_s)])
-            rows.append({**base, "sampler": name, "backend": backend, "temperature": t,
-                         "deterministic_median_s": median(det_s), "one_hot_median_s": median(one_hot_s),
-                         "one_hot_over_deterministic": ratio.to_dict(), "deterministic_times_s": det_s,
-                         "one_hot_times_s": one_hot_s})
+            row = {**base, "sampler": name, "backend": backend, "temperature": t,
+                   "deterministic_median_s": median(det_s), "one_hot_median_s": median(one_hot_s),
+                   "one_hot_over_deterministic": ratio.to_dict(), "deterministic_times_s": det_s,
+                   "one_hot_times_s": one_hot_s}
+            if str(device).startswith("cuda"):
+                row.update(_paired_graph_times(sampler, sets))
+            rows.append(row)
     return rows
+
+
+def _paired_graph_times(sampler, sets: list, rounds: int = 4, replays: int = 5) -> dict:
+    """Device seconds per call of the deterministic and the one-hot way under CUDA-graph replay (the default CUDA
+    generator: a custom one cannot be captured), ``rounds`` rounds of ``replays`` replays each, the order of the two
+    flipping every round; the ratio's median and interval over replays paired by index. graph_error where capture
+    fails."""
+    from pipeline.kernels.bench import GRAPH_CALLS, graph_times
+
+    def det(i):
+        dt, _, tl = sets[i % len(sets)]
+        return sampler(dt, None, tl)
+
+    def one_hot(i):
+        dt, _, tl = sets[i % len(sets)]
+        return sampler(dt, _one_hot_as_string_mode(dt, tl.shape[-1]), tl)
+
+    times: list[list[float]] = [[], []]
+    try:
+        for r in range(rounds):
+            for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+                times[k] += graph_times((det, one_hot)[k], GRAPH_CALLS, replays)
+    except Exception as e:  # a capture failure is reported in the row, as bench kernels reports it
+        return {"graph_error": f"{type(e).__name__}: {e}"}
+    ratio = median_ci([o / d for o, d in zip(times[1], times[0])])
+    return {"deterministic_graph_s": median(times[0]), "one_hot_graph_s": median(times[1]),
+            "graph_one_hot_over_deterministic": ratio.to_dict()}
 
 
 def run(device: str = "cpu", batches=FULL["batches"], gammas=FULL["gammas"], vocabs=FULL["vocabs"],
@@ -160,7 +193,11 @@ def print_table(result: dict) -> None:
                   "γ": r["gamma"], "V": r["V"], "dtype": r["dtype"],
                   "deterministic µs": f"{r['deterministic_median_s'] * 1e6:.0f}",
                   "one-hot µs": f"{r['one_hot_median_s'] * 1e6:.0f}",
-                  "one-hot / deterministic [95 %]": _ratio(r["one_hot_over_deterministic"])}
+                  "one-hot / deterministic [95 %]": _ratio(r["one_hot_over_deterministic"]),
+                  **({"graph µs det / one-hot": f"{r['deterministic_graph_s'] * 1e6:.1f} / "
+                                                f"{r['one_hot_graph_s'] * 1e6:.1f}",
+                      "graph ratio [95 %]": _ratio(r["graph_one_hot_over_deterministic"])}
+                     if "deterministic_graph_s" in r else {})}
                  for r in result["deterministic"]]
         print("deterministic drafts: draft_logits=None against one-hot logits (string mode's way), paired")
         print(format_table(table, list(table[0])) + "\n")
