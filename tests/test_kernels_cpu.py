@@ -212,7 +212,8 @@ def test_graphed_verify_answers_what_the_engine_asks_every_sampler(verify_librar
 
     sampler = cpu_backend(verify_library).samplers[rule](temperature=0.7)
     graphed = GraphedVerify(sampler)
-    for attribute in ("name", "backend", "temperature", "draft_temperature", "verifies_by_argmax", "params"):
+    for attribute in ("name", "backend", "temperature", "draft_temperature", "verifies_by_argmax", "params",
+                      "takes_deterministic_drafts"):
         assert getattr(graphed, attribute) == getattr(sampler, attribute), attribute
 
 

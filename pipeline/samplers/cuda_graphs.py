@@ -73,6 +73,11 @@ class GraphedVerify:
         """The wrapped sampler's (the engine and the draft-tokenizer mode ask every sampler)."""
         return self.sampler.verifies_by_argmax
 
+    @property
+    def takes_deterministic_drafts(self) -> bool:
+        """The wrapped sampler's: whether a call with draft_logits=None is verified (pipeline/rules.py)."""
+        return self.sampler.takes_deterministic_drafts
+
     def _greedy(self) -> bool:
         return self.verifies_by_argmax
 
