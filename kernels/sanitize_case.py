@@ -5,8 +5,9 @@ Runs the cupy kernels on B = 3, V_t = 5003 (odd: rows start off 16-byte boundari
 head one entry at a time before its aligned vectors), V_d = 4999 (padded, another alignment), and on a
 16-byte-aligned V = 4096 (vectors only). Each sampler runs three times: without lengths (a null pointer), with
 per-row draft lengths [0, 2, γ + 3] (a row that drafted nothing, a short row, one clamped to γ: the bonus row g and
-the uniform u_g are read), and with [-1, 1, γ + 2] handed to the kernels unclamped (they clamp them). Then it
-synchronises. Exit code 0 means the kernels ran; the sanitizer reports memory errors and races itself.
+the uniform u_g are read), and with [-1, 1, γ + 2] handed to the kernels unclamped (they clamp them); the samplers
+that take a deterministic draft (draft logits None: a null draft pointer) run it too, with and without lengths. Then
+it synchronises. Exit code 0 means the kernels ran; the sanitizer reports memory errors and races itself.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def main() -> int:
                     sampler(dt, dl, tl, generator=g, lengths=lengths)
                     # the step functions hand the unclamped lengths to the kernels, which clamp them themselves
                     sampler._verify(dt, dl, tl, g, lengths - 1)
+                    if sampler.takes_deterministic_drafts:       # exact, greedy: a null draft pointer
+                        sampler(dt, None, tl, generator=g)
+                        sampler(dt, None, tl, generator=g, lengths=lengths)
     torch.cuda.synchronize()
     print("sanitize_case: ok")
     return 0

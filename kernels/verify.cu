@@ -4,6 +4,7 @@
 //   draft_tokens  int64 [B, γ]         target logits  T [B, γ+1, V_t]      draft logits  T [B, γ, V_d]
 //   u             fp32  [B, γ+1]       (column i < γ: acceptance uniforms, column γ: inverse-CDF draw)
 //   lengths       int64 [B] or null    per-row draft lengths (null: γ for every row), see below
+//   draft logits may be null: a deterministic draft (V_d = V_t), see below
 //   tokens        int64 [B, γ+1]       accepted  int64 [B]      draft_ok / target_ok  bool [B]
 // T is float, __half or __nv_bfloat16 (templated; instantiated by name from kernels/loader.py). Logits may have
 // any batch / position strides, but unit stride along the vocabulary. All arithmetic is fp32.
@@ -25,15 +26,23 @@
 // else (the rows reduced, the finiteness flags over all γ positions, the launch geometry) does not depend on g.
 // Greedy: the accepted prefix stops at g too, and the emitted token is the argmax of target row n.
 //
+// Deterministic drafts (contract.py, "Deterministic drafts"; a null `draft` pointer): the draft's distribution at
+// position i is the point mass on x_i, so w_d,i(x_i) = 1 and the residual is w_t,n with x_n removed (w_t,n(x_n) - 1
+// <= 0 clamps to 0), which is what one-hot draft logits give, bit for bit, without reading them: exact_partials
+// reduces the γ+1 target rows only (grid (S1, γ+1, B)) and accepts x_i iff u_i < p_i(x_i); sample_exact zeroes entry
+// x_n of target row n where the residual is a candidate (RowPass.det, RowPass.xr) and reads no draft row; greedy
+// skips the draft's NaN/+inf check at the drafted tokens. A token outside [0, V_t) is rejected and flags draft_ok,
+// as with logits. sigmoid takes no deterministic draft (the host refuses it at T > 0).
+//
 // Softmax needs per-row normalisers m = max z/T and S = Σ exp(z/T - m): these are computed in one read of the
 // logits with an online (rescaling) max/sum-exp, never materialising probabilities. The residual needs the
 // normalisers of rows n of both models *before* it can be summed (max(0, p - q) does not decompose over
 // blocks), so exact uses two launches on one stream:
-//   exact_partials<T>  grid (S1, 2γ+1, B): block (s, r, b) reduces slice s of row r (γ+1 target rows, then γ
-//                      draft rows) to (m, S); the last block of batch row b (atomic counter + __threadfence)
-//                      combines the S1 partials per row, makes the γ acceptance decisions and writes n (the
-//                      accepted prefix within the row's length g), the accepted tokens, the flags and the
-//                      normalisers of rows n.
+//   exact_partials<T>  grid (S1, 2γ+1, B), (S1, γ+1, B) for a deterministic draft: block (s, r, b) reduces
+//                      slice s of row r (γ+1 target rows, then γ draft rows) to (m, S); the last block of batch
+//                      row b (atomic counter + __threadfence) combines the S1 partials per row, makes the γ
+//                      acceptance decisions and writes n (the accepted prefix within the row's length g), the
+//                      accepted tokens, the flags and the normalisers of rows n.
 //   exact_sample<T>    grid (S2, B): block (s, b) sums p and max(0, p - q) over its chunks of row n; the last
 //                      block of row b chooses the chunk and scans inside it.
 // Why not one launch: a single launch would need either a spin barrier between blocks (correct only while
@@ -338,8 +347,10 @@ __device__ __forceinline__ int choose_in_chunk(const float (&w)[4], float offset
 // Per-row inputs of the pass over row n, already decided.
 struct RowPass {
   const void* trow;       // target row n
-  const void* drow;       // draft row min(n, γ-1), or nullptr when γ == 0
+  const void* drow;       // draft row min(n, γ-1), or nullptr when γ == 0 or the draft is deterministic
   bool residual;          // n < g (the row's draft length): the residual is a candidate
+  bool det;               // a deterministic draft: the residual is target row n with entry xr removed
+  long long xr;           // deterministic: x_n, the proposed token the residual removes
   // exact: softmax normalisers of the two rows; sigmoid: unused
   float mt, st, md, sd;
 };
@@ -351,14 +362,15 @@ struct WeightParams {
 };
 
 // p and max(0, p - q) of one entry with target logit zt and draft logit zd; q counts only where the residual is a
-// candidate and the entry is inside the draft's vocabulary (has_q).
-__device__ __forceinline__ void entry_weights(float zt, float zd, bool has_q, const RowPass& rp,
+// candidate and the entry is inside the draft's vocabulary (has_q). is_x: a deterministic draft's removed entry (its
+// residual is 0, as max(0, p - 1) is; every other entry keeps p, as max(0, p - 0) does).
+__device__ __forceinline__ void entry_weights(float zt, float zd, bool has_q, bool is_x, const RowPass& rp,
                                               const WeightParams& wp, float& sum_p, float& sum_r) {
   const float p = wp.sigmoid ? sigmoid_w(zt, wp.a, wp.b) : softmax_w(zt, wp.inv_t, rp.mt, rp.st);
   float q = 0.0f;
   if (has_q) q = wp.sigmoid ? sigmoid_w(zd, wp.a, wp.b) : softmax_w(zd, wp.inv_t, rp.md, rp.sd);
   sum_p += p;
-  sum_r += fmaxf(__fsub_rn(p, q), 0.0f);
+  sum_r += is_x ? 0.0f : fmaxf(__fsub_rn(p, q), 0.0f);
 }
 
 // Sums p and max(0, p - q) over the chunks [c0, c1) of row n and stores them per chunk in csum[c] (float2).
@@ -425,11 +437,15 @@ __device__ void chunk_pass(const RowPass& rp, const WeightParams& wp, int vt, in
         any_d |= md > -SPECSWEEP_INF;
       }
       float sp = 0.0f, sr = 0.0f;
+      const bool has_q = rp.residual && !rp.det;               // a draft row to subtract
+      const long long xr = rp.residual && rp.det ? rp.xr : -1;  // a deterministic draft's entry to remove
       if (i < lim) {
 #pragma unroll
-        for (int k = 0; k < N; ++k) entry_weights(zt[q][k], zd[q][k], rp.residual && i + k < vd, rp, wp, sp, sr);
+        for (int k = 0; k < N; ++k)
+          entry_weights(zt[q][k], zd[q][k], has_q && i + k < vd, i + k == xr, rp, wp, sp, sr);
       }
-      if (j < head && cs + j < lim) entry_weights(ht[q][0], hd[q][0], rp.residual && cs + j < vd, rp, wp, sp, sr);
+      if (j < head && cs + j < lim)
+        entry_weights(ht[q][0], hd[q][0], has_q && cs + j < vd, cs + j == xr, rp, wp, sp, sr);
       sp = warp_sum(sp);
       sr = warp_sum(sr);
       if (lane == 0) {
@@ -465,7 +481,9 @@ __device__ __forceinline__ void chunk_weights(const RowPass& rp, const WeightPar
     if (v < vt) {
       const float z = to_float(trow[v]);
       p = wp.sigmoid ? sigmoid_w(z, wp.a, wp.b) : softmax_w(z, wp.inv_t, rp.mt, rp.st);
-      if (use_residual) {
+      if (use_residual && rp.det) {
+        if (v == rp.xr) p = 0.0f;                  // a deterministic draft: x_n removed
+      } else if (use_residual) {
         float q = 0.0f;
         if (v < vd) {
           const float zd = to_float(drow[v]);
@@ -529,7 +547,8 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
   __shared__ float sh_m[kMaxRows], sh_s[kMaxRows];
   __shared__ int sh_bad[kMaxRows], sh_acc[kMaxGamma], sh_tok_bad;
   const int s = blockIdx.x, r = blockIdx.y, b = blockIdx.z;
-  const int rows = 2 * gamma + 1, slices = gridDim.x;
+  const bool det = draft == nullptr;           // a deterministic draft: the γ+1 target rows only
+  const int rows = det ? gamma + 1 : 2 * gamma + 1, slices = gridDim.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
   // 1) this block's slice of row r: online max / sum-exp of x = z / T, NaN / +inf seen
@@ -603,8 +622,9 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
     bool accept = false;
     if (in_range) {
       const float p = softmax_w(to_float(target[b * tsb + i * tsr + x]), inv_t, sh_m[i], sh_s[i]);
-      const float q = softmax_w(to_float(draft[b * dsb + i * dsr + x]), inv_t, sh_m[gamma + 1 + i],
-                                sh_s[gamma + 1 + i]);
+      const float q = det ? 1.0f   // the point mass on x: q(x) = 1
+                          : softmax_w(to_float(draft[b * dsb + i * dsr + x]), inv_t, sh_m[gamma + 1 + i],
+                                      sh_s[gamma + 1 + i]);
       accept = q > 0.0f && u[static_cast<long long>(b) * (gamma + 1) + i] * q < p;
     } else {
       atomicOr(&sh_tok_bad, 1);               // a token the draft cannot have proposed: reject, flag the draft
@@ -625,8 +645,9 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
     target_ok[b] = tok;
     nacc[b] = n;
     const int nd = gamma > 0 ? min(n, gamma - 1) : 0;
-    dec[b] = make_float4(sh_m[n], sh_s[n], gamma > 0 ? sh_m[gamma + 1 + nd] : 0.0f,
-                         gamma > 0 ? sh_s[gamma + 1 + nd] : 1.0f);
+    const bool has_draft_row = gamma > 0 && !det;
+    dec[b] = make_float4(sh_m[n], sh_s[n], has_draft_row ? sh_m[gamma + 1 + nd] : 0.0f,
+                         has_draft_row ? sh_s[gamma + 1 + nd] : 1.0f);
   }
 }
 
@@ -692,11 +713,13 @@ __device__ void sample_impl(const long long* __restrict__ tokens, const long lon
     rp.sd = d.w;
   }
   const int nd = gamma > 0 ? min(n, gamma - 1) : 0;
+  rp.det = !kSigmoid && draft == nullptr;         // a deterministic draft (exact only): remove x_n, read no draft row
   rp.trow = target + b * tsb + n * tsr;
-  rp.drow = gamma > 0 ? static_cast<const void*>(draft + b * dsb + nd * dsr) : nullptr;
+  rp.drow = gamma > 0 && !rp.det ? static_cast<const void*>(draft + b * dsb + nd * dsr) : nullptr;
+  rp.xr = rp.det && gamma > 0 ? tokens[static_cast<long long>(b) * gamma + nd] : -1;
   rp.residual = n < g;                            // n == g: the whole draft was accepted, a bonus token from row g
   // sigmoid reads draft row min(n, γ-1) even when n == g: the reference checks that row's maximum
-  const bool read_draft = gamma > 0 && (rp.residual || kSigmoid);
+  const bool read_draft = gamma > 0 && !rp.det && (rp.residual || kSigmoid);
 
   // 2) this block's chunks of row n
   float2* csum = csum_all + static_cast<long long>(b) * kMaxChunks;
@@ -824,8 +847,8 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const long lon
   long long x = -1;
   if (i < gamma) {
     x = tokens[static_cast<long long>(b) * gamma + i];
-    if (x >= 0 && x < vd) {
-      if (nan_or_posinf(to_float(draft[b * dsb + i * dsr + x]))) atomicOr(&sh_dbad, 1);
+    if (x >= 0 && x < vd) {   // a deterministic draft (null draft) has no logits to check
+      if (draft != nullptr && nan_or_posinf(to_float(draft[b * dsb + i * dsr + x]))) atomicOr(&sh_dbad, 1);
     } else {
       atomicOr(&sh_dbad, 1);
     }

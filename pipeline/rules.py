@@ -16,6 +16,12 @@ and its implementation under ``pipeline/samplers/`` (held to the torch reference
     hf       transformers' own verify step (the baseline the paper measured against): lossless, T > 0, batch 1
     typical, fuzzy, relaxed, accept_all   lossy rules from other work (pipeline/samplers/lossy.py): Medusa's
              typical acceptance, fuzzy speculative decoding, TensorRT-LLM's relaxed acceptance, and the floor
+
+Deterministic drafts (a sampler called with ``draft_logits=None``: prompt lookup, suffix decoding, string-mode
+drafts; pipeline/samplers/contract.py): ``Rule.deterministic_drafts`` says whether a rule takes one ("always",
+"at T = 0" or "never") and ``deterministic_refusal`` why not, so a run can be refused before it starts
+(:meth:`Rule.check_run` with ``deterministic_draft=True``). Every rule takes them except sigmoid at T > 0, whose
+acceptance ratio sigmoid(z_t) / sigmoid(z_d) needs the draft's logits.
 """
 
 from __future__ import annotations
@@ -62,15 +68,27 @@ class Rule:
     uses_temperature: bool = True    # False: it verifies by argmax whatever the temperature (greedy)
     needs_sampling: bool = False     # temperature > 0 only
     batch_one: bool = False          # batch size 1 only in our engine
+    # whether the rule verifies a deterministic draft (draft_logits=None): "always", "at T = 0" (it verifies greedily
+    # there) or "never"; deterministic_refusal says why not and what to do (the one-line refusal's reason)
+    deterministic_drafts: str = "always"
+    deterministic_refusal: str = ""
 
     def is_lossless(self, temperature) -> bool:
         """Whether a run of this rule at ``temperature`` follows the target exactly."""
-        if self.lossless == "always":
-            return True
-        try:
-            return self.lossless == "at T = 0" and float(temperature) == 0.0
-        except (TypeError, ValueError):
-            return False
+        return _holds_at(self.lossless, temperature)
+
+    def takes_deterministic_drafts(self, temperature) -> bool:
+        """Whether this rule at ``temperature`` verifies a deterministic draft (``draft_logits=None``)."""
+        return _holds_at(self.deterministic_drafts, temperature)
+
+    def deterministic_draft_error(self, temperature) -> str | None:
+        """None where this rule at ``temperature`` takes a deterministic draft, else the one-line reason it does not
+        (what is wrong, what to do)."""
+        if self.takes_deterministic_drafts(temperature):
+            return None
+        where = " at T > 0" if self.deterministic_drafts == "at T = 0" else ""
+        return f"sampler {self.name}{where} cannot verify a deterministic draft (draft_logits=None): " \
+               f"{self.deterministic_refusal}"
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -105,8 +123,13 @@ class Rule:
         return {**params, **fixed}
 
     def check_run(self, *, backend: str, temperature: float, batch_size: int, engine: str, params: dict,
-                  preset: str | None) -> None:
-        """Raise SpecsweepError (one line: what is wrong, what to do) when a run cannot use this rule so."""
+                  preset: str | None, deterministic_draft: bool = False) -> None:
+        """Raise SpecsweepError (one line: what is wrong, what to do) when a run cannot use this rule so.
+        ``deterministic_draft``: the run's drafter proposes without a distribution (draft_logits=None)."""
+        if deterministic_draft:
+            error = self.deterministic_draft_error(temperature)
+            if error is not None:
+                raise SpecsweepError(error)
         if backend not in self.backends:
             raise SpecsweepError(f"--sampler {self.name} has no {backend!r} backend: use --backend "
                                  f"{' or '.join(self.backends)}")
@@ -125,6 +148,17 @@ class Rule:
                 raise SpecsweepError(f"--{p.name} must be a finite number; got {params[p.name]}")
             if p.name in params and p.integer and float(params[p.name]) != int(float(params[p.name])):
                 raise SpecsweepError(f"--{p.name} must be an integer; got {params[p.name]}")
+
+
+def _holds_at(when: str, temperature) -> bool:
+    """Whether a property stated as "always", "at T = 0" or "never" holds at ``temperature`` (False for a
+    temperature that is not a number)."""
+    if when == "always":
+        return True
+    try:
+        return when == "at T = 0" and float(temperature) == 0.0
+    except (TypeError, ValueError):
+        return False
 
 
 def _is_number(value) -> bool:
@@ -147,7 +181,9 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
                  Param("beta", -20.0, -30.0, 0.0, help="sigmoid: shift")),
          # the constants of the paper's released kernels: sigmoid((z + 1e4) / 2e4)
          presets={"paper": {"alpha": 1.0 / 2e4, "beta": 1e4 / 2e4}},
-         tunable=True),
+         tunable=True, deterministic_drafts="at T = 0",
+         deterministic_refusal="its acceptance ratio sigmoid(z_t) / sigmoid(z_d) needs the draft's logits; use "
+                               "--sampler exact (lossless; with a deterministic draft it reads only the target)"),
     Rule("greedy", "accept while the draft token is the target's argmax (greedy decoding)", "at T = 0",
          {"torch": f"{_SAMPLERS}.torch_ref:GreedySampler", "cupy": f"{_SAMPLERS}.cupy_backend:GreedySampler"},
          uses_temperature=False),

@@ -11,7 +11,8 @@ that differs must be explained by one of these, judged with fp64 weights:
   token       (same accepted count) u_γ * total lies within BOUNDARY * total of both CDF steps that separate the
               two tokens, or the residual's mass is within 1 % of the rounding-noise threshold
 and at most 1 % of rows (at least one) may differ at all. With per-row draft lengths g_b (the contract's
-``lengths``) read g_b for γ: positions >= g_b never explain a difference, and the token is drawn with u_{g_b}.
+``lengths``) read g_b for γ: positions >= g_b never explain a difference, and the token is drawn with u_{g_b}. A
+deterministic draft (draft logits None, the contract) is judged with w_d(x) = 1 and the residual w_t without x_n.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class KernelBackend:
     def inputs(self, B, gamma, vt, vd, dtype, seed=0):
         return make_inputs(self.device, min(B, self.max_batch), gamma, vt, vd, dtype, seed)
 
+    def deterministic(self, B, gamma, vt, vd, dtype, seed=0):
+        """deterministic_inputs at this backend's batch limit (vd is not used: a deterministic draft has V_d = V_t)."""
+        return deterministic_inputs(self.device, min(B, self.max_batch), gamma, vt, dtype, seed)
+
 
 def make_inputs(device, B, gamma, vt, vd, dtype, seed=0, scale=3.0, draft_noise=1.0):
     """draft_tokens int64 [B, γ] (sampled from the draft), draft logits [B, γ, V_d] (the target's plus normal noise of
@@ -71,6 +76,37 @@ def make_inputs(device, B, gamma, vt, vd, dtype, seed=0, scale=3.0, draft_noise=
     gumbel = -torch.empty(B, gamma, vd, device=device).exponential_(generator=g).log()
     dt = (dl.float() + gumbel).argmax(-1)            # a draw from softmax(draft logits) (Gumbel-max)
     return dt, dl, tl
+
+
+def deterministic_inputs(device, B, gamma, vt, dtype, seed=0):
+    """(draft_tokens int64 [B, γ], None, target logits [B, γ+1, V_t]): a deterministic draft (draft logits None). The
+    tokens are make_inputs' draft samples; the target gives 70 % of them a probability between 0.2 and 0.95 (so steps
+    accept, reject and reach the bonus) and the others what it gives them (mostly rejected)."""
+    dt, _, tl = make_inputs(device, B, gamma, vt, vt, dtype, seed)
+    return dt, None, _boost_drafted(dt, tl, seed + 1)
+
+
+def _boost_drafted(dt, tl, seed, where=None):
+    """Target logits tl [B, γ+1, V] (a copy) in which 70 % of the drafted tokens dt [B, γ] (only where ``where``, bool
+    [B, γ], if given) get a target probability drawn from [0.2, 0.95]."""
+    B, gamma = dt.shape
+    g = torch.Generator(device=dt.device).manual_seed(seed)
+    t = tl[:, :gamma].float()
+    others = t.scatter(2, dt[..., None], -math.inf).logsumexp(-1)                # [B, γ]
+    r = 0.2 + 0.75 * torch.rand(B, gamma, generator=g, device=dt.device)
+    boosted = t.scatter(2, dt[..., None], (others + torch.log(r / (1 - r)))[..., None])
+    pick = torch.rand(B, gamma, generator=g, device=dt.device) < 0.7
+    if where is not None:
+        pick &= where
+    tl = tl.clone()
+    tl[:, :gamma] = torch.where(pick[..., None], boosted, t).to(tl.dtype)
+    return tl
+
+
+def one_hot_logits(draft_tokens, vocab, dtype):
+    """[B, γ, V] logits of the point mass on each drafted token (0 there, -inf elsewhere): what string mode passes."""
+    out = torch.full((*draft_tokens.shape, vocab), -math.inf, dtype=dtype, device=draft_tokens.device)
+    return out.scatter_(2, draft_tokens[..., None], 0.0)
 
 
 def _weights64(name, logits, params):
@@ -96,9 +132,13 @@ def explained_rows(name, params, inputs, ref, got, u, lengths=None) -> torch.Ten
     explained = torch.zeros(B, dtype=torch.bool, device=device)
     n_ref, n_got = ref.accepted, got.accepted
     if gamma:
-        wt, wd = _weights64(name, tl[:, :gamma], params), _weights64(name, dl, params)
+        wt = _weights64(name, tl[:, :gamma], params)
         pt = wt.gather(2, dt.clamp(0, wt.shape[2] - 1)[..., None]).squeeze(2)
-        qd = wd.gather(2, dt.clamp(0, wd.shape[2] - 1)[..., None]).squeeze(2)
+        if dl is None:                                                 # a deterministic draft: w_d(x) = 1
+            qd = torch.ones_like(pt)
+        else:
+            wd = _weights64(name, dl, params)
+            qd = wd.gather(2, dt.clamp(0, wd.shape[2] - 1)[..., None]).squeeze(2)
         near = (u[:, :gamma].double() * qd - pt).abs() <= BOUNDARY * pt
         near &= torch.arange(gamma, device=device) < g[:, None]        # a padded position decides nothing
         first = torch.minimum(n_ref, n_got).clamp(max=gamma - 1)
@@ -109,8 +149,12 @@ def explained_rows(name, params, inputs, ref, got, u, lengths=None) -> torch.Ten
         n, gd = n_ref[differ], g[differ]
         w = _weights64(name, tl[differ, n], params)                              # [k, V_t]: target row n
         if gamma:
-            q = _weights64(name, dl[differ, n.clamp(max=gamma - 1)], params)
-            resid = (w - torch.nn.functional.pad(q, (0, w.shape[1] - q.shape[1]))).clamp(min=0)
+            if dl is None:                                       # a deterministic draft: x_n removed
+                x_n = dt[differ, n.clamp(max=gamma - 1)].clamp(0, w.shape[1] - 1)
+                resid = w.scatter(1, x_n[:, None], 0.0)
+            else:
+                q = _weights64(name, dl[differ, n.clamp(max=gamma - 1)], params)
+                resid = (w - torch.nn.functional.pad(q, (0, w.shape[1] - q.shape[1]))).clamp(min=0)
             ratio = resid.sum(1) / w.sum(1)
             switch_near = (n < gd) & ((ratio / contract.RESIDUAL_ZERO_TOL - 1).abs() < 1e-2)
             w = torch.where(((n < gd) & (ratio > contract.RESIDUAL_ZERO_TOL))[:, None], resid, w)
@@ -228,6 +272,17 @@ def assert_lengths_agree(kb: KernelBackend, name: str, dtype: str, seed: int = 4
     """The per-row length case (length_inputs) held to the reference with the same uniforms and lengths."""
     inputs, lengths = length_inputs(kb.device, *LENGTH_CASE, dtype, seed=seed, match=0.8 if name == "greedy" else 0)
     return assert_any(name, inputs, kb, LENGTH_PARAMS[name], seed + 2, lengths), inputs, lengths
+
+
+def assert_deterministic_lengths_agree(kb: KernelBackend, name: str):
+    """The per-row length case with a deterministic draft (draft logits None), held to the reference; for exact, the
+    target also likes most drafted tokens before each row's length, so that rows reach it."""
+    (dt, _, tl), lengths = length_inputs(kb.device, *LENGTH_CASE, "float32", seed=55,
+                                         match=0.8 if name == "greedy" else 0)
+    if name == "exact":
+        tl = _boost_drafted(dt, tl, 58, where=torch.arange(dt.shape[1], device=kb.device) < lengths[:, None])
+    inputs = (dt, None, tl)
+    return assert_any(name, inputs, kb, LENGTH_PARAMS[name], 56, lengths), inputs, lengths
 
 
 class KernelCases:
@@ -409,6 +464,83 @@ class KernelCases:
 
         got, want = step(raw), step(raw.clamp(0, gamma))
         assert torch.equal(got.tokens, want.tokens) and torch.equal(got.accepted, want.accepted)
+
+    # ---- deterministic drafts (draft logits None) ----------------------------------------------------------------
+
+    @pytest.mark.parametrize("config", [CONFIGS[i] for i in (0, 2, 4, 5, 6)], ids=lambda c: CONFIG_ID(*c))
+    def test_exact_deterministic_matches_reference(self, kb, config):
+        got = assert_agree(kb, "exact", {"temperature": 1.0}, kb.deterministic(*config), seed=51)
+        assert bool(got.draft_ok.all())
+
+    @pytest.mark.parametrize("config", [CONFIGS[i] for i in (0, 4, 6)], ids=lambda c: CONFIG_ID(*c))
+    def test_exact_deterministic_tempered_matches_reference(self, kb, config):
+        assert_agree(kb, "exact", {"temperature": 0.7}, kb.deterministic(*config), seed=52)
+
+    @pytest.mark.parametrize("config", [CONFIGS[i] for i in (0, 4, 6)], ids=lambda c: CONFIG_ID(*c))
+    def test_greedy_deterministic_matches_reference(self, kb, config):
+        inputs = kb.deterministic(*config)
+        got = assert_greedy_agrees(kb, inputs)
+        for other in ("exact", "sigmoid"):                            # they verify greedily at T = 0, None too
+            same = kb.samplers[other](temperature=0.0)(*inputs)
+            assert torch.equal(same.tokens, got.tokens) and torch.equal(same.accepted, got.accepted), other
+
+    @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+    @pytest.mark.parametrize("name", ["exact", "greedy"])
+    def test_deterministic_draft_is_one_hot_logits_bit_for_bit(self, kb, name, dtype):
+        """The kernels' deterministic mode computes what they compute for one-hot draft logits (0 at the token,
+        -inf elsewhere) without reading them: the same uniforms give the same tokens, counts and flags, with and
+        without per-row lengths (an odd V: rows off 16-byte alignment, several slices and chunks per row)."""
+        dt, _, tl = deterministic_inputs(kb.device, 9, 5, 5_003, dtype, seed=53)
+        params = {"temperature": 0.8} if name == "exact" else {}
+        sampler = kb.samplers[name](**params)
+        lengths = torch.tensor([0, 5, 2, 9, 3, 1, 4, 5, 5], device=kb.device)
+        for lens in (None, lengths):
+            got = sampler(dt, None, tl, generator=kb.generator(54), lengths=lens)
+            want = sampler(dt, one_hot_logits(dt, tl.shape[2], tl.dtype), tl, generator=kb.generator(54),
+                           lengths=lens)
+            for a, b in ((got.tokens, want.tokens), (got.accepted, want.accepted), (got.draft_ok, want.draft_ok),
+                         (got.target_ok, want.target_ok)):
+                assert torch.equal(a, b), (lens, a, b)
+        assert bool((got.accepted == 0).any()) and bool((got.accepted > 0).any()), "want rejected and accepted rows"
+
+    @pytest.mark.parametrize("name", ["exact", "greedy"])
+    def test_deterministic_per_row_lengths_match_reference(self, kb, name):
+        """Per-row lengths with a deterministic draft: the padding holds tokens the target gives probability 0.9, which
+        a length-blind step would accept (the case has teeth)."""
+        got, inputs, lengths = assert_deterministic_lengths_agree(kb, name)
+        g = lengths.clamp(max=inputs[0].shape[1])
+        ignored = kb.samplers[name](**LENGTH_PARAMS[name])(*inputs, generator=kb.generator(56))
+        assert bool((ignored.accepted > g).any()) and bool((got.accepted <= g).all())
+        assert bool((got.accepted == g).any()) and bool((got.accepted < g).any()), "want full and rejected rows"
+
+    @pytest.mark.parametrize("name", ["exact", "greedy"])
+    def test_deterministic_flags(self, kb, name):
+        """Non-finite target logits are flagged as the reference flags them; draft_ok holds (no draft logits), except
+        where a token is outside [0, V_t): rejected and flagged, as with draft logits."""
+        dt, _, tl = deterministic_inputs(kb.device, 6, 4, 3_000, "float32", seed=57)
+        tl[1, :, 100] = float("nan")
+        tl[2, :, 7] = float("inf")
+        tl[4] = float("-inf")
+        params = {} if name == "greedy" else {"temperature": 1.0}
+        ref = REFERENCE[name](**params)(dt, None, tl, kb.generator(0))
+        got = kb.samplers[name](**params)(dt, None, tl, kb.generator(0))
+        assert torch.equal(got.target_ok.cpu(), ref.target_ok.cpu()) and not bool(got.target_ok[1])
+        assert bool(got.draft_ok.all()) and bool(ref.draft_ok.all())
+        dt[3, 0] = 3_000
+        dt[5, 1] = -2
+        bad = kb.samplers[name](**params)(dt, None, tl, kb.generator(1))
+        assert bad.draft_ok.tolist() == [True, True, True, False, True, False]
+        assert int(bad.accepted[3]) == 0 and int(bad.accepted[5]) <= 1
+        assert bool(((bad.tokens >= -1) & (bad.tokens < 3_000)).all())
+
+    def test_sigmoid_refuses_a_deterministic_draft(self, kb):
+        from pipeline.samplers import cupy_backend
+
+        dt, _, tl = deterministic_inputs(kb.device, 3, 2, 1_000, "float32")
+        with pytest.raises(SamplerInputError, match="sigmoid at T > 0 cannot verify a deterministic draft"):
+            kb.samplers["sigmoid"](temperature=1.0)(dt, None, tl)
+        with pytest.raises(SamplerInputError, match="sample_sigmoid needs draft logits"):
+            cupy_backend.sigmoid_step(kb.samplers["sigmoid"].launcher, dt, None, tl, 1.0, -20.0)
 
     def test_bad_lengths_are_one_line_errors(self, kb):
         from pipeline.samplers import cupy_backend

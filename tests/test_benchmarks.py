@@ -71,6 +71,22 @@ def test_bench_samplers_quick_writes_a_row_per_sampler_and_hf(tmp_path, capsys):
     assert {("exact", "torch"), ("sigmoid", "torch"), ("greedy", "torch"), ("hf", "transformers")} <= names
     assert all(len(r["times_s"]) == 2 and r["median_s"] > 0 for r in result["results"])
     assert result["provenance"]["device"]["device"] == "cpu" and "HF / this" in capsys.readouterr().out
+    det = {(r["sampler"], r["backend"]): r for r in result["deterministic"]}
+    assert {("exact", "torch"), ("block", "torch"), ("greedy", "torch")} <= set(det)
+    for r in det.values():
+        ratio = r["one_hot_over_deterministic"]
+        assert len(r["deterministic_times_s"]) == len(r["one_hot_times_s"]) == 2
+        assert ratio["ci_low"] <= ratio["median"] <= ratio["ci_high"] and ratio["n"] == 2
+
+
+def test_bench_samplers_deterministic_only_times_only_that_comparison(tmp_path, capsys):
+    out = tmp_path / "d.json"
+    assert main(["bench", "samplers", "--quick", "--deterministic-only", "--repeats", "3", "--device", "cpu",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "samplers-deterministic" and result["results"] == []
+    assert {r["sampler"] for r in result["deterministic"]} == {"exact", "block", "greedy"}
+    assert "one-hot / deterministic" in capsys.readouterr().out
 
 
 def test_bench_forward_smoke_times_both_forwards_and_writes_json(tmp_path):

@@ -18,10 +18,13 @@ from kernel_cases import (
     KernelCases,
     assert_agree,
     assert_any,
+    assert_deterministic_lengths_agree,
     assert_greedy_agrees,
     assert_lengths_agree,
     make_inputs,
 )
+from stat_utils import THRESHOLD
+from test_deterministic_drafts import DET_CASES, first_token_pvalue
 
 from pipeline.kernels import loader
 from pipeline.samplers import cupy_backend
@@ -209,7 +212,8 @@ def test_graphed_verify_answers_what_the_engine_asks_every_sampler(verify_librar
 
     sampler = cpu_backend(verify_library).samplers[rule](temperature=0.7)
     graphed = GraphedVerify(sampler)
-    for attribute in ("name", "backend", "temperature", "draft_temperature", "verifies_by_argmax", "params"):
+    for attribute in ("name", "backend", "temperature", "draft_temperature", "verifies_by_argmax", "params",
+                      "takes_deterministic_drafts"):
         assert getattr(graphed, attribute) == getattr(sampler, attribute), attribute
 
 
@@ -248,6 +252,13 @@ MUTANTS = {
     "residual at n == g": ("  rp.residual = n < g;", "  rp.residual = n < gamma;", ("exact lengths",)),
     # the emitted token drawn with u_γ instead of the row's u_g
     "uniform of column γ": ("csum, u[ub + g], sh);", "csum, u[ub + gamma], sh);", ("exact lengths", "sigmoid lengths")),
+    # a deterministic draft's token kept in the residual (drawn from target row n itself after a rejection)
+    "deterministic: x kept in the residual": (
+        "  rp.xr = rp.det && gamma > 0 ? tokens[static_cast<long long>(b) * gamma + nd] : -1;", "  rp.xr = -1;",
+        ("exact deterministic", "exact deterministic lengths")),
+    # a deterministic draft's token accepted with probability 1 (q(x) taken ~0: u * q < p always)
+    "deterministic: always accepted": ("const float q = det ? 1.0f ", "const float q = det ? 1e-30f ",
+                                       ("exact deterministic", "exact deterministic lengths")),
 }
 
 CHECKS = {
@@ -257,17 +268,26 @@ CHECKS = {
     "exact lengths": lambda kb: assert_lengths_agree(kb, "exact", "float32"),
     "sigmoid lengths": lambda kb: assert_lengths_agree(kb, "sigmoid", "float32"),
     "greedy lengths": lambda kb: assert_lengths_agree(kb, "greedy", "float32"),
+    "exact deterministic": lambda kb: assert_agree(kb, "exact", {"temperature": 1.0}, kb.deterministic(*CONFIGS[4]),
+                                                   seed=51),
+    "exact deterministic lengths": lambda kb: assert_deterministic_lengths_agree(kb, "exact"),
 }
+
+
+def mutant_backend(mutant: str) -> KernelBackend:
+    """The kernel samplers built from verify.cu with MUTANTS[mutant]'s defect (cached by build() per source text)."""
+    original, broken, _ = MUTANTS[mutant]
+    source = loader.source()
+    assert source.count(original) == 1, f"the mutant's anchor is gone from verify.cu: update MUTANTS[{mutant!r}]"
+    library = KernelLibrary(build(loader.SOURCE_PATH, loader.NAME_EXPRESSIONS, text=source.replace(original, broken)))
+    return cpu_backend(library)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=list(MUTANTS))
 def test_the_tests_catch_a_broken_kernel(mutant):
     """Build verify.cu with one defect and run the mutant's agreement checks on it: they must all fail."""
-    original, broken, checks = MUTANTS[mutant]
-    source = loader.source()
-    assert source.count(original) == 1, f"the mutant's anchor is gone from verify.cu: update MUTANTS[{mutant!r}]"
-    library = KernelLibrary(build(loader.SOURCE_PATH, loader.NAME_EXPRESSIONS, text=source.replace(original, broken)))
-    kb = cpu_backend(library)
+    _, _, checks = MUTANTS[mutant]
+    kb = mutant_backend(mutant)
     failures = 0
     for name in checks:
         try:
@@ -277,6 +297,15 @@ def test_the_tests_catch_a_broken_kernel(mutant):
     assert failures == len(checks), f"{mutant}: only {failures} of {len(checks)} checks failed on the broken kernel"
     # and the unbroken kernel passes the same checks (so the failures above are the mutant's)
     assert_greedy_agrees(kb, kb.inputs(*CONFIGS[6]))
+
+
+def test_the_exactness_test_catches_a_broken_deterministic_kernel():
+    """The chi-square test of tests/test_deterministic_drafts.py (the first emitted token against the target), which
+    the kernels pass there on the same case, on the kernel whose deterministic mode keeps x in the residual: it must
+    fail. (The torch-level negative controls there cover a draft accepted with probability 1 too.)"""
+    sampler = mutant_backend("deterministic: x kept in the residual").samplers["exact"](temperature=1.0)
+    broken, _ = first_token_pvalue(sampler, DET_CASES["mixed"], seed=7)
+    assert broken <= THRESHOLD, f"the chi-square test passed a broken kernel (p = {broken:.3g})"
 
 
 # ---- the runtime itself ---------------------------------------------------------------------------------------

@@ -2,14 +2,22 @@
 
 The shared cases and agreement rule of tests/kernel_cases.py (also run on the CPU runtime in every CI run), plus
 what only a GPU can show: half precision against fp32 at full size, no host sync, and the verify step captured
-and replayed in CUDA graphs (growing B, two streams).
+and replayed in CUDA graphs (growing B, two streams). Deterministic drafts (draft logits None): the shared cases,
+plus no host sync, graph replay, and the deterministic mode against one-hot logits at full size.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import KernelBackend, KernelCases, length_inputs, make_inputs
+from kernel_cases import (
+    KernelBackend,
+    KernelCases,
+    deterministic_inputs,
+    length_inputs,
+    make_inputs,
+    one_hot_logits,
+)
 
 from pipeline.samplers import cupy_backend
 
@@ -80,6 +88,35 @@ def test_no_host_sync_with_per_row_lengths():
         torch.cuda.set_sync_debug_mode("default")
 
 
+def test_no_host_sync_with_a_deterministic_draft():
+    dt, _, tl = deterministic_inputs(CUDA, 16, 5, 32_000, "bfloat16", seed=11)
+    lengths = torch.tensor([0, 5, 3, 2] * 4, device="cuda")
+    samplers = [cupy_backend.SAMPLERS["exact"](), cupy_backend.SAMPLERS["greedy"](),
+                cupy_backend.SAMPLERS["sigmoid"](temperature=0.0)]
+    for s in samplers:
+        _run(s, (dt, None, tl), 0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for s in samplers:
+            _run(s, (dt, None, tl), 12)
+            _run(s, (dt, None, tl), 13, lengths)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_deterministic_draft_is_one_hot_logits_at_full_size(dtype):
+    """B = 64, γ = 8, V = 128256: the deterministic mode and one-hot logits of the same dtype give the same tokens,
+    counts and flags (the same weights, summed in the same order: explicit-rounding subtractions, no contraction)."""
+    dt, _, tl = deterministic_inputs(CUDA, 64, 8, 128_256, dtype, seed=14)
+    sampler = cupy_backend.SAMPLERS["exact"](temperature=0.9)
+    got = _run(sampler, (dt, None, tl), 15)
+    want = _run(sampler, (dt, one_hot_logits(dt, tl.shape[2], tl.dtype), tl), 15)
+    assert _same(got, want), f"{(~(got.tokens == want.tokens).all(1)).sum().item()} of 64 rows differ"
+    assert bool((got.accepted == 0).any()) and bool((got.accepted > 0).any())
+
+
 # ---- CUDA graphs --------------------------------------------------------------------------------------------
 
 def _same(a, b) -> bool:
@@ -120,6 +157,31 @@ def test_replayed_steps_with_lengths_emit_what_eager_steps_emit(name):
     inputs = make_inputs(CUDA, 6, 5, 32_000, 32_000, "bfloat16", seed=83)
     assert _same(_run(sampler, inputs, 93), graphed(*inputs, generator=torch.Generator(device="cuda").manual_seed(93)))
     assert graphed.graphs == 2
+
+
+@pytest.mark.parametrize("name", ["exact", "greedy"])
+def test_replayed_deterministic_steps_emit_what_eager_steps_emit(name):
+    """GraphedVerify with draft logits None: its own signature (no draft buffer), replayed with new tokens and target
+    logits, each step identical to the eager deterministic step; a step with logits of the same shapes is another
+    graph; sigmoid at T > 0 is refused before anything is captured."""
+    from pipeline.errors import SamplerInputError
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    sampler = cupy_backend.SAMPLERS[name](temperature=0.0 if name == "greedy" else 0.8)
+    graphed = GraphedVerify(sampler)
+    for i in range(3):
+        dt, _, tl = deterministic_inputs(CUDA, 6, 5, 32_000, "bfloat16", seed=30 + i)
+        lengths = torch.tensor([5, 0, 2, 5, 3, 1], device="cuda") if i == 2 else None
+        eager = _run(sampler, (dt, None, tl), 35 + i, lengths)
+        replayed = graphed(dt, None, tl, generator=torch.Generator(device="cuda").manual_seed(35 + i), lengths=lengths)
+        assert _same(eager, replayed), f"step {i}"
+    inputs = make_inputs(CUDA, 6, 5, 32_000, 32_000, "bfloat16", seed=38)
+    assert _same(_run(sampler, inputs, 39), graphed(*inputs, generator=torch.Generator(device="cuda").manual_seed(39)))
+    assert graphed.graphs == 3
+    refused = GraphedVerify(cupy_backend.SAMPLERS["sigmoid"](temperature=1.0))
+    with pytest.raises(SamplerInputError, match="cannot verify a deterministic draft"):
+        refused(dt, None, tl)
+    assert refused.graphs == 0
 
 
 def test_a_graph_replays_after_its_workspace_grew():

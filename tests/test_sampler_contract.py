@@ -312,25 +312,24 @@ def _rule_temperatures():
                 yield name, temperature
 
 
-@pytest.mark.parametrize("name,temperature", list(_rule_temperatures()))
-def test_a_row_with_its_own_draft_length_verifies_as_it_would_alone(name, temperature):
-    """The contract's per-row lengths: row b of a batched step with lengths[b] = g gives the tokens that row gives
-    alone with γ = g, drawing its uniforms from its own stream (pipeline.rng.RowGenerators.set_step), whatever the
-    other rows drafted; without lengths the padding would be verified and some rows would differ."""
+def assert_rows_verify_as_alone(sampler, seeds=range(6), deterministic: bool = False) -> None:
+    """Row b of a batched step of per_row_inputs with lengths[b] = g gives the tokens that row gives alone with γ = g,
+    drawing its uniforms from its own stream (pipeline.rng.RowGenerators.set_step), and without lengths some row would
+    differ. ``deterministic``: a deterministic draft (draft_logits None) proposes the same tokens."""
     from pipeline.rng import RowGenerators
 
-    sampler = get_sampler(name, temperature=temperature)
     ids = [f"row{b}" for b in range(len(PER_ROW_LENGTHS))]
     gamma = max(PER_ROW_LENGTHS)
     differs_without = 0
-    for seed in range(6):
+    for seed in seeds:
         dt, dl, tl = per_row_inputs(seed)
+        dl = None if deterministic else dl
         rows = RowGenerators(seed, ids, "cpu")
         rows.set_step(gamma, PER_ROW_LENGTHS)
         res = sampler(dt, dl, tl, generator=rows, lengths=torch.tensor(PER_ROW_LENGTHS))
         plain = sampler(dt, dl, tl, generator=RowGenerators(seed, ids, "cpu"))
         for b, g in enumerate(PER_ROW_LENGTHS):
-            alone = sampler(dt[b:b + 1, :g], dl[b:b + 1, :g], tl[b:b + 1, : g + 1],
+            alone = sampler(dt[b:b + 1, :g], None if dl is None else dl[b:b + 1, :g], tl[b:b + 1, : g + 1],
                             generator=RowGenerators(seed, [ids[b]], "cpu"))
             n = int(alone.accepted)
             assert int(res.accepted[b]) == n <= g, (seed, b)
@@ -339,6 +338,14 @@ def test_a_row_with_its_own_draft_length_verifies_as_it_would_alone(name, temper
             differs_without += (int(plain.accepted[b]) != n
                                 or plain.tokens[b, : n + 1].tolist() != alone.tokens[0, : n + 1].tolist())
     assert differs_without > 0
+
+
+@pytest.mark.parametrize("name,temperature", list(_rule_temperatures()))
+def test_a_row_with_its_own_draft_length_verifies_as_it_would_alone(name, temperature):
+    """The contract's per-row lengths: row b of a batched step with lengths[b] = g gives the tokens that row gives
+    alone with γ = g, whatever the other rows drafted; without lengths the padding would be verified and some rows
+    would differ."""
+    assert_rows_verify_as_alone(get_sampler(name, temperature=temperature))
 
 
 def test_lengths_are_checked_against_the_contract():

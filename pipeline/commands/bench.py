@@ -22,12 +22,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", required=True, metavar="{samplers,engine,kernels,block,lossless,serve}")
     p = sub.add_parser("samplers", help="every (sampler, backend) against HF's _speculative_sampling",
                        description="Median time per verify call of every available (sampler, backend) and of HF's "
-                                   "_speculative_sampling (B = 1), over B x γ x V x dtype.")
+                                   "_speculative_sampling (B = 1), over B x γ x V x dtype; and a deterministic draft "
+                                   "(draft_logits=None) against one-hot draft logits, paired.")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--repeats", type=int, default=20, help="timed calls per configuration (default: 20)")
     p.add_argument("--quick", action="store_true", help="one small configuration (a smoke run)")
+    p.add_argument("--deterministic-only", action="store_true",
+                   help="only the deterministic-draft comparison (draft_logits=None against one-hot logits, as string "
+                        "mode builds them), over B 1, 16 x γ 4, 8 x V 32000, 128256 x fp32, bf16")
     p.add_argument("--out", type=Path, default=None,
-                   help="results JSON (default: results/bench/samplers-<device>.json)")
+                   help="results JSON (default: results/bench/samplers-<device>.json, "
+                        "samplers-deterministic-<device>.json with --deterministic-only)")
     e = sub.add_parser("engine", help="our decoding loop against HF's generate, side by side",
                        description="Tokens/s of our speculative loop against HF generate(assistant_model=...) and of "
                                    "our γ = 0 loop against HF's plain generate, same models, prompts and γ, batch 1. "
@@ -89,9 +94,11 @@ def main(args: argparse.Namespace) -> int:
         if args.repeats < 1:
             raise SpecsweepError(f"--repeats must be >= 1; got {args.repeats}")
         device = _device(args.device)
-        out = args.out or Path("results/bench") / f"samplers-{device.split(':')[0]}.json"
-        sizes = samplers.QUICK if args.quick else samplers.FULL
-        result = samplers.run(device=device, repeats=args.repeats, out=out, **sizes)
+        kind = "samplers-deterministic" if args.deterministic_only else "samplers"
+        out = args.out or Path("results/bench") / f"{kind}-{device.split(':')[0]}.json"
+        sizes = samplers.QUICK if args.quick else samplers.DETERMINISTIC if args.deterministic_only else samplers.FULL
+        result = samplers.run(device=device, repeats=args.repeats, out=out, deterministic_only=args.deterministic_only,
+                              **sizes)
         samplers.print_table(result)
         print(f"wrote {out}")
         return 0

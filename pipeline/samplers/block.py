@@ -31,6 +31,35 @@ values). Cost over `exact`: the survival products and one [B, γ-1, V_t] pass fo
 Per-row draft lengths g_b (the contract's ``lengths``): row b is verified as the block X_1..X_{g_b} alone, so
 h_{g_b} = p_{g_b}, h_i = 0 past g_b (those positions never pass), Y is the bonus where τ = g_b, and column g_b of the
 uniforms draws Y.
+
+Deterministic drafts (``draft_logits=None``; the contract): q(· | X^{i-1}) is the point mass on the proposed x_i.
+With a_i = p(x_i | x^{i-1}), put into the formulas above:
+
+    p_i = min(1, p_{i-1} · a_i / 1) = a_1 ··· a_i = P_i     (the target's probability of the prefix x^i; P_0 = 1)
+    S_i = Σ_x max(P_i · p(x | x^i) - 1[x = x_{i+1}], 0) = P_i (1 - a_{i+1})      (P_i a_{i+1} <= 1 clamps to 0)
+    h_i = P_i (1 - a_{i+1}) / (P_i (1 - a_{i+1}) + 1 - P_i) = (P_i - P_{i+1}) / (1 - P_{i+1})     i = 1..γ-1
+    h_γ = P_γ
+    Y   ~ norm(max(P_τ · p(· | x^τ) - 1[· = x_{τ+1}], 0)) = p(· | x^τ) with x_{τ+1} removed, renormalised    (τ < γ)
+
+so no [B, γ, V] tensor is needed: the P_i and h_i come from the γ drafted probabilities, and the residual is the
+target row with one entry zeroed (as `exact`'s deterministic residual; the rounding-noise test compares its mass with
+the target row's, the P_τ factor cancelling). h_i = 1 where P_{i+1} = 1, as above.
+
+Lossless, directly (Theorem 1 of the paper covers any q, a point mass included; this is the special case in full).
+With h_0 := 1 and 1 - h_i = (1 - P_i) / (1 - P_{i+1}) for 1 <= i < γ, the product over i = k+1..γ-1 telescopes to
+(1 - P_{k+1}) / (1 - P_γ), and with 1 - h_γ = 1 - P_γ:
+
+    P(τ = k) = h_k · Π_{i=k+1..γ} (1 - h_i) = h_k (1 - P_{k+1}) = P_k - P_{k+1} = P_k (1 - a_{k+1})     k < γ
+    P(τ = γ) = h_γ = P_γ
+
+and given τ = k < γ, Y ~ p(· | x^k) without x_{k+1}. So the step emits x^k followed by y != x_{k+1} with probability
+P_k (1 - a_{k+1}) · p(y | x^k) / (1 - a_{k+1}) = P_k p(y | x^k), and x^γ followed by y with P_γ p(y | x^γ): exactly the
+target's probabilities of those sequences, which partition the target's outcomes by where its sample first departs
+from x (or that it does not within γ). Continued with target samples, the output is the target's law.
+
+Also: P(τ >= k) = P_k, token-wise `exact`'s law of its accepted count, and the most any lossless rule can accept (it
+may keep x^k only where the target's own sample starts with x^k). So with a deterministic draft block verification
+accepts no more than `exact` in expectation; it stays lossless, at the cost of its O(B γ) extra arithmetic only.
 """
 
 from __future__ import annotations
@@ -109,6 +138,43 @@ def residual_draw(p: torch.Tensor, q: torch.Tensor, surv: torch.Tensor, tau: tor
     return sample_from_weights(torch.where(use_residual[:, None], residual, weights), u)
 
 
+def deterministic_stop_probs(a: torch.Tensor, surv: torch.Tensor) -> torch.Tensor:
+    """float32 [B, γ]: h_1..h_γ for a deterministic draft (q the point mass on each x_i), from a [B, γ] the target's
+    probabilities of the drafted tokens and surv [B, γ] = P_1..P_γ: h_i = P_i (1 - a_{i+1}) / (P_i (1 - a_{i+1}) +
+    1 - P_i), h_γ = P_γ (module docstring)."""
+    gamma = a.shape[1]
+    if gamma == 1:
+        return surv
+    s = surv[:, : gamma - 1] * (1.0 - a[:, 1:])                                     # S_1..S_{γ-1}
+    denom = s + (1.0 - surv[:, : gamma - 1])
+    h = torch.where(denom > 0, s / denom, 1.0)
+    return torch.cat([h, surv[:, gamma - 1:]], dim=1)
+
+
+def deterministic_residual_draw(draft_tokens: torch.Tensor, p: torch.Tensor, tau: torch.Tensor, u: torch.Tensor,
+                                lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [B]: Y for a deterministic draft, drawn with uniforms u [B]: from p(· | x^τ) with x_{τ+1} removed where
+    τ < γ (the target row where that residual is rounding noise) and from p(· | x^γ) where τ = γ (each row's own
+    length with ``lengths``). draft_tokens int64 [B, γ], p [B, γ+1, V_t], tau int64 [B]."""
+    gamma = draft_tokens.shape[1]
+    weights = _rows(p, tau)                                                      # [B, V_t]
+    x_next = draft_tokens.gather(1, tau.clamp_max(gamma - 1)[:, None])           # [B, 1]
+    residual = weights.scatter(1, x_next, 0.0)
+    use_residual = ~is_full(tau, gamma, lengths) & (residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
+    return sample_from_weights(torch.where(use_residual[:, None], residual, weights), u)
+
+
+def block_verify_deterministic(draft_tokens: torch.Tensor, p: torch.Tensor, u: torch.Tensor,
+                               lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification of a deterministic draft (module docstring). draft_tokens int64 [B, γ] (γ >= 1), p float32
+    [B, γ+1, V_t], u float32 [B, γ+1], lengths int64 [B] or None. Returns (accepted τ int64 [B], next token Y int64
+    [B]). Reads p at the drafted tokens and one row per batch row; builds nothing of shape [B, γ, V]."""
+    a = p[:, : draft_tokens.shape[1]].gather(2, draft_tokens[..., None]).squeeze(2)   # [B, γ]
+    surv = survival_probs(a, torch.ones_like(a))                                      # P_1..P_γ
+    tau = last_passing(cut_at_lengths(deterministic_stop_probs(a, surv), surv, lengths), u)
+    return tau, deterministic_residual_draw(draft_tokens, p, tau, emit_uniform(u, lengths), lengths)
+
+
 def block_verify(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
                  u: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification on probabilities. draft_tokens int64 [B, γ] (γ >= 1), p float32 [B, γ+1, V_t],
@@ -124,6 +190,7 @@ class BlockSampler(Sampler):
     """Block verification: lossless, accepts at least as many draft tokens as `exact` in expectation.
 
     Cost over `exact`: one more pass over [B, γ-1, V_t] (the S_i). ``temperature=0`` verifies greedily.
+    A deterministic draft (``draft_logits=None``): the closed forms of the module docstring, O(B γ) over `exact`.
     """
 
     name = "block"
@@ -135,13 +202,18 @@ class BlockSampler(Sampler):
                                                           lengths)
         inv_t = 1.0 / self.temperature
         p = _softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
-        q = _softmax_fp32(draft_logits, inv_t)                                    # [B, γ, V_d]
         u = uniforms(B, gamma, draft_tokens.device, generator)
-        accepted, next_token = block_verify(draft_tokens, p, q, u, lengths)
+        if draft_logits is None:                                                  # a deterministic draft
+            accepted, next_token = block_verify_deterministic(draft_tokens, p, u, lengths)
+            draft_ok = torch.ones(B, dtype=torch.bool, device=p.device)
+        else:
+            q = _softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
+            accepted, next_token = block_verify(draft_tokens, p, q, u, lengths)
+            draft_ok = ~q[:, :, 0].isnan().any(dim=1)
         # as in `exact`: a softmax row that saw NaN, +inf or only -inf is NaN in every entry
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
-            draft_ok=~q[:, :, 0].isnan().any(dim=1),
+            draft_ok=draft_ok,
             target_ok=~p[:, :, 0].isnan().any(dim=1),
         )

@@ -6,13 +6,25 @@ between 1 and γ+1 tokens::
     result = sampler(draft_tokens, draft_logits, target_logits, generator=None, lengths=None)
 
       draft_tokens   int64 [B, γ]          tokens the draft model sampled
-      draft_logits   float [B, γ, V_d]     raw draft logits at those γ positions
+      draft_logits   float [B, γ, V_d]     raw draft logits at those γ positions, or None: a deterministic draft
       target_logits  float [B, γ+1, V_t]   raw target logits at the γ+1 positions
                                            (position i scores the token after draft_tokens[:, :i])
       lengths        int64 [B] or None     per-row draft lengths g_b in 0..γ (None: γ for every row)
       result.accepted  int64 [B]           accepted draft tokens per row, 0..g_b
       result.tokens    int64 [B, γ+1]      the accepted draft tokens, then the one corrected or bonus
                                            token, then -1 padding
+
+Deterministic drafts (``draft_logits=None``): drafters without a draft model (prompt lookup, suffix decoding, the
+string mode of a draft with another tokenizer) propose each token with certainty, so their draft distribution at
+position i is the point mass on draft_tokens[:, i]. The caller passes ``draft_logits=None`` instead of building
+one-hot logits [B, γ, V]; draft_tokens int64 [B, γ] are then target ids (the draft's vocabulary is the target's,
+V_d = V_t), target_logits [B, γ+1, V_t] and ``lengths`` are as above, and nothing of shape [B, γ, V] is built for the
+draft on that path. A rule verifies such a draft exactly as it would verify the same tokens with one-hot draft logits
+(0 at the token, -inf elsewhere) where that has a meaning; for exact that is: accept x with probability p(x) (the
+target's probability at temperature T), and on rejection draw from p with x removed and renormalised; at T = 0 accept
+iff x = argmax p. Which rules take deterministic drafts, and why the others refuse (SamplerInputError, one line), is
+recorded per rule in pipeline/rules.py (``Rule.deterministic_drafts``). ``draft_ok`` is True in every row (there are
+no draft logits to be non-finite), except that the CUDA kernels flag a token outside [0, V_t) as they do today.
 
 Per-row draft lengths (an adaptive draft length: pipeline/decoding/draft_policy.py). Row b then drafted only
 draft_tokens[b, :g_b]; the step treats that row exactly as it would treat the row alone with γ = g_b: at most g_b
@@ -126,14 +138,20 @@ def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
-def validate_inputs(draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> None:
-    """Check shapes, dtypes and devices against the contract. Looks only at metadata: never syncs."""
+def validate_inputs(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None, target_logits: torch.Tensor
+                    ) -> None:
+    """Check shapes, dtypes and devices against the contract. Looks only at metadata: never syncs.
+
+    draft_logits None is a deterministic draft (see the module docstring): draft_tokens int64 [B, γ] and
+    target_logits [B, γ+1, V_t] are checked as always, and there is nothing else to check."""
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype != torch.int64 or draft_tokens.dim() != 2:
         got = _shape(draft_tokens) + f" {draft_tokens.dtype}" if isinstance(draft_tokens, torch.Tensor) else repr(
             type(draft_tokens))
         raise SamplerInputError(f"draft_tokens must be int64 [B, γ]; got {got}")
-    for name, t, dims in (("draft_logits", draft_logits, "[B, γ, V_d]"), ("target_logits", target_logits,
-                                                                          "[B, γ+1, V_t]")):
+    checked = [("target_logits", target_logits, "[B, γ+1, V_t]")]
+    if draft_logits is not None:
+        checked.insert(0, ("draft_logits", draft_logits, "[B, γ, V_d] (or None: a deterministic draft)"))
+    for name, t, dims in checked:
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             got = _shape(t) if isinstance(t, torch.Tensor) else repr(type(t))
             raise SamplerInputError(f"{name} must be a 3-d tensor {dims}; got {got}")
@@ -143,14 +161,16 @@ def validate_inputs(draft_tokens: torch.Tensor, draft_logits: torch.Tensor, targ
             raise SamplerInputError(
                 f"{name} is on {t.device} but draft_tokens is on {draft_tokens.device}: put all three on one device")
     B, gamma = draft_tokens.shape
-    if draft_logits.shape[0] != B or draft_logits.shape[1] != gamma:
-        raise SamplerInputError(
-            f"draft_logits has shape {_shape(draft_logits)} but draft_tokens has shape {_shape(draft_tokens)}: "
-            f"expected draft_logits [B, γ, V_d] = [{B}, {gamma}, V_d]")
     if target_logits.shape[0] != B or target_logits.shape[1] != gamma + 1:
         raise SamplerInputError(
             f"target_logits has shape {_shape(target_logits)} but draft_tokens has shape {_shape(draft_tokens)}: "
             f"expected target_logits [B, γ+1, V_t] = [{B}, {gamma + 1}, V_t]")
+    if draft_logits is None:
+        return
+    if draft_logits.shape[0] != B or draft_logits.shape[1] != gamma:
+        raise SamplerInputError(
+            f"draft_logits has shape {_shape(draft_logits)} but draft_tokens has shape {_shape(draft_tokens)}: "
+            f"expected draft_logits [B, γ, V_d] = [{B}, {gamma}, V_d]")
     if draft_logits.shape[2] > target_logits.shape[2]:
         raise SamplerInputError(
             f"draft vocabulary ({draft_logits.shape[2]}) is larger than the target's ({target_logits.shape[2]}): "

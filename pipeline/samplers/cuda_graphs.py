@@ -9,6 +9,9 @@ generator, by the same one ``torch.rand((B, γ+1))`` an eager step makes, and co
 step emits exactly what an eager step with the same generator state would (greedy steps draw none, as eager).
 With per-example randomness (a pipeline.rng.RowGenerators) the same helper draws each row from its own generator.
 
+A deterministic draft (``draft_logits=None``) is its own signature: its graph holds no draft-logits buffer and
+replays the kernels' deterministic mode (refused in one line before any capture where the rule does not take one).
+
 One graph per input signature (B, γ, V_t, V_d, dtypes, device, and whether per-row lengths are given), captured
 at its first call: the kernels are loaded first (``prepare``), the step runs twice on a private stream to size that
 stream's workspace, then it is captured on that stream. Every graph has its own stream and so its own workspace, so
@@ -29,13 +32,14 @@ import torch
 
 from pipeline.errors import SamplerInputError
 from pipeline.samplers.contract import SamplerResult, clamp_lengths, uniforms, validate_inputs, validate_lengths
+from pipeline.samplers.torch_ref import check_deterministic
 
 
 @dataclass
 class _Captured:
     graph: object                 # torch.cuda.CUDAGraph
     draft_tokens: torch.Tensor    # static inputs, int64 [B, γ]
-    draft_logits: torch.Tensor    # [B, γ, V_d]
+    draft_logits: torch.Tensor | None   # [B, γ, V_d]; None: a deterministic draft
     target_logits: torch.Tensor   # [B, γ+1, V_t]
     u: torch.Tensor               # float32 [B, γ+1]
     lengths: torch.Tensor | None  # int64 [B] per-row draft lengths, in a graph captured with lengths; else None
@@ -69,6 +73,11 @@ class GraphedVerify:
         """The wrapped sampler's (the engine and the draft-tokenizer mode ask every sampler)."""
         return self.sampler.verifies_by_argmax
 
+    @property
+    def takes_deterministic_drafts(self) -> bool:
+        """The wrapped sampler's: whether a call with draft_logits=None is verified (pipeline/rules.py)."""
+        return self.sampler.takes_deterministic_drafts
+
     def _greedy(self) -> bool:
         return self.verifies_by_argmax
 
@@ -90,7 +99,8 @@ class GraphedVerify:
             raise SamplerInputError(f"CUDA-graph verify needs CUDA tensors; got {device}")
         self.sampler.prepare(device)
         B, gamma = draft_tokens.shape
-        static = (draft_tokens.clone(), draft_logits.contiguous().clone(), target_logits.contiguous().clone(),
+        static = (draft_tokens.clone(), None if draft_logits is None else draft_logits.contiguous().clone(),
+                  target_logits.contiguous().clone(),
                   torch.zeros((B, gamma + 1), dtype=torch.float32, device=device),
                   torch.full((B,), gamma, dtype=torch.int64, device=device) if with_lengths else None)
         stream = torch.cuda.Stream(device)
@@ -104,19 +114,23 @@ class GraphedVerify:
             result = self._step(*static)
         return _Captured(graph, *static, result=result)
 
-    def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor,
+    def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None, target_logits: torch.Tensor,
                  generator: torch.Generator | None = None, lengths: torch.Tensor | None = None) -> SamplerResult:
         validate_inputs(draft_tokens, draft_logits, target_logits)
         validate_lengths(lengths, draft_tokens)
-        key = (tuple(draft_tokens.shape), tuple(draft_logits.shape), tuple(target_logits.shape), draft_logits.dtype,
-               target_logits.dtype, draft_tokens.device, lengths is None)
+        if draft_logits is None:
+            check_deterministic(self.sampler)
+        draft_sig = None if draft_logits is None else (tuple(draft_logits.shape), draft_logits.dtype)
+        key = (tuple(draft_tokens.shape), draft_sig, tuple(target_logits.shape), target_logits.dtype,
+               draft_tokens.device, lengths is None)
         captured = self._graphs.get(key)
         if captured is None:
             captured = self._graphs[key] = self._capture(draft_tokens, draft_logits, target_logits,
                                                          lengths is not None)
         B, gamma = draft_tokens.shape
         captured.draft_tokens.copy_(draft_tokens)
-        captured.draft_logits.copy_(draft_logits)
+        if draft_logits is not None:
+            captured.draft_logits.copy_(draft_logits)
         captured.target_logits.copy_(target_logits)
         if lengths is not None:
             captured.lengths.copy_(clamp_lengths(lengths, gamma))

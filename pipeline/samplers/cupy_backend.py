@@ -13,6 +13,11 @@ Launches go to torch's current stream; nothing waits for the device.
 Per-row draft lengths (the contract's ``lengths``, int64 [B] on the step's device, or None) go to every kernel as
 a pointer (a null pointer for None); the kernels clamp them into [0, γ] and never hand them to the host.
 
+Deterministic drafts (the contract's ``draft_logits=None``) go to the kernels as a null draft pointer (V_d = V_t):
+exact_partials then reduces the γ+1 target rows only (grid (S1, γ+1, B)) and accepts x with probability p(x), and
+sample_exact removes x_n from target row n instead of subtracting a draft row; greedy_verify skips the draft's
+finiteness check. Nothing of shape [B, γ, V] is read or written. sigmoid refuses them at T > 0 (pipeline/rules.py).
+
 Limits: γ <= 16, V_t <= 262,144 (one inverse-CDF chunk level of 1024 entries x 256 chunks). Draft and target
 logits of different dtypes are both read as fp32 (an upcast copy, exact). A draft token outside [0, V_d)
 is rejected and flags ``draft_ok`` False (the reference would raise a device-side assert).
@@ -179,12 +184,12 @@ class _Workspace:
 class _Step:
     """Checked kernel inputs of one verify step, and its result tensors.
 
-    draft_tokens int64 [B, γ] (contiguous); draft/target logits of one dtype, unit stride along V; lengths int64 [B]
-    (contiguous) or None. out int64 [B, γ+2]: tokens in columns 0..γ, accepted in column γ+1. ok bool [2, B]:
-    draft_ok, target_ok.
+    draft_tokens int64 [B, γ] (contiguous); draft/target logits of one dtype, unit stride along V (draft None: a
+    deterministic draft, V_d = V_t, a null pointer for the kernels); lengths int64 [B] (contiguous) or None.
+    out int64 [B, γ+2]: tokens in columns 0..γ, accepted in column γ+1. ok bool [2, B]: draft_ok, target_ok.
     """
 
-    def __init__(self, launcher: Launcher, draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
+    def __init__(self, launcher: Launcher, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
                  target_logits: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
         from pipeline.kernels.loader import MAX_GAMMA, MAX_VOCAB
 
@@ -193,7 +198,8 @@ class _Step:
                 f"the {launcher.name} backend needs {launcher.device_type.upper()} tensors; got {draft_tokens.device}: "
                 "move them there or use backend='torch'")
         B, gamma = draft_tokens.shape
-        vt, vd = target_logits.shape[2], draft_logits.shape[2]
+        vt = target_logits.shape[2]
+        vd = vt if draft_logits is None else draft_logits.shape[2]
         if gamma > MAX_GAMMA:
             raise SamplerInputError(f"the {launcher.name} backend verifies at most γ = {MAX_GAMMA} tokens; "
                                     f"got γ = {gamma}")
@@ -204,11 +210,11 @@ class _Step:
         validate_lengths(lengths, draft_tokens)   # metadata only: the values stay on the device, the kernels clamp
         if lengths is not None:
             lengths = lengths.contiguous()
-        if draft_logits.dtype != target_logits.dtype:  # one kernel dtype: read both as fp32 (exact upcast)
-            draft_logits, target_logits = draft_logits.float(), target_logits.float()
+        if draft_logits is not None and draft_logits.dtype != target_logits.dtype:  # one kernel dtype: read both
+            draft_logits, target_logits = draft_logits.float(), target_logits.float()   # as fp32 (exact upcast)
         if target_logits.stride(2) != 1:
             target_logits = target_logits.contiguous()
-        if draft_logits.stride(2) != 1 or draft_logits.numel() == 0:
+        if draft_logits is not None and (draft_logits.stride(2) != 1 or draft_logits.numel() == 0):
             draft_logits = draft_logits.contiguous()
         self.launcher = launcher
         self.tokens_in = draft_tokens.contiguous()
@@ -232,14 +238,23 @@ class _Step:
     def launch(self, kernel: str, grid: tuple[int, int, int], args: tuple) -> None:
         self.launcher.launch(kernel, self.dtype, grid, args, self.device)
 
+    @property
+    def deterministic(self) -> bool:
+        """A deterministic draft (draft_logits None): the kernels get a null draft pointer."""
+        return self.draft is None
+
     def common_args(self) -> tuple:
-        """(tokens, lengths, target, draft, γ, V_t, V_d, strides): lengths is a null pointer where it is None."""
+        """(tokens, lengths, target, draft, γ, V_t, V_d, strides): lengths is a null pointer where it is None, and so
+        is draft for a deterministic draft (its strides 0)."""
         from pipeline.kernels.loader import i32, i64, ptr
 
         lengths = ptr(self.lengths) if self.lengths is not None else _NULL
-        return (ptr(self.tokens_in), lengths, ptr(self.target), ptr(self.draft), i32(self.gamma), i32(self.vt),
-                i32(self.vd), i64(self.target.stride(0)), i64(self.target.stride(1)), i64(self.draft.stride(0)),
-                i64(self.draft.stride(1)))
+        if self.draft is None:
+            draft, dsb, dsr = _NULL, i64(0), i64(0)
+        else:
+            draft, dsb, dsr = ptr(self.draft), i64(self.draft.stride(0)), i64(self.draft.stride(1))
+        return (ptr(self.tokens_in), lengths, ptr(self.target), draft, i32(self.gamma), i32(self.vt),
+                i32(self.vd), i64(self.target.stride(0)), i64(self.target.stride(1)), dsb, dsr)
 
     def out_args(self) -> tuple:
         from pipeline.kernels.loader import i64, ptr
@@ -278,13 +293,14 @@ def exact_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, te
                lengths: torch.Tensor | None = None) -> SamplerResult:
     """Two launches: exact_partials (normalisers, decisions), then sample_exact. Uniforms: ``u`` float32 [B, γ+1]
     when given (tests), else drawn from ``generator`` as the reference draws them. ``lengths``: per-row draft
-    lengths, int64 [B] on the step's device, or None."""
+    lengths, int64 [B] on the step's device, or None. ``draft_logits`` None: a deterministic draft (γ+1 rows
+    reduced, the target's only)."""
     from pipeline.kernels.loader import CHUNK, f32, i32, i64, ptr
 
     step = _Step(launcher, draft_tokens, draft_logits, target_logits, lengths)
     u = step.uniforms(generator) if u is None else u
     inv_t = f32(1.0 / temperature)
-    rows = 2 * step.gamma + 1
+    rows = step.gamma + 1 if step.deterministic else 2 * step.gamma + 1
     slices, per = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / (rows * step.B))
     ws = step.workspace(2 * step.B * rows * slices)
     common = _with_u(step.common_args(), u)
@@ -301,9 +317,13 @@ def exact_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, te
 def sigmoid_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, scale: float, beta: float,
                  generator: torch.Generator | None = None, u: torch.Tensor | None = None,
                  lengths: torch.Tensor | None = None) -> SamplerResult:
-    """One launch: sample_sigmoid with weights sigmoid(scale * z + beta). Uniforms and lengths as for exact_step."""
+    """One launch: sample_sigmoid with weights sigmoid(scale * z + beta). Uniforms and lengths as for exact_step.
+    Needs draft logits (a deterministic draft is refused: pipeline/rules.py)."""
     from pipeline.kernels.loader import f32, i32, ptr
 
+    if draft_logits is None:
+        raise SamplerInputError("sample_sigmoid needs draft logits: the sigmoid rule takes no deterministic draft at "
+                                "T > 0; use the exact rule")
     step = _Step(launcher, draft_tokens, draft_logits, target_logits, lengths)
     u = step.uniforms(generator) if u is None else u
     blocks, cpb = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / step.B, _min_chunks(step.dtype))

@@ -5,6 +5,14 @@ run: two full-vocabulary softmaxes, host syncs, batch 1. HF's function draws fro
 ``generator`` is passed, a seed is drawn from it (from the one row's own generator of a RowGenerators) and HF runs
 under a forked, re-seeded global RNG.
 HF has no NaN check of its own: NaN logits reach ``torch.multinomial``, which raises.
+
+Deterministic drafts (``draft_logits=None``): ``_speculative_sampling`` takes the draft's logits, so this sampler
+builds them, one-hot (0 at each proposed token, -inf elsewhere), [1, γ, V_t] fp32: batch 1, where this rule is the
+baseline, and what the string mode of a draft with another tokenizer handed every rule before deterministic drafts
+existed. Through HF's softmax that is q(x) = 1, so HF accepts x with probability p(x) and resamples from p with x
+removed: the same law as `exact`'s deterministic path (lossless), and what transformers' own loop computes for
+candidates without logits (prompt lookup: it samples from the target and keeps the draft while they match). The
+one-hot tensor and HF's softmax of it are part of what this baseline costs, as they are in HF's function.
 """
 
 from __future__ import annotations
@@ -69,8 +77,8 @@ class HFSampler(Sampler):
             # step reads its accepted count back anyway).
             own = int(lengths[0])
             if own < gamma:
-                res = self._verify(draft_tokens[:, :own], draft_logits[:, :own], target_logits[:, : own + 1],
-                                   generator)
+                res = self._verify(draft_tokens[:, :own], None if draft_logits is None else draft_logits[:, :own],
+                                   target_logits[:, : own + 1], generator)
                 tokens = torch.full((1, gamma + 1), -1, dtype=torch.int64, device=draft_tokens.device)
                 tokens[:, : own + 1] = res.tokens
                 return SamplerResult(accepted=res.accepted, tokens=tokens, draft_ok=res.draft_ok,
@@ -80,8 +88,12 @@ class HFSampler(Sampler):
             # samples from the target; so does this, as the reference does at γ = 0.
             return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator, None)
         # HF hands the sampler fp32 logits already divided by the temperature (its logits warpers do that).
-        candidate_logits = draft_logits.float() / self.temperature
         new_logits = target_logits.float() / self.temperature
+        if draft_logits is None:  # a deterministic draft: one-hot logits [1, γ, V_t] for HF's function (docstring)
+            candidate_logits = torch.full_like(new_logits[:, :gamma], float("-inf")).scatter_(
+                2, draft_tokens[..., None], 0.0)
+        else:
+            candidate_logits = draft_logits.float() / self.temperature
         v_t, v_d = new_logits.shape[-1], candidate_logits.shape[-1]
         if v_d < v_t:  # padded target vocabulary: the draft's missing entries have probability 0
             candidate_logits = torch.nn.functional.pad(candidate_logits, (0, v_t - v_d), value=float("-inf"))

@@ -56,6 +56,16 @@ relaxed     Relaxed acceptance of TensorRT-LLM's MTP (use_relaxed_acceptance_for
 
 accept_all  The floor: every draft token accepted (n = γ), the bonus y_γ ~ p_γ (argmax z_t,γ at T = 0). What the
             draft alone is worth; the paper's sigmoid preset (`sigmoid --preset paper`) behaves almost like it.
+
+Deterministic drafts (``draft_logits=None``, the contract): each rule does what it does with one-hot draft logits
+(q_i the point mass on x_i), computed without them.
+  typical, relaxed, accept_all   never read the draft's distribution (only its logits at x_i, for ``draft_ok``):
+            the same decisions and tokens as with any draft logits; ``draft_ok`` is True.
+  fuzzy     JS(p_i, δ_x) depends on a = p_i(x_i) alone: with m = (p + δ_x) / 2, the entries v != x_i give (1 - a) ln 2,
+            so JS = ln 2 + (a ln a - (1 + a) ln(1 + a)) / 2, decreasing from ln 2 (a = 0) to 0 (a = 1). A position is
+            accepted outright where that is below the threshold (where p_i(x_i) is high enough), else with
+            probability p_i(x_i) (exact's test with q(x) = 1), and the residual is p_n with x_n removed. At T = 0 the
+            draft's argmax is x_i itself, so the limit rule is greedy verification (everything above ln 2).
 """
 
 from __future__ import annotations
@@ -80,9 +90,9 @@ from pipeline.samplers.torch_ref import (
     ExactSampler,
     Sampler,
     _finite_max_ok,
-    _no_nan_or_posinf,
     _rows,
     _softmax_fp32,
+    drafted_ok,
     greedy_verify,
     rejection_verify,
 )
@@ -116,6 +126,14 @@ def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     m = (0.5 * (p + q)).clamp_min(torch.finfo(torch.float32).tiny)  # m == 0 only where p == q == 0: terms are 0
     js = 0.5 * (torch.xlogy(p, p / m) + torch.xlogy(q, q / m)).sum(dim=-1)
     return js.clamp_min(0.0)
+
+
+def js_to_point_mass(a: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon divergence in nats between a distribution p and the point mass on a token x, from a = p(x)
+    (float32 [...], in [0, 1]) alone: ln 2 + (a ln a - (1 + a) ln(1 + a)) / 2 -> float32 [...] in [0, ln 2]. What
+    :func:`js_divergence` gives for q one-hot at x (module docstring), without a vocabulary-sized tensor."""
+    a = a.float()
+    return (LN2 + 0.5 * (torch.xlogy(a, a) - torch.xlogy(1.0 + a, 1.0 + a))).clamp(0.0, LN2)
 
 
 class TypicalSampler(Sampler):
@@ -156,7 +174,7 @@ class TypicalSampler(Sampler):
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
-            draft_ok=_no_nan_or_posinf(_drafted(draft_tokens, draft_logits)),
+            draft_ok=drafted_ok(draft_tokens, draft_logits),
             target_ok=~p[:, :, 0].isnan().any(dim=1),  # a softmax row that saw NaN, +inf or only -inf is all NaN
         )
 
@@ -189,28 +207,41 @@ class FuzzySampler(Sampler):
             return self._verify_limit(draft_tokens, draft_logits, target_logits, lengths)
         inv_t = 1.0 / self.temperature
         p = _softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
-        q = _softmax_fp32(draft_logits, inv_t)                                    # [B, γ, V_d]
-        close = js_divergence(p[:, :gamma], q) < self.threshold                  # [B, γ]
-        p_x, q_x = _drafted(draft_tokens, p[:, :gamma]), _drafted(draft_tokens, q)
+        p_x = _drafted(draft_tokens, p[:, :gamma])                                # [B, γ]
         one = torch.ones_like(p_x)  # w_t = w_d = 1 at a close position: u * 1 < 1 always accepts
         u = uniforms(B, gamma, draft_tokens.device, generator)
-        accepted, next_token = rejection_verify(
-            draft_tokens, torch.where(close, one, p_x), torch.where(close, one, q_x),
-            lambda n: _rows(p, n), lambda n: _rows(q, n), u, lengths)
+        if draft_logits is None:    # a deterministic draft: q_i the point mass on x_i, JS from p_i(x_i) alone
+            close = js_to_point_mass(p_x) < self.threshold
+            accepted, next_token = rejection_verify(
+                draft_tokens, torch.where(close, one, p_x), one, lambda n: _rows(p, n), None, u, lengths)
+            draft_ok = torch.ones(B, dtype=torch.bool, device=p.device)
+        else:
+            q = _softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
+            close = js_divergence(p[:, :gamma], q) < self.threshold              # [B, γ]
+            q_x = _drafted(draft_tokens, q)
+            accepted, next_token = rejection_verify(
+                draft_tokens, torch.where(close, one, p_x), torch.where(close, one, q_x),
+                lambda n: _rows(p, n), lambda n: _rows(q, n), u, lengths)
+            draft_ok = ~q[:, :, 0].isnan().any(dim=1)
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
-            draft_ok=~q[:, :, 0].isnan().any(dim=1),
+            draft_ok=draft_ok,
             target_ok=~p[:, :, 0].isnan().any(dim=1),
         )
 
     def _verify_limit(self, draft_tokens, draft_logits, target_logits, lengths=None) -> SamplerResult:
-        """T = 0: p and q are one-hot at their argmaxes, so JS is 0 where those agree and ln 2 where not."""
+        """T = 0: p and q are one-hot at their argmaxes, so JS is 0 where those agree and ln 2 where not. A
+        deterministic draft's argmax is its token."""
         if self.threshold <= 0.0:
             return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         gamma = draft_tokens.shape[1]
         target_max, target_argmax = target_logits.max(dim=-1)                   # [B, γ+1]
-        draft_max, draft_argmax = draft_logits.max(dim=-1)                       # [B, γ]
+        if draft_logits is None:
+            draft_ok, draft_argmax = torch.ones_like(target_max[:, 0], dtype=torch.bool), draft_tokens
+        else:
+            draft_max, draft_argmax = draft_logits.max(dim=-1)                   # [B, γ]
+            draft_ok = _finite_max_ok(draft_max)
         close = draft_argmax == target_argmax[:, :gamma]
         if self.threshold > LN2:
             close = torch.ones_like(close)
@@ -219,7 +250,7 @@ class FuzzySampler(Sampler):
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
-            draft_ok=_finite_max_ok(draft_max),
+            draft_ok=draft_ok,
             target_ok=_finite_max_ok(target_max),
         )
 
@@ -272,7 +303,7 @@ class RelaxedSampler(Sampler):
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
-            draft_ok=_no_nan_or_posinf(_drafted(draft_tokens, draft_logits)),
+            draft_ok=drafted_ok(draft_tokens, draft_logits),
             target_ok=_finite_max_ok(target_max),
         )
 
@@ -305,6 +336,6 @@ class AcceptAllSampler(Sampler):
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
-            draft_ok=_no_nan_or_posinf(_drafted(draft_tokens, draft_logits)),
+            draft_ok=drafted_ok(draft_tokens, draft_logits),
             target_ok=target_ok,
         )

@@ -13,6 +13,15 @@ For draft token x_i at position i: accept with probability min(1, w_t(x_i) / w_d
 w_d(x_i) == 0. At the first rejection n draw the emitted token from norm(max(0, w_t[n] - w_d[n])); if all γ
 are accepted draw the bonus token from norm(w_t[γ]). With softmax weights this is the modified rejection
 sampling of Leviathan et al. (2023) / Chen et al. (2023): the emitted tokens follow the target exactly.
+
+Deterministic drafts (``draft_logits=None``, see the contract): the draft's weights are the point mass on x_i, w_d = 1
+at x_i and 0 elsewhere, which is what one-hot draft logits give through the softmax, computed without them: accept
+x_i with probability min(1, w_t(x_i)) = p_i(x_i), and at the first rejection draw from max(0, w_t - onehot(x_n)),
+i.e. the target row n with x_n removed (p_n(x_n) - 1 <= 0), renormalised. The weights are those of the one-hot-logits
+path bit for bit (p - 0 = p, and p(x) - 1 clamps to 0), so given the same uniforms both paths emit the same tokens.
+Why this is lossless: Leviathan et al.'s proof holds for any draft distribution, a point mass included; directly,
+P(emit x) = p(x), and P(emit y != x) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y). At T = 0 it is greedy verification.
+``greedy`` never needed draft logits (it reads them only for the finiteness flag).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.errors import SamplerInputError
-from pipeline.rules import RULES
+from pipeline.rules import RULES, Rule
 from pipeline.samplers.contract import (
     RESIDUAL_ZERO_TOL,
     SamplerResult,
@@ -44,7 +53,8 @@ class Sampler:
 
     Subclasses set ``name`` and ``backend`` and implement ``_verify(draft_tokens, draft_logits, target_logits,
     generator, lengths)`` with the contract's shapes; ``lengths`` (per-row draft lengths) arrives None or already
-    clamped into [0, γ].
+    clamped into [0, γ]; ``draft_logits`` arrives None for a deterministic draft only where the rule takes one at
+    this temperature (``Rule.deterministic_drafts``; the call is refused in one line otherwise).
     """
 
     name = "?"
@@ -71,10 +81,22 @@ class Sampler:
         """True when this rule accepts a draft token iff it is the target's argmax (temperature 0, or greedy)."""
         return self.temperature == 0.0
 
-    def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor, target_logits: torch.Tensor,
+    @property
+    def rule(self) -> Rule:
+        """This sampler's registry entry (pipeline/rules.py)."""
+        return RULES[self.name]
+
+    @property
+    def takes_deterministic_drafts(self) -> bool:
+        """Whether a call with ``draft_logits=None`` (a deterministic draft) is verified at this temperature."""
+        return self.rule.takes_deterministic_drafts(self.temperature)
+
+    def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None, target_logits: torch.Tensor,
                  generator: torch.Generator | None = None, lengths: torch.Tensor | None = None) -> SamplerResult:
         validate_inputs(draft_tokens, draft_logits, target_logits)
         validate_lengths(lengths, draft_tokens)
+        if draft_logits is None:
+            check_deterministic(self)
         return self._verify(draft_tokens, draft_logits, target_logits, generator,
                             clamp_lengths(lengths, draft_tokens.shape[1]))
 
@@ -84,6 +106,14 @@ class Sampler:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"{type(self).__name__}(backend={self.backend!r}, {args})"
+
+
+def check_deterministic(sampler) -> None:
+    """Refuse a deterministic draft (draft_logits=None) in one line where ``sampler``'s rule does not take one at its
+    temperature (pipeline/rules.py says which). Metadata only."""
+    error = RULES[sampler.name].deterministic_draft_error(sampler.temperature)
+    if error is not None:
+        raise SamplerInputError(error)
 
 
 def _finite_max_ok(max_values: torch.Tensor) -> torch.Tensor:
@@ -96,12 +126,21 @@ def _no_nan_or_posinf(values: torch.Tensor) -> torch.Tensor:
     return ~(values.isnan() | values.isposinf()).any(dim=1)
 
 
-def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
+def drafted_ok(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None) -> torch.Tensor:
+    """bool [B]: no NaN/+inf among the draft logits [B, γ, V_d] at the drafted tokens [B, γ] (-inf is a legitimate
+    zero probability); all True for a deterministic draft (draft_logits None: there are no logits)."""
+    if draft_logits is None:
+        return torch.ones(draft_tokens.shape[0], dtype=torch.bool, device=draft_tokens.device)
+    return _no_nan_or_posinf(draft_logits.gather(2, draft_tokens[..., None]).squeeze(2))
+
+
+def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
                   target_logits: torch.Tensor, lengths: torch.Tensor | None = None) -> SamplerResult:
     """Accept while the draft token equals argmax of the target (within each row's draft length, lengths int64 [B]
     or None), then emit the target's argmax.
 
-    Reads the whole target tensor (one max pass) and the draft logits only at the drafted tokens.
+    Reads the whole target tensor (one max pass) and the draft logits only at the drafted tokens (not at all for a
+    deterministic draft, draft_logits None).
     """
     gamma = draft_tokens.shape[1]
     target_max, target_argmax = target_logits.max(dim=-1)                  # [B, γ+1]
@@ -111,11 +150,10 @@ def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor,
                              draft_ok=torch.ones_like(ok), target_ok=ok)
     accepted = count_accepted(within_lengths(draft_tokens == target_argmax[:, :gamma], lengths))
     next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)
-    drafted = draft_logits.gather(2, draft_tokens[..., None]).squeeze(2)     # [B, γ]
     return SamplerResult(
         accepted=accepted,
         tokens=assemble_tokens(draft_tokens, accepted, next_token),
-        draft_ok=_no_nan_or_posinf(drafted),
+        draft_ok=drafted_ok(draft_tokens, draft_logits),
         target_ok=_finite_max_ok(target_max),
     )
 
@@ -125,7 +163,7 @@ def rejection_verify(
     target_point: torch.Tensor,
     draft_point: torch.Tensor,
     target_row: Callable[[torch.Tensor], torch.Tensor],
-    draft_row: Callable[[torch.Tensor], torch.Tensor],
+    draft_row: Callable[[torch.Tensor], torch.Tensor] | None,
     u: torch.Tensor,
     lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,9 +171,10 @@ def rejection_verify(
 
     draft_tokens  int64   [B, γ]
     target_point  float32 [B, γ]   w_t(x_i) at the drafted tokens
-    draft_point   float32 [B, γ]   w_d(x_i) at the drafted tokens
+    draft_point   float32 [B, γ]   w_d(x_i) at the drafted tokens (1 for a deterministic draft)
     target_row    n int64 [B] -> float32 [B, V_t]   w_t over the vocabulary at position n[b] (n in 0..γ)
-    draft_row     n int64 [B] -> float32 [B, V_d]   w_d over the vocabulary at position n[b] (n in 0..γ-1)
+    draft_row     n int64 [B] -> float32 [B, V_d]   w_d over the vocabulary at position n[b] (n in 0..γ-1);
+                  None: a deterministic draft, w_d the point mass on x_n (the residual is w_t with x_n removed)
     u             float32 [B, γ+1] uniforms (see contract.uniforms)
     lengths       int64 [B] per-row draft lengths in 0..γ, or None (all γ): see the contract
     returns       (accepted int64 [B], next_token int64 [B])
@@ -146,10 +185,14 @@ def rejection_verify(
     accepted = count_accepted(within_lengths(accept, lengths))
     weights = target_row(accepted)                                           # [B, V_t]
     if gamma > 0:
-        residual = weights.clone()
-        d_row = draft_row(accepted.clamp_max(gamma - 1))                     # [B, V_d]
-        residual[:, : d_row.shape[1]] -= d_row
-        residual.clamp_min_(0.0)
+        at = accepted.clamp_max(gamma - 1)
+        if draft_row is None:   # max(0, w_t - onehot(x_n)): x_n removed, exactly what one-hot logits give
+            residual = weights.scatter(1, draft_tokens.gather(1, at[:, None]), 0.0)
+        else:
+            residual = weights.clone()
+            d_row = draft_row(at)                                            # [B, V_d]
+            residual[:, : d_row.shape[1]] -= d_row
+            residual.clamp_min_(0.0)
         # Use the residual where a draft token was rejected and the residual is more than rounding noise.
         use_residual = ~is_full(accepted, gamma, lengths) & (
             residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
@@ -167,6 +210,8 @@ class ExactSampler(Sampler):
 
     Cost: one fused softmax over each logit tensor (the normalisers are unavoidable for exact ratios), one
     residual row per batch row, and a two-level inverse-CDF draw. ``temperature=0`` verifies greedily.
+    A deterministic draft (``draft_logits=None``) skips the draft's softmax: accept x with probability p(x), the
+    residual is p with x removed (module docstring).
     """
 
     name = "exact"
@@ -182,18 +227,24 @@ class ExactSampler(Sampler):
             ok = torch.ones(B, dtype=torch.bool, device=p.device)
             return SamplerResult(accepted=torch.zeros(B, dtype=torch.int64, device=p.device),
                                  tokens=next_token[:, None], draft_ok=ok, target_ok=~p[:, 0, 0].isnan())
-        q = _softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
         idx = draft_tokens[..., None]
         p_x = p[:, :gamma].gather(2, idx).squeeze(2)
-        q_x = q.gather(2, idx).squeeze(2)
         u = uniforms(B, gamma, draft_tokens.device, generator)
-        accepted, next_token = rejection_verify(
-            draft_tokens, p_x, q_x, lambda n: _rows(p, n), lambda n: _rows(q, n), u, lengths)
+        if draft_logits is None:  # a deterministic draft: q is the point mass on x (q(x) = 1, no [B, γ, V] tensor)
+            accepted, next_token = rejection_verify(
+                draft_tokens, p_x, torch.ones_like(p_x), lambda n: _rows(p, n), None, u, lengths)
+            draft_ok = torch.ones(B, dtype=torch.bool, device=p.device)
+        else:
+            q = _softmax_fp32(draft_logits, inv_t)                            # [B, γ, V_d]
+            q_x = q.gather(2, idx).squeeze(2)
+            accepted, next_token = rejection_verify(
+                draft_tokens, p_x, q_x, lambda n: _rows(p, n), lambda n: _rows(q, n), u, lengths)
+            draft_ok = ~q[:, :, 0].isnan().any(dim=1)
         # A softmax row that saw NaN, +inf, or only -inf is NaN in every entry: one entry per row tells.
         return SamplerResult(
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
-            draft_ok=~q[:, :, 0].isnan().any(dim=1),
+            draft_ok=draft_ok,
             target_ok=~p[:, :, 0].isnan().any(dim=1),
         )
 
@@ -223,6 +274,11 @@ class SigmoidSampler(Sampler):
     sigmoid((z + 1e4) / 2e4), i.e. alpha = 5e-5, beta = 0.5. With logits of ordinary size (|z| < 100) every
     weight is within 0.001 of sigmoid(0.5) = 0.62: the ratio w_t/w_d is ~1, so nearly every draft token is
     accepted whatever the target thinks, and residual/bonus draws are close to uniform over the vocabulary.
+
+    Deterministic drafts (``draft_logits=None``) are refused at T > 0 (pipeline/rules.py): the ratio w_t/w_d compares
+    two unnormalised sigmoids of logits, and a draft without logits has no w_d to compare (a point-mass reading,
+    w_d(x) = 1, would compare an unnormalised sigmoid with a probability and reject nearly everything at beta = -20).
+    At T = 0 it verifies greedily, which needs none.
     """
 
     name = "sigmoid"
@@ -291,7 +347,8 @@ class SigmoidSampler(Sampler):
 class GreedySampler(Sampler):
     """Accept while the draft token equals the target's argmax; then emit the target's argmax.
 
-    Deterministic; ignores temperature and the draft's probabilities. Equivalent to `exact` at T = 0.
+    Deterministic; ignores temperature and the draft's probabilities. Equivalent to `exact` at T = 0. Takes a
+    deterministic draft (``draft_logits=None``) as it is: it reads draft logits only for the finiteness flag.
     """
 
     name = "greedy"
