@@ -18,6 +18,7 @@ from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_n
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
 
 ENGINES = ("specsweep", "hf")
+DRAFTERS = ("model", "prompt-lookup", "suffix")
 WANDB_MODES = ("online", "offline", "disabled")
 
 
@@ -46,7 +47,27 @@ class RunConfig:
     rule_params: dict = field(default_factory=dict)
     preset: str | None = setting(None, "a rule's preset parameters (sigmoid: paper, the constants of the paper's "
                                        "kernels, sigmoid((z + 1e4) / 2e4))", choices=preset_names())
-    gamma: int = setting(4, "draft tokens per step; 0 = autoregressive")
+    gamma: int = setting(4, "draft tokens per step (the most, for a drafter that proposes as far as its match "
+                            "reaches); 0 = autoregressive")
+    # What proposes (pipeline/decoding/drafters/): a draft model, or a search of the text itself (no draft model).
+    drafter: str = setting("model", "model: the --draft model; prompt-lookup: the tokens after an earlier "
+                                    "occurrence of the last n tokens, in the prompt and the text so far; suffix: "
+                                    "suffix decoding, the most frequent continuation in suffix trees of the prompt, "
+                                    "the text so far and (--suffix-outputs) earlier outputs. The last two need no "
+                                    "draft model",
+                           choices=DRAFTERS)
+    lookup_min: int = setting(1, "prompt lookup: the shortest n-gram matched (transformers: 1; vLLM's "
+                                 "prompt_lookup_min)")
+    lookup_max: int = setting(3, "prompt lookup: the longest n-gram matched, tried first (transformers' "
+                                 "max_matching_ngram_size, default 2; vLLM's prompt_lookup_max)")
+    suffix_depth: int = setting(24, "suffix decoding: the longest suffix matched and the deepest tree path (vLLM's "
+                                    "suffix_decoding_max_tree_depth)")
+    suffix_factor: float = setting(1.0, "suffix decoding: propose at most this times the match length (vLLM's "
+                                        "suffix_decoding_max_spec_factor)")
+    suffix_min_prob: float = setting(0.1, "suffix decoding: stop before a token whose estimated probability is "
+                                          "below this (vLLM's suffix_decoding_min_token_prob)")
+    suffix_outputs: bool = setting(False, "suffix decoding: keep finished outputs in a shared tree that later "
+                                          "examples (a server: later requests) read")
     # Adaptive draft length (pipeline/decoding/draft_policy.py): γ is where each row starts, --gamma-max the most a
     # step drafts.
     draft_schedule: str = setting("constant", "draft length per step and row: constant (γ) or heuristic "
@@ -187,8 +208,7 @@ class RunConfig:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise bad(f"--temperature must be >= 0 (0 = greedy); got {self.temperature}")
         self._validate_draft_length()
-        if self.gamma > 0 and not self.draft:
-            raise bad("--gamma > 0 needs --draft MODEL (or use --gamma 0 for autoregressive decoding)")
+        self._validate_drafter()
         for name in ("batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise bad(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
@@ -198,8 +218,30 @@ class RunConfig:
             raise bad(f"--max-prompt-tokens must be >= 1; got {self.max_prompt_tokens}")
         get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
                                          batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
-                                         preset=self.preset)
+                                         preset=self.preset, deterministic_draft=self.drafter != "model")
         return self
+
+    def _validate_drafter(self) -> None:
+        """The drafter and its settings: one-line SpecsweepError on a problem."""
+        if self.drafter == "model":
+            if self.gamma > 0 and not self.draft:
+                raise SpecsweepError("--gamma > 0 needs --draft MODEL, or a drafter without a model (--drafter "
+                                     "prompt-lookup or suffix), or --gamma 0 for autoregressive decoding")
+            return
+        if self.draft:
+            raise SpecsweepError(f"--drafter {self.drafter} needs no draft model: drop --draft (or use --drafter "
+                                 "model)")
+        if self.engine != "specsweep":
+            raise SpecsweepError(f"--drafter {self.drafter} runs in our engine: use --engine specsweep (`specsweep "
+                                 "bench drafters` compares our prompt lookup with transformers')")
+        if self.draft_schedule != "constant" or self.draft_confidence > 0:
+            raise SpecsweepError(f"--drafter {self.drafter} proposes as far as its match reaches, up to --gamma: drop "
+                                 "--draft-schedule and --draft-confidence")
+        if not 1 <= self.lookup_min <= self.lookup_max:
+            raise SpecsweepError(f"need 1 <= --lookup-min <= --lookup-max; got {self.lookup_min}, {self.lookup_max}")
+        if self.suffix_depth < 1 or not self.suffix_factor > 0 or not 0 <= self.suffix_min_prob <= 1:
+            raise SpecsweepError(f"need --suffix-depth >= 1, --suffix-factor > 0 and --suffix-min-prob in [0, 1]; got "
+                                 f"{self.suffix_depth}, {self.suffix_factor}, {self.suffix_min_prob}")
 
     def _validate_draft_length(self) -> None:
         """The adaptive draft length's settings (pipeline/decoding/draft_policy.py): one-line SpecsweepError on a

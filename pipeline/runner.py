@@ -194,7 +194,8 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
                 "baseline_quality": baseline["quality"] if baseline else None,
                 "forward": stack.forwards_used(engine), **encode.record(totals["cuts"]),
                 "processes": 1 if world is None else world.size, "seed_per_example": per_example,
-                "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer)}
+                "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer),
+                "drafter": engine.drafter.settings if getattr(engine, "drafter", None) is not None else None}
     if world is not None:
         # the quality pass ran on every rank; the paired speed measurement (a per-device property) on rank 0 alone
         resolved["rank_wall_time_s"] = totals["rank_wall"]

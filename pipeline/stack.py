@@ -26,6 +26,7 @@ from pipeline.decoding.drafters.cross_tokenizer import (
     resolve_mode,
     same_vocabulary,
 )
+from pipeline.decoding.drafters.lookup import prompt_lookup, suffix_decoding
 from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import HFEngine
@@ -66,7 +67,7 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
     before loading the models. With --device auto and several GPUs the target is spread over all of them; the draft
     stays on ``device``."""
     spread = spreads_target(config.device)
-    use_draft = bool(config.draft) and config.gamma > 0
+    use_draft = bool(config.draft) and config.gamma > 0 and config.drafter == "model"
     if task.speech:
         processor = load_processor(config.target)
         tokenizer = processor.tokenizer
@@ -117,8 +118,16 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
 
 
 def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: str) -> Drafter | None:
-    """The run's drafter (None at γ = 0): the draft model, bridged when its tokenizer is not the target's."""
-    if config.gamma == 0 or draft is None:
+    """The run's drafter (None at γ = 0): prompt lookup or suffix decoding (no draft model), or the draft model,
+    bridged when its tokenizer is not the target's."""
+    if config.gamma == 0:
+        return None
+    if config.drafter == "prompt-lookup":
+        return prompt_lookup(config.lookup_min, config.lookup_max, eos_token_ids(target, tokenizer))
+    if config.drafter == "suffix":
+        return suffix_decoding(config.suffix_depth, config.suffix_factor, config.suffix_min_prob,
+                               config.suffix_outputs)
+    if draft is None:
         return None
     mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)
     if mode == "shared":

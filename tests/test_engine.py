@@ -129,7 +129,8 @@ def test_sampler_sees_fresh_forward_distributions_at_every_step(pair):
         with torch.no_grad():
             fresh_d = draft(seq).logits[0, n - 1: n - 1 + g, : draft_logits.shape[-1]]
             fresh_t = target(seq).logits[0, n - 1: n + g]
-        torch.testing.assert_close(draft_logits[0], fresh_d, atol=1e-4, rtol=1e-4)
+        if g:   # a step that drafted nothing (the last) hands the sampler an empty draft
+            torch.testing.assert_close(draft_logits[0], fresh_d, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(target_logits[0], fresh_t, atol=1e-4, rtol=1e-4)
         res = inner(draft_tokens, draft_logits, target_logits, generator=generator)
         k = int(res.accepted[0])

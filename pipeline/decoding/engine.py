@@ -3,6 +3,7 @@
 One step, for B rows at once (``SpeculativeEngine.generate``: draft, score, verify, emit, sync, roll back, drop
 finished rows):
   1. the drafter proposes up to γ tokens per row                           tokens [b, K], logits [b, K, V] or None
+     (None: a deterministic draft, verified as one-hot without building it)
      (pipeline/decoding/drafters/: a draft model, a draft with another tokenizer, ...; the loop never asks which)
   2. the target scores the pending token and the K proposals in one forward  logits [b, K+1, V_t]
      (in the first step it takes the whole prompt before the proposals: no separate target prefill)
@@ -120,7 +121,7 @@ class SpeculativeEngine:
             self.drafter.bind(DraftSetup(self.device, self.gamma, self.draft_temperature, sampler.temperature,
                                          self.target.kind, self.mask if self.mask.active else None, pad_token_id,
                                          self.policy is not None, static_cache, self.target_vocab))
-        self.mask.prepare(self.target_vocab, self._draft_vocab())
+        self.mask.prepare(self.target_vocab, *([self.drafter.vocab_size] if self.drafter is not None else []))
         self.char_lengths = char_lengths.to(self.device) if char_lengths is not None else None
 
     def _encode(self, encoder_inputs: dict, timer: PhaseTimer) -> tuple[dict, torch.Tensor | None]:
@@ -180,11 +181,11 @@ class SpeculativeEngine:
             gamma, wants = self._step_lengths(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
             proposal = self._draft(state, gamma, wants, generator, timer)
             target_logits, scored = self._score(state, proposal.tokens, timer)
-            draft_logits = proposal.logits
-            if draft_logits is None:
-                draft_logits = target_logits.new_empty(state.batch, 0, self._draft_vocab())
             if self.drafter is not None:
                 self.drafter.observe_target(target_logits, proposal)
+            draft_logits = proposal.logits
+            if draft_logits is None and proposal.width == 0:   # nothing proposed: an empty draft, for every rule
+                draft_logits = target_logits[:, :0]
             with timer.phase("verify"):
                 res = self.sampler(proposal.tokens, draft_logits, target_logits, generator=generator,
                                    **({} if proposal.lengths is None else {"lengths": proposal.lengths}))
@@ -207,9 +208,6 @@ class SpeculativeEngine:
                 f"{limit} positions: shorten the prompts (--max-prompt-tokens) or lower --max-new-tokens")
         if self.target.kind == "seq2seq" and encoder_inputs is None:
             raise SpecsweepError("an encoder-decoder target needs encoder inputs (e.g. input_features)")
-
-    def _draft_vocab(self) -> int:
-        return self.drafter.vocab_size if self.drafter is not None else self.target_vocab
 
     # ---- the steps of generate ---------------------------------------------------------------------------------
 

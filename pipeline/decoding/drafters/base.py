@@ -159,6 +159,7 @@ class Drafter:
     vocab_size     V of its proposal logits (known after :meth:`bind`)
     forwards       draft-model forwards in this generate call (0 for a drafter without a model)
     model          the draft model's :class:`~pipeline.decoding.cache.CachedModel`, for a drafter with one
+    settings       what a results file records about the drafter: its name ("drafter") and parameters
     """
 
     reads_emitted = False
@@ -167,6 +168,7 @@ class Drafter:
         self.vocab_size = 0
         self.forwards = 0
         self.model: CachedModel | None = None
+        self.settings: dict = {"drafter": "model"}
         self.setup: DraftSetup | None = None
 
     def bind(self, setup: DraftSetup) -> None:

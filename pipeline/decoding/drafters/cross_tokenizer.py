@@ -13,11 +13,11 @@ Heterogeneous Vocabularies", and transformers' Universal Assisted Generation):
                 probability mass on the intersection, which the run measures and reports.
   string        the draft proposes γ of its own tokens; their text is re-tokenised with the target's tokenizer
                 (cut at the first token the target does not know, at most γ target tokens) and verified as a
-                deterministic draft: one-hot proposal logits. At T = 0 that is greedy verification (the output is
-                the target's greedy output, token for token); at T > 0 the exact rule accepts a proposed token with
-                the target's probability of it (exact-match acceptance). Both are lossless: the exact rule is exact
-                for any proposal drawn independently of its uniforms. It costs a second host sync per step: the
-                proposals' text is built on the host.
+                deterministic draft (no proposal logits: the verify rule reads it as one-hot). At T = 0 that is
+                greedy verification (the output is the target's greedy output, token for token); at T > 0 the exact
+                rule accepts a proposed token with the target's probability of it (exact-match acceptance). Both are
+                lossless: the exact rule is exact for any proposal drawn independently of its uniforms. It costs a
+                second host sync per step: the proposals' text is built on the host.
 
 In both modes the draft reads text, not the target's tokens. After each verify step the row's generated text (the
 target's emitted tokens, decoded) is tokenised with the draft's tokenizer; the draft's KV cache is cut back to the
@@ -198,9 +198,9 @@ class TextDrafter(Drafter):
 
     Its :class:`Proposal`: intersection mode, K = γ tokens and the draft's logits scattered into the target's
     vocabulary [b, γ, V_t]; string mode, K = the most target tokens a row's text gave (≤ γ, and ≤ the row's limit),
-    rows with fewer padded and their own counts in ``lengths`` (the sampler contract's per-row lengths), and one-hot
-    logits. It reads the step's emitted tokens (``reads_emitted``) and, in intersection mode, brings the draft ids it
-    fed in the step's one sync (:meth:`host_rows`).
+    rows with fewer padded and their own counts in ``lengths`` (the sampler contract's per-row lengths), and no
+    logits (a deterministic draft). It reads the step's emitted tokens (``reads_emitted``) and, in intersection mode,
+    brings the draft ids it fed in the step's one sync (:meth:`host_rows`).
 
     Host mirror, per active row: ``ids`` the draft ids in its cache (real positions, in order), ``pos`` their cache
     positions, ``generated`` the target ids emitted so far, ``prompt`` its draft prompt ids.
@@ -215,6 +215,7 @@ class TextDrafter(Drafter):
         self.lm = model
         self.bridge = bridge
         self.mode = mode
+        self.settings = {"drafter": "model", "draft_tokenizer_mode": mode}
         draft_tok = bridge.draft.tokenizer
         self.pad = draft_tok.pad_token_id if draft_tok.pad_token_id is not None else (draft_tok.eos_token_id or 0)
         self.draft_limit = max_positions(model.config)
@@ -358,16 +359,13 @@ class TextDrafter(Drafter):
             proposals.append(ids[: gamma if wants is None else wants[b]])
         own = [len(p) for p in proposals]
         K = max(own)
-        V_t = self.bridge.target_in.shape[0]
         out = torch.full((len(host), K), self.bridge.target_pad, dtype=torch.int64)
         for b, p in enumerate(proposals):
             if p:
                 out[b, : len(p)] = torch.tensor(p)
         out = out.to(drafted_d.device)
-        one_hot = torch.full((len(host), K, V_t), float("-inf"), device=drafted_d.device)
-        one_hot.scatter_(-1, out[..., None], 0.0)
         lengths = row_limits(own, K, drafted_d.device) if K else None
-        return Proposal(out, one_hot, lengths, own if lengths is not None else None)
+        return Proposal(out, None, lengths, own if lengths is not None else None)
 
     def observe_target(self, target_logits: torch.Tensor, proposal: Proposal) -> None:
         """Intersection mode: add the target's probability on the intersection at the positions the verify step reads
