@@ -1,7 +1,7 @@
 """The report's schedule section: per tuned study, the setting chosen per (batch size, prompt-length bucket), how sure
 each choice is (every candidate's median, spread and interval), and fixed against adaptive draft length.
 
-It reads the schedule files `specsweep tune` writes next to its fronts (pipeline/schedule.py), found beside the
+It reads the schedule files `specsweep tune` writes next to its fronts (pipeline/tuning/schedule.py), found beside the
 results files the report's table came from: a ``*schedule.json`` of kind "specsweep-schedule" in the folder of a
 row's source or up to three folders above it (so ``results/tune/text-schedule.json`` is found from the study's trials
 in ``results/tune/text/trials/``).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
-from pipeline.schedule import KIND, Cell, describe_settings, draft_ceiling, read_schedule
+from pipeline.tuning.schedule import KIND, Cell, describe_settings, draft_ceiling, read_schedule
 
 from .document import Heading, Para, Table
 

@@ -291,7 +291,7 @@ class RunConfig:
         if unknown:
             raise SpecsweepError(f"unknown run settings {unknown}: known settings are {sorted(names | rule_keys)}")
         if values.get("from_config"):
-            from pipeline.export import apply_settings
+            from pipeline.tuning.export import apply_settings
 
             defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
             values = apply_settings(values["from_config"], values, defaults, rule_keys)

@@ -1,5 +1,5 @@
 """What a run is scored by, and what theory predicts for it. One definition each, read by the runner
-(pipeline/runner.py), the Optuna study (pipeline/tune.py), W&B logging (pipeline/tracking.py), the runs table
+(pipeline/runner.py), the Optuna study (pipeline/tuning/), W&B logging (pipeline/tracking.py), the runs table
 (pipeline/results_table.py) and the report (analysis/):
 
 - quality: the quality objective (the task's metric, pipeline/tasks/: ROUGE-L, or -WER), its ratio to the AR

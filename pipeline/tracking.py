@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pipeline.config import RunConfig
+from pipeline.rules import param_names
 
 DEFAULT_MODE = "offline"
 
@@ -95,7 +96,6 @@ def samples_table(result: dict):
     """A wandb.Table with one row per sample: id, output, reference, its quality scores, accepted tokens, and the
     output coloured by each token's origin (an HTML column; None where the engine recorded no origins)."""
     import wandb
-
     from pipeline.provenance import legend_html, pieces_for, render_html, sample_origins
 
     samples = result.get("samples", [])
@@ -165,3 +165,23 @@ def _artifact_name(path: str | os.PathLike) -> str:
 def _one_line(e: BaseException, limit: int = 200) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     return text[:limit]
+
+
+def log_trial(wb, front: list[dict], number: int, params: dict, speedup: float, quality: float, score) -> None:
+    """An Optuna trial's values and the Pareto front so far (``front``: pipeline/tuning/storage.py pareto_front's
+    best_trials) as a table, in the study's W&B run; a warning instead of an error when W&B fails (the trial goes
+    on)."""
+    try:
+        import wandb
+
+        wb.log({"trial": number, "speedup": speedup, "quality": quality,
+                **({"tradeoff": score} if score is not None else {}),
+                **{f"param/{k}": v for k, v in params.items() if not isinstance(v, str)}})
+        table = wandb.Table(columns=["trial", "speedup", "quality", "sampler", "gamma", "dtype", *param_names()])
+        for t in [*front, {"number": number, "values": {"speedup": speedup, "quality": quality}, "params": params}]:
+            p = t["params"]
+            table.add_data(t["number"], t["values"]["speedup"], t["values"]["quality"], p.get("sampler"),
+                           p.get("gamma"), p.get("dtype"), *(p.get(name) for name in param_names()))
+        wb.log({"pareto_front": table})
+    except Exception as e:
+        warn(f"W&B logging of trial {number} failed ({_one_line(e, 160)})")

@@ -235,7 +235,7 @@ def test_the_study_searches_the_threshold_and_gamma_max(tmp_path):
     its range; a space without draft modes records no draft keys, so a study created before them continues."""
     import optuna
 
-    from pipeline.tune import SearchSpace
+    from pipeline.tuning.space import SearchSpace
 
     path = tmp_path / "space.yaml"
     path.write_text("gamma: {low: 1, high: 4}\nsampler: [exact]\ndraft: [fixed, heuristic, confidence]\n"

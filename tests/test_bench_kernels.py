@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from pipeline.benchmarks import kernels as bench
 from pipeline.cli import main
-from pipeline.kernels import bench
 
 # ---- the grid ---------------------------------------------------------------------------------------------------
 

@@ -104,3 +104,27 @@ def test_bench_forward_smoke_times_both_forwards_and_writes_json(tmp_path):
     for r in result["results"]:
         assert len(r["rounds_ms"]) == 2 and 0 < r["min_round_ms"] <= r["median_ms"] <= r["max_round_ms"]
     assert result["compile_seconds"] is None
+
+
+def test_bench_drafters_smoke_every_loop_emits_the_targets_tokens(tmp_path, capsys):
+    """`specsweep bench drafters` on a tiny target and articles that repeat themselves: our prompt lookup and suffix
+    decoding and transformers' prompt lookup all emit the target's greedy tokens, and every ratio has an
+    interval."""
+    from tiny_models import save_pair, write_articles
+
+    target, _ = save_pair(tmp_path / "pair", kind="gpt2")
+    data = write_articles(tmp_path / "articles.jsonl", 3, repeat=3)
+    out = tmp_path / "drafters.json"
+    assert main(["bench", "drafters", "--target", str(target), "--data", str(data), "--no-chat-template",
+                 "--limit", "2", "--max-new-tokens", "12", "--lookup-tokens", "2,4", "--repeats", "3",
+                 "--device", "cpu", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["goals"]["all_identical"], {k: v["identical_to_target"] for k, v in result["loops"].items()}
+    assert set(result["loops"]) == {"ours_ar", "hf_plain", "ours_lookup_2", "hf_lookup_2", "ours_suffix_2",
+                                    "ours_lookup_4", "hf_lookup_4", "ours_suffix_4"}
+    ratio = result["ratios"]["ours_lookup_4_over_hf_lookup_4"]
+    assert ratio["ci_low"] <= ratio["median"] <= ratio["ci_high"] and len(ratio["ratios"]) == 3
+    assert result["loops"]["ours_lookup_4"]["mean_accepted_tokens"] > 1          # the repeats were found
+    assert "lookup" in result["loops"]["ours_lookup_4"]["phase_seconds"]
+    assert "ours_lookup_4_over_hf_lookup_4" in capsys.readouterr().out
+    assert main(["bench", "drafters", "--target", str(target), "--data", str(data), "--repeats", "2"]) == 2

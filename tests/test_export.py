@@ -1,4 +1,4 @@
-"""`specsweep export` (pipeline/export.py): the chosen setting as transformers', vLLM's and TensorRT-LLM's
+"""`specsweep export` (pipeline/tuning/export.py): the chosen setting as transformers', vLLM's and TensorRT-LLM's
 configuration and as our own settings JSON.
 
 The transformers export is loaded with ``GenerationConfig`` and drives assisted generation of the tiny pair. The vLLM
@@ -23,8 +23,8 @@ from tiny_models import PROMPTS, save_pair
 from pipeline.cli import main
 from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
-from pipeline.export import export, load_settings, load_source
-from pipeline.schedule import Cell, build_schedule
+from pipeline.tuning.export import export, load_settings, load_source
+from pipeline.tuning.schedule import Cell, build_schedule
 
 # ---- the documented schemas ------------------------------------------------------------------------------------
 

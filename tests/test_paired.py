@@ -19,7 +19,7 @@ from pipeline.config import RunConfig
 from pipeline.env_info import LoadProbe, default_threads, usable_cores
 from pipeline.errors import SpecsweepError
 from pipeline.runner import run
-from pipeline.tune import measured_run
+from pipeline.tuning.study import measured_run
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ def _worker(base: list[str], study_dir: Path, storage: str, name: str, n: int, w
 def _load(name: str, storage: str):
     import optuna
 
-    from pipeline.tune import _with_driver
+    from pipeline.tuning.storage import _with_driver
 
     return optuna.load_study(study_name=name, storage=_with_driver(storage))
 
@@ -133,7 +133,7 @@ def test_two_workers_on_one_postgres_study_neither_lose_nor_duplicate_trials(tin
 
 def _open_when_released(url: str, name: str, release_at: float) -> str:
     from pipeline.errors import SpecsweepError
-    from pipeline.tune import open_study
+    from pipeline.tuning.storage import open_study
 
     time.sleep(max(0.0, release_at - time.time()))
     try:
@@ -173,7 +173,7 @@ def test_workers_started_together_on_an_empty_postgres_database_all_open_the_stu
 def test_a_worker_killed_mid_trial_loses_nothing_and_a_restart_finishes(tiny, tmp_path, kind):
     import optuna
 
-    from pipeline.tune import retry_callback
+    from pipeline.tuning.storage import retry_callback
 
     _, base = tiny
     # Longer trials than the shared fixture's (40 new tokens, not 6, with a matching baseline), so the poll
@@ -233,7 +233,7 @@ def test_a_trial_orphaned_before_its_first_heartbeat_is_failed_and_retried(tmp_p
     and its parameters are enqueued again, like any dead worker's trial."""
     import optuna
 
-    from pipeline.tune import adopt_orphaned_trials, open_study
+    from pipeline.tuning.storage import adopt_orphaned_trials, open_study
 
     study = open_study(f"orphan-{uuid.uuid4().hex[:8]}", _storage(kind, tmp_path), seed=0, heartbeat_interval=1,
                        grace_period=2)

@@ -17,7 +17,7 @@ from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
 from pipeline.rules import RULES, get_rule, is_lossless, param_names, tunable
 from pipeline.samplers import get_sampler
-from pipeline.tune import SearchSpace
+from pipeline.tuning.space import SearchSpace
 
 
 @pytest.mark.parametrize("name", list(RULES))
@@ -133,7 +133,7 @@ def test_a_trial_samples_only_its_own_rules_parameters():
 
 def test_a_study_refuses_to_continue_with_another_search_space(tmp_path):
     pytest.importorskip("optuna")
-    from pipeline.tune import _open_worker_study
+    from pipeline.tuning.study import _open_worker_study
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     first = SearchSpace(samplers=("exact", "sigmoid"))

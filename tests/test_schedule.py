@@ -1,5 +1,5 @@
-"""The tuned schedule (pipeline/schedule.py): cells of batch size and prompt-length bucket, the robust choice (median
-minus a spread penalty, the smaller γ within the noise, no speculation where nothing is surely faster), and
+"""The tuned schedule (pipeline/tuning/schedule.py): cells of batch size and prompt-length bucket, the robust choice
+(median minus a spread penalty, the smaller γ within the noise, no speculation where nothing is surely faster), and
 `specsweep tune --batch-sizes --context-buckets` end to end on the tiny pair."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.measure import median_ci
 from pipeline.result import RESULTS_VERSION, VERSION_KEY
 from pipeline.rules import param_names
-from pipeline.schedule import (
+from pipeline.tuning.schedule import (
     Cell,
     build_schedule,
     cell_schedule,
@@ -188,7 +188,7 @@ def test_the_report_section_shows_each_cells_choice_its_candidates_and_fixed_aga
 
     from pipeline.analysis import schedule_view
     from pipeline.analysis.document import to_markdown
-    from pipeline.schedule import write_schedule
+    from pipeline.tuning.schedule import write_schedule
 
     study = tmp_path / "tune" / "text"
     fake_result(study / "trials" / "00000.json", gamma=4, ratios=[1.50, 1.55, 1.52, 1.58, 1.51, 1.56])

@@ -12,7 +12,8 @@ order flipping every repeat, and the ratio of each pair (one-hot time / determin
 distribution-free 95 % interval (pipeline.measure.median_ci). Both ways emit the same tokens from the same uniforms
 (tests/test_deterministic_drafts.py). ``run(deterministic_only=True)`` (``--deterministic-only``) times only these.
 On CUDA the eager calls are mostly host time, so each way is also timed under CUDA-graph replay (device time;
-kernels/bench.py's graph_times, the one-hot build captured with the step), in rounds that alternate the two ways,
+pipeline/benchmarks/kernels.py's graph_times, the one-hot build captured with the step), in rounds that alternate the
+two ways,
 and the replays are paired by their index.
 """
 
@@ -117,7 +118,7 @@ def _paired_graph_times(sampler, sets: list, rounds: int = 4, replays: int = 5) 
     generator: a custom one cannot be captured), ``rounds`` rounds of ``replays`` replays each, the order of the two
     flipping every round; the ratio's median and interval over replays paired by index. graph_error where capture
     fails."""
-    from pipeline.kernels.bench import GRAPH_CALLS, graph_times
+    from pipeline.benchmarks.kernels import GRAPH_CALLS, graph_times
 
     def det(i):
         dt, _, tl = sets[i % len(sets)]

@@ -1,12 +1,12 @@
 """`specsweep export`: write a study's or a report's chosen setting as transformers', vLLM's or TensorRT-LLM's
-configuration, or as our own settings JSON (pipeline/export.py)."""
+configuration, or as our own settings JSON (pipeline/tuning/export.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from pipeline.export import FORMATS, PICK_OF
-from pipeline.schedule import MAX_QUALITY_LOSS, PENALTY, PICKS
+from pipeline.tuning.export import FORMATS, PICK_OF
+from pipeline.tuning.schedule import MAX_QUALITY_LOSS, PENALTY, PICKS
 
 HELP = ("write the tuned setting (a study's schedule, or a report's recommendation) as a transformers generation "
         "config, vLLM speculative_config, TensorRT-LLM options, or our settings JSON")
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline.export import export, load_source
+    from pipeline.tuning.export import export, load_source
 
     schedule = load_source(args.source, task=args.task, penalty=args.spread_penalty,
                            max_quality_loss=args.max_quality_loss)

@@ -1,8 +1,9 @@
 """The tuned schedule: per (batch size, prompt-length bucket) cell, the setting to deploy and how sure the choice is.
 
-``specsweep tune --batch-sizes 1,4,16 --context-buckets 0-128,128-512`` runs one study per cell (pipeline/tune.py):
-trials at that batch size, on the prompts of that length, each speedup paired against the γ = 0 loop at the same
-batch size inside the trial's run. This module reads the cells' trial results and picks, per cell, by a robust rule:
+``specsweep tune --batch-sizes 1,4,16 --context-buckets 0-128,128-512`` runs one study per cell
+(pipeline/tuning/study.py): trials at that batch size, on the prompts of that length, each speedup paired against
+the γ = 0 loop at the same batch size inside the trial's run. This module reads the cells' trial results and picks,
+per cell, by a robust rule:
 
   candidates   completed trials whose measurement is not flagged, lossless ones (pipeline/rules.py) and lossy ones
                within ``max_quality_loss`` of the cell's AR baseline; plus "no speculation" (γ = 0: speedup 1 by

@@ -1,7 +1,7 @@
 """``specsweep export``: the chosen setting written as another tool's configuration, or as ours.
 
 Sources (:func:`load_source`): a schedule JSON written by ``specsweep tune`` (``<front>-schedule.json``), a study
-folder (its schedule rebuilt from the trials' results, :mod:`pipeline.schedule`), or a report folder or its
+folder (its schedule rebuilt from the trials' results, :mod:`pipeline.tuning.schedule`), or a report folder or its
 ``results.csv`` (the recommendation's row, its settings read from the run's results file: a one-cell schedule).
 
 Formats (each from one pick of the schedule, :data:`PICK_OF`):
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic, write_text_atomic
-from pipeline.schedule import (
+from pipeline.tuning.schedule import (
     KIND,
     MAX_QUALITY_LOSS,
     PENALTY,
@@ -69,8 +69,8 @@ HF_SCHEDULE = {"constant": "constant", "heuristic": "heuristic_transient"}
 
 def load_source(path: str | os.PathLike, *, task: str | None = None, penalty: float = PENALTY,
                 max_quality_loss: float = MAX_QUALITY_LOSS) -> dict:
-    """A schedule (the dict :func:`pipeline.schedule.build_schedule` returns) from a schedule JSON, a study folder
-    or a report (folder or results.csv)."""
+    """A schedule (the dict :func:`pipeline.tuning.schedule.build_schedule` returns) from a schedule JSON, a study
+    folder or a report (folder or results.csv)."""
     path = Path(path)
     if not path.exists():
         raise SpecsweepError(f"--from {path} does not exist: give a schedule JSON written by `specsweep tune`, a study "
@@ -130,7 +130,7 @@ def _from_report(csv: Path, task: str | None, max_quality_loss: float) -> dict:
 
 
 def _standard(settings: dict) -> bool:
-    from pipeline.schedule import is_adaptive, is_standard
+    from pipeline.tuning.schedule import is_adaptive, is_standard
 
     return is_standard(settings) and not is_adaptive(settings)
 
@@ -141,7 +141,7 @@ def entries(schedule: dict, pick: str, context: str | None = None) -> list[dict]
     """Per batch size (ascending), the ``pick`` of the schedule's cells of one prompt-length bucket: [{batch_size,
     context, settings, speedup, ci_low, ci_high, faster_than_target}]. ``context``: "LOW-HIGH" (needed when the
     schedule has several buckets)."""
-    from pipeline.schedule import parse_context_buckets
+    from pipeline.tuning.schedule import parse_context_buckets
 
     if pick not in PICKS:
         raise SpecsweepError(f"--pick {pick!r} is not one of {list(PICKS)}")
@@ -209,13 +209,13 @@ def export(schedule: dict, fmt: str, out: str | os.PathLike, *, pick: str | None
 
 
 def _adaptive(settings: dict) -> bool:
-    from pipeline.schedule import is_adaptive
+    from pipeline.tuning.schedule import is_adaptive
 
     return is_adaptive(settings)
 
 
 def _is_standard(settings: dict) -> bool:
-    from pipeline.schedule import is_standard
+    from pipeline.tuning.schedule import is_standard
 
     return is_standard(settings)
 

@@ -1,0 +1,25 @@
+"""What the `specsweep bench` subcommands share: the device rule and the toy pair's default folders."""
+
+from __future__ import annotations
+
+
+def bench_device(name: str) -> str:
+    """cpu, cuda, cuda:N or auto (CUDA when there is one): the run's own rules, minus the dtype check (the benchmarks "
+    "choose their dtypes)."""
+    from pipeline.models import resolve_device  # imports torch: kept out of `specsweep --help`
+
+    return resolve_device(name)
+
+
+def toy_pair(name: str) -> str:
+    """The toy text pair's folder of ``name`` (target or draft), as `make` writes it."""
+    return f"models/toy/text/{name}"
+
+
+def gpu_slug() -> str:
+    """The current GPU's name as a file-name part (e.g. nvidia-h100-80gb-hbm3)."""
+    import re
+
+    import torch  # a GPU benchmark only
+
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")

@@ -1,0 +1,219 @@
+"""The search space of a study: γ, the acceptance rule and its parameters, dtype, the draft length, and a draft
+with another tokenizer's mode; read from sweeps/optuna_space.yaml (or another YAML file) and the rule registry.
+
+Each trial samples one point (:meth:`SearchSpace.suggest`); a rule's parameters are sampled only in that rule's
+trials, over the registry's ranges (integer ones with suggest_int). The two objectives are :data:`OBJECTIVES`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from pipeline.config import RunConfig
+from pipeline.dtypes import DTYPES
+from pipeline.errors import SpecsweepError
+from pipeline.rules import get_rule, param_names, tunable
+from pipeline.tasks import get_task
+
+OBJECTIVES = ("speedup", "quality")
+
+
+# ---------------------------------------------------------------------------------------------- search space
+
+Range = tuple[float, float, bool]  # (low, high, log scale)
+
+
+def _rule_ranges(rule_name: str) -> dict[str, Range]:
+    """A rule's parameter ranges as the registry gives them (pipeline/rules.py)."""
+    return {p.name: (p.low, p.high, p.log) for p in get_rule(rule_name).params}
+
+
+def _integer_params(rule_name: str) -> set[str]:
+    """The rule's integer-valued parameters (sampled with suggest_int over the integers in their range)."""
+    return {p.name for p in get_rule(rule_name).params if p.integer}
+
+
+DRAFT_MODES = ("fixed", "heuristic", "confidence")
+"""How a trial drafts (pipeline/decoding/draft_policy.py): fixed γ; the heuristic schedule from γ up to γ_max; or the
+confidence threshold with γ as the most a step drafts."""
+_DRAFT_DEFAULTS = {"drafts": ("fixed",), "draft_confidence": (0.1, 0.9, False), "gamma_max": (2, 8)}
+
+
+@dataclasses.dataclass
+class SearchSpace:
+    """Ranges a trial samples from (see sweeps/optuna_space.yaml). ``params``: per acceptance rule, the range of
+    each of its parameters; a rule's parameters are sampled only in trials that chose it. Unset ranges are the
+    registry's. ``drafts``: the draft-length modes (:data:`DRAFT_MODES`) a trial chooses from, with the confidence
+    threshold's range (confidence trials) and γ_max's (heuristic trials, at least the trial's γ). ``tokenizer_modes``:
+    for a draft with another tokenizer, the draft-tokenizer modes a trial chooses from
+    (pipeline/decoding/drafters/cross_tokenizer.py;
+    empty: not searched, the run's own setting)."""
+
+    gamma: tuple[int, int] = (1, 8)
+    samplers: tuple[str, ...] = dataclasses.field(default_factory=tunable)
+    params: dict[str, dict[str, Range]] = dataclasses.field(default_factory=dict)
+    dtypes: tuple[str, ...] = ("float32",)
+    known_good: dict = dataclasses.field(default_factory=lambda: {"sampler": "exact", "gamma": 4})
+    drafts: tuple[str, ...] = ("fixed",)
+    draft_confidence: Range = (0.1, 0.9, False)
+    gamma_max: tuple[int, int] = (2, 8)
+    tokenizer_modes: tuple[str, ...] = ()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SearchSpace:
+        """Read and check a search-space YAML; a problem is a one-line SpecsweepError."""
+        try:
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise SpecsweepError(f"search space {path}: cannot read it ({' '.join(str(e).split())[:160]})") from None
+        if not isinstance(raw, dict):
+            raise SpecsweepError(f"search space {path}: expected a mapping of settings")
+        known = {"gamma", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence", "gamma_max"}
+        if set(raw) - known:
+            moved = sorted(set(raw) & set(param_names()))
+            hint = (f" (rule parameters go under params: <rule>:, e.g. params: {{sigmoid: {{{moved[0]}: ...}}}})"
+                    if moved else "")
+            raise SpecsweepError(f"search space {path}: unknown keys {sorted(set(raw) - known)}; known: "
+                                 f"{sorted(known)}{hint}")
+        try:
+            space = cls(
+                gamma=tuple(int(v) for v in _range(raw.get("gamma", {"low": 1, "high": 8}))[:2]),
+                samplers=tuple(raw.get("sampler", tunable())),
+                params={rule: {name: _range(spec) for name, spec in (ranges or {}).items()}
+                        for rule, ranges in (raw.get("params") or {}).items()},
+                dtypes=tuple(raw.get("dtype", ("float32",))),
+                known_good=dict(raw.get("known_good", {"sampler": "exact", "gamma": 4})),
+                drafts=tuple(raw.get("draft", ("fixed",))),
+                draft_confidence=_range(raw.get("draft_confidence", {"low": 0.1, "high": 0.9})),
+                gamma_max=tuple(int(v) for v in _range(raw.get("gamma_max", {"low": 2, "high": 8}))[:2]),
+            )
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise SpecsweepError(f"search space {path}: {e}") from None
+        return space.check(path)
+
+    def check(self, where: object = "search space") -> SearchSpace:
+        if not self.samplers or set(self.samplers) - set(tunable()):
+            raise SpecsweepError(f"{where}: sampler must be a non-empty list from {list(tunable())}")
+        if not self.dtypes or set(self.dtypes) - set(DTYPES):
+            raise SpecsweepError(f"{where}: dtype must be a non-empty list from {list(DTYPES)}")
+        if self.gamma[0] < 1 or self.gamma[0] > self.gamma[1]:
+            raise SpecsweepError(f"{where}: gamma needs 1 <= low <= high; got {list(self.gamma)}")
+        if not self.drafts or set(self.drafts) - set(DRAFT_MODES):
+            raise SpecsweepError(f"{where}: draft must be a non-empty list from {list(DRAFT_MODES)}")
+        lo, hi, _ = self.draft_confidence
+        if not 0 < lo <= hi < 1:
+            raise SpecsweepError(f"{where}: draft_confidence needs 0 < low <= high < 1 (a probability); got {[lo, hi]}")
+        if self.gamma_max[0] > self.gamma_max[1] or self.gamma_max[1] < self.gamma[0]:
+            raise SpecsweepError(f"{where}: gamma_max needs low <= high and high >= gamma's low; got "
+                                 f"{list(self.gamma_max)}")
+        for rule, ranges in self.params.items():
+            if rule not in self.samplers:
+                raise SpecsweepError(f"{where}: params for {rule!r}, which is not in sampler {list(self.samplers)}")
+            unknown = sorted(set(ranges) - set(_rule_ranges(rule)))
+            if unknown:
+                raise SpecsweepError(f"{where}: {rule} has no parameter(s) {unknown}; it has "
+                                     f"{list(_rule_ranges(rule))}")
+        for rule in self.samplers:
+            for name, (lo, hi, log) in self.ranges(rule).items():
+                if lo > hi or (log and lo <= 0) or (name in _integer_params(rule) and math.ceil(lo) > math.floor(hi)):
+                    raise SpecsweepError(f"{where}: bad {rule} {name} range {[lo, hi]}{' (log scale)' if log else ''}")
+        return self
+
+    def ranges(self, rule: str) -> dict[str, Range]:
+        """The search range of each of ``rule``'s parameters: the space's where it sets one, else the registry's."""
+        return {**_rule_ranges(rule), **self.params.get(rule, {})}
+
+    def first_point(self, gamma: int | None = None) -> dict:
+        """The known-good point enqueued before any sampled trial: the exact sampler (lossless)."""
+        point = {"sampler": "exact", "gamma": self.known_good.get("gamma", 4), "dtype": self.dtypes[0],
+                 **{k: v for k, v in self.known_good.items() if k in ("sampler", "gamma", "dtype")}}
+        if gamma is not None:
+            point["gamma"] = gamma
+        point["gamma"] = min(max(int(point["gamma"]), self.gamma[0]), self.gamma[1])
+        if point["sampler"] not in self.samplers:
+            point["sampler"] = self.samplers[0]
+        if self.searches_drafts:
+            point["draft"] = "fixed" if "fixed" in self.drafts else self.drafts[0]
+        if self.tokenizer_modes:
+            point["draft_tokenizer_mode"] = self.tokenizer_modes[0]
+        return point
+
+    @property
+    def searches_drafts(self) -> bool:
+        """Whether trials choose a draft-length mode (else every trial drafts a fixed γ, as before)."""
+        return self.drafts != ("fixed",)
+
+    def recorded(self) -> dict:
+        """The space as a study records it (JSON types); the draft-length settings only when they are searched, so a
+        study created before they existed continues with the same space."""
+        space = json.loads(json.dumps(dataclasses.asdict(self)))
+        if not self.searches_drafts:
+            for key in _DRAFT_DEFAULTS:
+                space.pop(key)
+        if not self.tokenizer_modes:
+            space.pop("tokenizer_modes")
+        return space
+
+    def suggest(self, trial) -> dict:
+        """Sample one trial's settings (a rule's parameters exist only in trials of that rule)."""
+        params = {"gamma": trial.suggest_int("gamma", *self.gamma),
+                  "sampler": trial.suggest_categorical("sampler", list(self.samplers)),
+                  "dtype": trial.suggest_categorical("dtype", list(self.dtypes))}
+        integers = _integer_params(params["sampler"])
+        for name, (lo, hi, log) in self.ranges(params["sampler"]).items():
+            if name in integers:
+                params[name] = trial.suggest_int(name, math.ceil(lo), math.floor(hi), log=log)
+            else:
+                params[name] = trial.suggest_float(name, lo, hi, log=log)
+        if self.searches_drafts:
+            params.update(self._suggest_draft(trial, params["gamma"]))
+        if self.tokenizer_modes:
+            params["draft_tokenizer_mode"] = trial.suggest_categorical("draft_tokenizer_mode",
+                                                                       list(self.tokenizer_modes))
+        return params
+
+    def _suggest_draft(self, trial, gamma: int) -> dict:
+        """The trial's draft length as run settings (draft_schedule, draft_confidence, gamma_max)."""
+        mode = trial.suggest_categorical("draft", list(self.drafts))
+        if mode == "heuristic":
+            top = max(gamma, self.gamma_max[1])
+            return {"draft_schedule": "heuristic", "draft_confidence": 0.0,
+                    "gamma_max": trial.suggest_int("gamma_max", min(max(gamma, self.gamma_max[0]), top), top)}
+        if mode == "confidence":
+            lo, hi, log = self.draft_confidence
+            return {"draft_schedule": "constant", "gamma_max": None,
+                    "draft_confidence": trial.suggest_float("draft_confidence", lo, hi, log=log)}
+        return {"draft_schedule": "constant", "draft_confidence": 0.0, "gamma_max": None}
+
+
+def _range(spec) -> Range:
+    """{low, high[, log]} or [low, high] -> (low, high, log)."""
+    if isinstance(spec, dict):
+        return float(spec["low"]), float(spec["high"]), bool(spec.get("log", False))
+    lo, hi = spec
+    return float(lo), float(hi), False
+
+
+
+
+def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
+    """``space`` for the run's pair. A draft with another tokenizer than the target's
+    (pipeline/decoding/drafters/cross_tokenizer.py)
+    drafts a fixed γ (an adaptive trial could only fail), and its trials choose how to bridge the tokenizers
+    (intersection or string; which is faster depends on the pair) unless ``--draft-tokenizer-mode`` fixes it."""
+    from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
+    from pipeline.models import load_tokenizer
+
+    if not base.draft or get_task(base.task).speech \
+            or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
+        return space
+    modes = ("intersection", "string") if base.draft_tokenizer_mode == "auto" else ()
+    print(f"the draft {base.draft} has another tokenizer than the target's: trials draft a fixed γ"
+          + (f" and choose the draft-tokenizer mode from {list(modes)}" if modes else ""), file=sys.stderr)
+    return dataclasses.replace(space, drafts=("fixed",), tokenizer_modes=modes)
