@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
+from pipeline.objectives import QUALITY
 from pipeline.result import read_result
 from pipeline.results_table import device_label, result_row
 from pipeline.rules import param_names
@@ -112,7 +113,6 @@ def _trials_from_db(db: Path, study_name: str | None) -> list[dict] | None:
 def _fill_from_siblings(rows: list[dict]) -> None:
     """A trial known only from the study (no results file) takes task, pair and device from a sibling trial that
     has one, and its raw quality score (ROUGE-L, or WER = -quality) from its stored objective."""
-    from pipeline.objectives import QUALITY
 
     full = next((r for r in rows if r.get("task") is not None), None)
     for r in rows:

@@ -22,6 +22,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from pipeline.rules import RULES, is_lossless
+
 from .document import Figure, Heading, Para, Table
 from .figures import save, slug, style
 from .recommend import flagged, to_number
@@ -187,14 +189,12 @@ def _faithful(rows: list) -> list:
     """The rows whose rule keeps the target's output (lossless at any temperature, or at T = 0 as greedy
     verification, pipeline/rules.py), or all of them if none does: a lossy rule's speed comes with a quality loss
     these sentences do not weigh."""
-    from pipeline.rules import RULES
 
     kept = [r for r in rows if RULES.get(r["sampler"]) is None or RULES[r["sampler"]].lossless != "never"]
     return kept or rows
 
 
 def _lossless(row) -> bool:
-    from pipeline.rules import is_lossless
 
     return is_lossless(row["sampler"], _or_one(to_number(row["temperature"])))
 

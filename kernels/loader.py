@@ -128,7 +128,7 @@ def _function(device_index: int, name: str, dtype: str):
 _STREAMS: dict[tuple[int, int], object] = {}
 
 
-def _cupy_stream(device_index: int):
+def cupy_stream(device_index: int):
     """CuPy's view of torch's current stream on the device (cached per stream handle)."""
     import cupy
     import torch
@@ -150,7 +150,7 @@ def launch(name: str, dtype: str, grid: tuple[int, int, int], args: tuple, devic
     import cupy
 
     fn = _function(device_index, name, dtype)
-    stream = _cupy_stream(device_index)
+    stream = cupy_stream(device_index)
     if cupy.cuda.runtime.getDevice() == device_index:
         with stream:
             fn(grid, (THREADS, 1, 1), args)

@@ -16,9 +16,10 @@ import sys
 
 import torch
 
+from pipeline.samplers import cupy_backend
+
 
 def main() -> int:
-    from pipeline.samplers import cupy_backend
 
     if not cupy_backend.available():
         print(f"sanitize_case: skipped: {cupy_backend.unavailable_reason()}")

@@ -16,6 +16,7 @@ from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
+from pipeline.tuning.export import apply_settings
 
 ENGINES = ("specsweep", "hf")
 DRAFTERS = ("model", "prompt-lookup", "suffix")
@@ -53,8 +54,9 @@ class RunConfig:
     drafter: str = setting("model", "model: the --draft model; prompt-lookup: the tokens after an earlier "
                                     "occurrence of the last n tokens, in the prompt and the text so far; suffix: "
                                     "suffix decoding, the most frequent continuation in suffix trees of the prompt, "
-                                    "the text so far and (--suffix-outputs) earlier outputs. The last two need no "
-                                    "draft model",
+                                    "the text so far and (--suffix-outputs) earlier outputs. The last two load no "
+                                    "draft model (a --draft given with them is not loaded, and the results record "
+                                    "none)",
                            choices=DRAFTERS)
     lookup_min: int = setting(1, "prompt lookup: the shortest n-gram matched (transformers: 1; vLLM's "
                                  "prompt_lookup_min)")
@@ -228,9 +230,6 @@ class RunConfig:
                 raise SpecsweepError("--gamma > 0 needs --draft MODEL, or a drafter without a model (--drafter "
                                      "prompt-lookup or suffix), or --gamma 0 for autoregressive decoding")
             return
-        if self.draft:
-            raise SpecsweepError(f"--drafter {self.drafter} needs no draft model: drop --draft (or use --drafter "
-                                 "model)")
         if self.engine != "specsweep":
             raise SpecsweepError(f"--drafter {self.drafter} runs in our engine: use --engine specsweep (`specsweep "
                                  "bench drafters` compares our prompt lookup with transformers')")
@@ -291,7 +290,6 @@ class RunConfig:
         if unknown:
             raise SpecsweepError(f"unknown run settings {unknown}: known settings are {sorted(names | rule_keys)}")
         if values.get("from_config"):
-            from pipeline.tuning.export import apply_settings
 
             defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
             values = apply_settings(values["from_config"], values, defaults, rule_keys)

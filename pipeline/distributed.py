@@ -25,7 +25,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 from pipeline.errors import SpecsweepError
+from pipeline.provenance import merge_counts
 
 # Set by `specsweep run --processes N` for its ranks: the file rank 0 writes a failure's one-line message to.
 ERROR_FILE_ENV = "SPECSWEEP_ERROR_FILE"
@@ -149,7 +151,6 @@ def merge_totals(parts: list[dict]) -> dict:
     slowest rank's (the ranks run at once), phase times and calls, draft forwards, the accepted-count histogram,
     token classes, cuts and a cross-tokenizer draft's statistics are summed, peak memory is the largest.
     ``rank_wall`` lists each rank's wall time."""
-    from pipeline.provenance import merge_counts
 
     merged = {"wall": max(p["wall"] for p in parts), "rank_wall": [p["wall"] for p in parts],
               "draft_forwards": sum(p["draft_forwards"] for p in parts), "peak": max(p["peak"] for p in parts),
@@ -168,7 +169,6 @@ def merge_totals(parts: list[dict]) -> dict:
             merge_counts(merged["token_classes"], counts)
     bridges = [p["cross_tokenizer"] for p in parts if p.get("cross_tokenizer")]
     if bridges:
-        from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 
         merged["cross_tokenizer"] = merge_statistics(bridges)
     cuts = parts[0]["cuts"]

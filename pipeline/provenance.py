@@ -33,6 +33,9 @@ import sys
 import unicodedata
 from collections.abc import Callable, Iterable
 
+from pipeline.errors import SpecsweepError
+from pipeline.models import load_tokenizer
+
 ACCEPTED, CORRECTED, BONUS, TARGET = 0, 1, 2, 3
 N_ORIGINS = 4                       # the engine packs (step, origin) as step * N_ORIGINS + origin
 LETTERS = "ACBT"                    # code -> letter in results files
@@ -216,7 +219,6 @@ def _rate(slot: dict | None) -> float | None:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(name: str):
-    from pipeline.models import load_tokenizer
 
     return load_tokenizer(name)
 
@@ -224,7 +226,6 @@ def _tokenizer(name: str):
 def pieces_for(config: dict) -> tuple[Callable[[list[int]], list[str]], str | None]:
     """(ids -> pieces, note): the target's tokenizer named in a results file's ``config``, loaded once per process;
     when it cannot be loaded (a model that is not here), token ids in angle brackets and a note saying so."""
-    from pipeline.errors import SpecsweepError
 
     name = (config or {}).get("target")
     try:

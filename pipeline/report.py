@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pipeline.analysis.build import build_report
+from pipeline.analysis.tables import load_all
 from pipeline.io import write_text_atomic
 from pipeline.results_table import load_runs
 
@@ -37,8 +39,6 @@ def write_report(runs: str | os.PathLike, out_dir: str | os.PathLike, *, tune: s
     csv_path = write_text_atomic(out_dir / "runs.csv", table.to_csv(index=False))
     md_path = write_text_atomic(out_dir / "summary.md", summary_markdown(table))
     if analysis:
-        from pipeline.analysis.build import build_report
-        from pipeline.analysis.tables import load_all
 
         full = load_all(table, tune=tune, kernels=kernels, bench=bench)
         build_report(full, out_dir, max_quality_loss=max_quality_loss)

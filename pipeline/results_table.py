@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
+from pipeline.objectives import quality_value, tradeoff
 from pipeline.result import read_result
 from pipeline.rules import param_names
 
@@ -49,12 +50,16 @@ def device_label(device: dict | None, fallback: str | None = None) -> str:
 def result_row(result: dict, source: str | os.PathLike, name: str | None = None) -> dict:
     """One tidy row for a results dict: config, resolved device and draft-tokenizer mode, metrics (with a draft of
     another tokenizer, its intersection with the target's), quality, provenance."""
-    from pipeline.objectives import quality_value, tradeoff
 
     cfg, metrics, quality = result["config"], result["metrics"], result.get("quality", {})
     prov = result.get("provenance", {})
     row = {"run": name or Path(source).stem}
     row.update({k: cfg.get(k) for k in CONFIG_COLUMNS})
+    # what proposed: a draft model (the draft column names it), or a drafter without one, which then stands in the
+    # draft column so that the report treats it as the target's pairing with it
+    row["drafter"] = cfg.get("drafter") or "model"
+    if row["drafter"] != "model":
+        row["draft"] = row["drafter"]
     row["resolved_device"] = result.get("resolved", {}).get("device")
     row["draft_tokenizer_mode"] = result.get("resolved", {}).get("draft_tokenizer_mode") or "shared"
     row.update({k: metrics.get(k) for k in METRIC_COLUMNS})

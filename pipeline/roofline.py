@@ -54,6 +54,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.io import file_lock, write_json_atomic
+
 PHASES = ("draft", "target", "verify")
 # model types whose MLP is gated (three matrices: gate, up, down) rather than two
 GATED_MLP = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
@@ -301,7 +303,6 @@ def machine_peak(device: str, dtype, cache: Path | None = None) -> dict:
     threads = torch.get_num_threads()
     key = f"{cpu_name()} | {threads} threads | {dtype_name} | torch {torch.__version__}"
     path = (cache or cache_dir()) / "peak.json"
-    from pipeline.io import file_lock, write_json_atomic
 
     with file_lock(path.with_suffix(".lock")):
         known = _read_cache(path)

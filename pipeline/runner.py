@@ -35,12 +35,19 @@ import sys
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import paired, stack
+from pipeline import distributed, paired, roofline, stack
+from pipeline import provenance as prov
 from pipeline.config import RunConfig
+from pipeline.data import load_task_data
+from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
+from pipeline.models import parse_dtype, resolve_device
 from pipeline.objectives import iid_alpha, position_acceptance, predicted_speedup, theoretical_speedup
 from pipeline.result import make_result, read_result, write_result
+from pipeline.rng import RowGenerators
+from pipeline.tasks import get_task
+from pipeline.tasks.base import Cuts
 
 # Settings that must match between a run and the AR baseline its speedup is measured against.
 BASELINE_KEYS = ("target", "task", "data", "dtype", "max_new_tokens", "max_prompt_tokens", "limit", "seed",
@@ -103,10 +110,6 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     """One run in this process, or this rank's part of a data-parallel run (pipeline/distributed.py: the ranks
     decode their shares of the examples, rank 0 gathers them, measures speed, scores and writes; the other ranks
     return None)."""
-    from pipeline import distributed
-    from pipeline.data import load_task_data
-    from pipeline.models import parse_dtype, resolve_device
-    from pipeline.tasks import get_task
 
     world = distributed.current_world()
     if config.processes > 1 and world is None:
@@ -200,8 +203,10 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
         # the quality pass ran on every rank; the paired speed measurement (a per-device property) on rank 0 alone
         resolved["rank_wall_time_s"] = totals["rank_wall"]
         resolved["speed_measured_on"] = f"rank 0 ({device})"
-    # the config as it was in effect: --processes > 1 implies per-example randomness
-    effective = dataclasses.replace(config, seed_per_example=per_example)
+    # the config as it was in effect: --processes > 1 implies per-example randomness; a drafter without a model
+    # loads no draft
+    effective = dataclasses.replace(config, seed_per_example=per_example,
+                                    draft=config.draft if config.drafter == "model" else None)
     results = make_result(effective.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
     write_result(config.out, results)
     return results
@@ -211,7 +216,6 @@ def _generators(config: RunConfig, device: str, per_example: bool):
     """The quality pass's randomness, as batch (records) -> what ``generate`` takes: one generator seeded with --seed
     for the whole run, or with per-example randomness a :class:`pipeline.rng.RowGenerators` per batch (seeded from
     --seed and each example's id; ``--engine hf`` runs batch 1 and takes its one row's plain generator)."""
-    from pipeline.rng import RowGenerators
 
     if not per_example:
         generator = torch.Generator(device=device).manual_seed(config.seed)
@@ -229,7 +233,6 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
     :func:`_generators`) -> (per-sample results, totals: engine seconds, phase times and calls, draft forwards,
     accepted-count histogram, peak memory, and the task's Cuts of inputs too long for the model, about which it
     warns once). ``where`` (pipeline/distributed.py Where) is told which examples each batch holds."""
-    from pipeline.tasks.base import Cuts
 
     samples, cuts = [], Cuts()
     totals = {"wall": 0.0, "phase_time": {}, "phase_calls": {}, "draft_forwards": 0, "peak": 0.0}
@@ -250,7 +253,6 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
             totals["hist"] = [a + b for a, b in zip(totals.get("hist", [0] * len(hist)), hist)]
         totals["peak"] = max(totals["peak"], result.peak_memory_mb)
         if "cross_tokenizer" in result.extra:
-            from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 
             parts = [totals["cross_tokenizer"]] if "cross_tokenizer" in totals else []
             totals["cross_tokenizer"] = merge_statistics([*parts, result.extra["cross_tokenizer"]])
@@ -276,7 +278,6 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
 def _add_origins(sample: dict, origins: list[int], steps: list[int], tokenizer, gamma: int, totals: dict) -> None:
     """A sample's token provenance, compactly (pipeline/provenance.py): ``origins``, one letter per token, and
     ``origin_steps``, tokens per verify step; and its tokens counted into the run's acceptance by token class."""
-    from pipeline import provenance as prov
 
     sample["origins"] = prov.encode_origins(origins)
     sample["origin_steps"] = prov.run_lengths(steps)
@@ -290,8 +291,6 @@ def _add_origins(sample: dict, origins: list[int], steps: list[int], tokenizer, 
 def _roofline(config: RunConfig, target, draft, samples: list[dict], totals: dict, device: str) -> dict | None:
     """The quality pass's roofline (pipeline/roofline.py): analytic FLOPs and bytes of each phase against its
     measured time and the machine's peak (on a CPU probed once per machine and cached)."""
-    from pipeline import roofline
-    from pipeline.models import parse_dtype
 
     dtype = parse_dtype(config.dtype)
     try:

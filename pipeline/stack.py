@@ -41,6 +41,7 @@ from pipeline.models import (
     spreads_target,
 )
 from pipeline.samplers import get_sampler
+from pipeline.samplers.cuda_graphs import GraphedVerify  # imports CuPy's launch code: a GPU run only
 from pipeline.tasks import get_task
 
 
@@ -104,7 +105,6 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
             tokenizers = (tokenizer, draft_tokenizer(config.draft))
         return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad, tokenizers)
     if config.verify_graphs:
-        from pipeline.samplers.cuda_graphs import GraphedVerify  # imports CuPy's launch code: a GPU run only
 
         sampler = GraphedVerify(sampler)
     gc = getattr(target, "generation_config", None)

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from pipeline.config import RunConfig
+from pipeline.objectives import tradeoff
+from pipeline.provenance import legend_html, pieces_for, render_html, sample_origins
 from pipeline.rules import param_names
 
 DEFAULT_MODE = "offline"
@@ -81,7 +83,6 @@ def wandb_run(*, mode: str | None, project: str, group: str | None, job_type: st
 
 def run_summary(result: dict) -> dict:
     """The numbers of a results dict, flat: every metric, every numeric quality score, and the trade-off."""
-    from pipeline.objectives import tradeoff
 
     summary = {k: v for k, v in result["metrics"].items() if isinstance(v, (int, float)) and v is not None}
     summary.update({k: v for k, v in result.get("quality", {}).items() if isinstance(v, (int, float))})
@@ -96,7 +97,6 @@ def samples_table(result: dict):
     """A wandb.Table with one row per sample: id, output, reference, its quality scores, accepted tokens, and the
     output coloured by each token's origin (an HTML column; None where the engine recorded no origins)."""
     import wandb
-    from pipeline.provenance import legend_html, pieces_for, render_html, sample_origins
 
     samples = result.get("samples", [])
     pieces = None

@@ -31,7 +31,7 @@ from test_sampler_exactness import CASES, N_SAMPLES, first_two_tokens, joint_pva
 from pipeline.samplers import get_sampler
 from pipeline.samplers.block import BlockSampler, residual_draw, stop_probs, survival_probs
 from pipeline.samplers.contract import SamplerResult, assemble_tokens, count_accepted, uniforms
-from pipeline.samplers.torch_ref import _softmax_fp32
+from pipeline.samplers.torch_ref import softmax_fp32
 
 # ---- the algorithm by enumeration (fp64, one draft block at a time) -----------------------------------------
 
@@ -291,7 +291,7 @@ class _WrongBlock(BlockSampler):
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
-        p, q = _softmax_fp32(target_logits, 1 / self.temperature), _softmax_fp32(draft_logits, 1 / self.temperature)
+        p, q = softmax_fp32(target_logits, 1 / self.temperature), softmax_fp32(draft_logits, 1 / self.temperature)
         idx = draft_tokens[..., None]
         surv = survival_probs(p[:, :gamma].gather(2, idx).squeeze(2), q.gather(2, idx).squeeze(2))
         u = uniforms(B, gamma, p.device, generator)

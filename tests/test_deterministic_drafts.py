@@ -44,7 +44,7 @@ from pipeline.samplers import get_sampler
 from pipeline.samplers.block import deterministic_stop_probs, stop_probs, survival_probs
 from pipeline.samplers.contract import SamplerResult, assemble_tokens, uniforms, validate_inputs
 from pipeline.samplers.lossy import LN2, js_divergence, js_to_point_mass
-from pipeline.samplers.torch_ref import ExactSampler, _rows, _softmax_fp32, rejection_verify
+from pipeline.samplers.torch_ref import ExactSampler, rejection_verify, rows_at, softmax_fp32
 
 NEG_INF = float("-inf")
 N_SAMPLES = 20_000
@@ -279,8 +279,8 @@ def test_js_to_a_point_mass_is_the_divergence_from_one_hot():
 def test_block_stop_probabilities_in_closed_form_are_the_general_ones_with_a_point_mass():
     """block.py's closed forms (P_i, h_i) for q one-hot equal what its general stop_probs computes with one-hot q."""
     dt, tl = det_inputs(B=300, gamma=5, seed=6)
-    p = _softmax_fp32(tl, 1.0)
-    q = _softmax_fp32(one_hot(dt, 50), 1.0)
+    p = softmax_fp32(tl, 1.0)
+    q = softmax_fp32(one_hot(dt, 50), 1.0)
     a = p[:, :5].gather(2, dt[..., None]).squeeze(2)
     surv = survival_probs(a, torch.ones_like(a))
     torch.testing.assert_close(surv, survival_probs(a, q.gather(2, dt[..., None]).squeeze(2)), rtol=0, atol=0)
@@ -457,9 +457,9 @@ class AcceptsTheDraftAlways(ExactSampler):
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
-        p = _softmax_fp32(target_logits, 1 / self.temperature)
+        p = softmax_fp32(target_logits, 1 / self.temperature)
         ones = torch.ones(B, gamma)
-        accepted, nxt = rejection_verify(draft_tokens, ones, ones * 0.5, lambda n: _rows(p, n), None,
+        accepted, nxt = rejection_verify(draft_tokens, ones, ones * 0.5, lambda n: rows_at(p, n), None,
                                          uniforms(B, gamma, p.device, generator), lengths)
         ok = torch.ones(B, dtype=torch.bool)
         return SamplerResult(accepted, assemble_tokens(draft_tokens, accepted, nxt), ok, ok)
@@ -470,10 +470,10 @@ class KeepsTheDraftTokenInTheResidual(ExactSampler):
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
-        p = _softmax_fp32(target_logits, 1 / self.temperature)
+        p = softmax_fp32(target_logits, 1 / self.temperature)
         p_x = p[:, :gamma].gather(2, draft_tokens[..., None]).squeeze(2)
-        accepted, nxt = rejection_verify(draft_tokens, p_x, torch.ones_like(p_x), lambda n: _rows(p, n),
-                                         lambda n: torch.zeros_like(_rows(p, n)),
+        accepted, nxt = rejection_verify(draft_tokens, p_x, torch.ones_like(p_x), lambda n: rows_at(p, n),
+                                         lambda n: torch.zeros_like(rows_at(p, n)),
                                          uniforms(B, gamma, p.device, generator), lengths)
         ok = torch.ones(B, dtype=torch.bool)
         return SamplerResult(accepted, assemble_tokens(draft_tokens, accepted, nxt), ok, ok)

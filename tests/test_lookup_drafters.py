@@ -163,8 +163,7 @@ def test_prompt_lookup_proposes_what_followed_the_longest_match():
 def test_run_settings_for_drafters_without_a_model_fail_in_one_line(tmp_path):
     data = write_prompts(tmp_path / "p.jsonl")
     base = {"target": "t", "data": str(data), "drafter": "prompt-lookup"}
-    for extra, words in (({"draft": "d"}, "needs no draft model: drop --draft"),
-                         ({"engine": "hf", "batch_size": 1}, "runs in our engine"),
+    for extra, words in (({"engine": "hf", "batch_size": 1}, "runs in our engine"),
                          ({"draft_schedule": "heuristic"}, "drop --draft-schedule"),
                          ({"lookup_min": 3, "lookup_max": 2}, "need 1 <= --lookup-min <= --lookup-max"),
                          ({"drafter": "suffix", "suffix_min_prob": 1.5}, "--suffix-min-prob in [0, 1]"),
@@ -173,6 +172,7 @@ def test_run_settings_for_drafters_without_a_model_fail_in_one_line(tmp_path):
             RunConfig.from_dict({**base, **extra}).validate()
         assert "\n" not in str(e.value)
     RunConfig.from_dict(base).validate()
+    RunConfig.from_dict({**base, "draft": "d"}).validate()        # a grid's draft, not loaded for this drafter
     with pytest.raises(SpecsweepError, match="--drafter prompt-lookup or suffix"):
         RunConfig.from_dict({"target": "t", "data": str(data), "gamma": 2}).validate()
 
@@ -185,11 +185,93 @@ def test_specsweep_run_with_prompt_lookup_records_its_drafter(pair, tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": p}) + "\n" for i, p in enumerate(REPEATING)))
     out = tmp_path / "lookup.json"
-    assert main(["run", "--target", str(root / "target"), "--drafter", "prompt-lookup", "--lookup-max", "2",
+    assert main(["run", "--target", str(root / "target"), "--draft", str(root / "draft"),
+                 "--drafter", "prompt-lookup", "--lookup-max", "2",
                  "--data", str(data), "--device", "cpu", "--temperature", "0", "--sampler", "greedy",
                  "--max-new-tokens", "12", "--repeats", "3", "--samples-per-repeat", "2", "--no-progress",
                  "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["resolved"]["drafter"] == {"drafter": "prompt-lookup", "lookup_min": 1, "lookup_max": 2}
     assert result["config"]["drafter"] == "prompt-lookup" and result["metrics"]["draft_forwards"] == 0
+    assert result["config"]["draft"] is None                   # given, but not loaded: recorded as none
     assert result["metrics"]["accepted_tokens"] > 0
+
+
+def _lookup_schedule(drafter: dict) -> dict:
+    """A one-cell schedule whose every pick is exact sampling at γ 5 with ``drafter`` (no draft model)."""
+    settings = {"gamma": 5, "sampler": "exact", "params": {}, "draft_schedule": "constant", "draft_confidence": 0.0,
+                "gamma_max": None, "temperature": 0.0, "drafter": drafter}
+    pick = {"settings": settings, "speedup": 1.3, "ci_low": 1.2, "ci_high": 1.4, "faster_than_target": True}
+    return {"draft": None, "cells": [{"batch_size": 1, "context": None, "choice": pick, "standard": pick,
+                                      "standard_fixed": pick}]}
+
+
+def test_drafters_export_to_the_tools_that_have_them(tmp_path):
+    from transformers import GenerationConfig
+
+    from pipeline.tuning.export import export
+    from pipeline.tuning.schedule import settings_of
+
+    lookup = settings_of({"gamma": 5, "sampler": "exact", "drafter": "prompt-lookup", "lookup_min": 1,
+                          "lookup_max": 3})["drafter"]
+    assert lookup == {"drafter": "prompt-lookup", "lookup_min": 1, "lookup_max": 3}
+    path, _ = export(_lookup_schedule(lookup), "vllm", tmp_path / "vllm.json")
+    assert json.loads(path.read_text()) == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1,
+                                            "prompt_lookup_max": 3}
+    path, _ = export(_lookup_schedule(lookup), "hf", tmp_path / "hf")
+    config = GenerationConfig.from_pretrained(str(path.parent))
+    assert (config.prompt_lookup_num_tokens, config.max_matching_ngram_size) == (5, 3)
+    path, _ = export(_lookup_schedule(lookup), "trtllm", tmp_path / "trt.yaml")
+    assert "decoding_type: NGram" in path.read_text()
+    suffix = {"drafter": "suffix", "suffix_depth": 24, "suffix_factor": 2.0, "suffix_min_prob": 0.1,
+              "suffix_outputs": True}
+    path, _ = export(_lookup_schedule(suffix), "vllm", tmp_path / "suffix.json")
+    assert json.loads(path.read_text())["method"] == "suffix"
+    with pytest.raises(SpecsweepError, match="transformers has no suffix drafter"):
+        export(_lookup_schedule(suffix), "hf", tmp_path / "hf-suffix")
+
+
+def test_the_search_space_searches_drafters_and_prunes_what_cannot_run():
+    import optuna
+
+    from pipeline.tuning.space import SearchSpace
+
+    space = SearchSpace(samplers=("exact", "sigmoid"), drafters=("model", "prompt-lookup", "suffix"),
+                        drafts=("fixed", "heuristic")).check()
+    params = space.suggest(optuna.trial.FixedTrial({"gamma": 4, "sampler": "exact", "dtype": "float32",
+                                                    "drafter": "prompt-lookup", "lookup_max": 2}))
+    assert params["drafter"] == "prompt-lookup" and params["lookup_max"] == 2 and "draft_schedule" not in params
+    params = space.suggest(optuna.trial.FixedTrial({"gamma": 4, "sampler": "exact", "dtype": "float32",
+                                                    "drafter": "model", "draft": "heuristic", "gamma_max": 6}))
+    assert params["drafter"] == "model" and params["draft_schedule"] == "heuristic"
+    with pytest.raises(optuna.TrialPruned):
+        space.suggest(optuna.trial.FixedTrial({"gamma": 4, "sampler": "sigmoid", "dtype": "float32", "alpha": 1.0,
+                                               "beta": 0.0, "drafter": "suffix", "suffix_factor": 1.0}), 1.0)
+    assert "drafters" not in SearchSpace().recorded()          # a study made before drafters continues
+
+
+def test_the_report_compares_a_targets_drafters(tmp_path):
+    """Runs of one target with its draft model and with prompt lookup: the report's Drafters section has a row per
+    drafter with its fastest lossless setting, and a figure of them on one front."""
+    from test_schedule import fake_result
+
+    from pipeline.analysis.build import build_report
+    from pipeline.results_table import load_runs
+
+    runs = tmp_path / "runs"
+    fake_result(runs / "model-g4.json", gamma=4, ratios=[1.5, 1.6, 1.55, 1.52, 1.58, 1.6])
+    fake_result(runs / "model-sigmoid.json", gamma=4, ratios=[1.9, 2.0, 1.95, 1.9, 1.92, 2.0], sampler="sigmoid",
+                rouge=0.49)
+    lookup = fake_result(runs / "lookup-g4.json", gamma=4, ratios=[1.2, 1.25, 1.22, 1.22, 1.24, 1.2])
+    result = json.loads(lookup.read_text())
+    result["config"].update(drafter="prompt-lookup", draft=None, lookup_min=1, lookup_max=3)
+    lookup.write_text(json.dumps(result))
+    table = load_runs(runs)
+    assert sorted(table["draft"]) == ["models/draft", "models/draft", "prompt-lookup"]
+    written = build_report(table, tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    section = text[text.index("## Drafters"):]
+    section = section[: section.index("\n## ", 3)] if "\n## " in section[3:] else section
+    assert "| models/draft | exact | 4 | 1.56x" in section and "| prompt-lookup | exact | 4 | 1.22x" in section
+    assert "sigmoid" not in section                        # the fastest *lossless* setting of each drafter
+    assert any(name.startswith("drafters-") for name in written)

@@ -31,7 +31,7 @@ from stat_utils import THRESHOLD, assert_fits, chisquare_pvalue, counts
 
 from pipeline.samplers import available_samplers, get_sampler
 from pipeline.samplers.contract import SamplerResult, assemble_tokens, uniforms
-from pipeline.samplers.torch_ref import ExactSampler, _rows, _softmax_fp32, rejection_verify
+from pipeline.samplers.torch_ref import ExactSampler, rejection_verify, rows_at, softmax_fp32
 
 NEG_INF = float("-inf")
 N_SAMPLES = 20_000
@@ -314,11 +314,11 @@ class ResampleFromTargetOnReject(ExactSampler):
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
-        p, q = _softmax_fp32(target_logits, 1 / self.temperature), _softmax_fp32(draft_logits, 1 / self.temperature)
+        p, q = softmax_fp32(target_logits, 1 / self.temperature), softmax_fp32(draft_logits, 1 / self.temperature)
         idx = draft_tokens[..., None]
         accepted, nxt = rejection_verify(
             draft_tokens, p[:, :gamma].gather(2, idx).squeeze(2), q.gather(2, idx).squeeze(2),
-            lambda n: _rows(p, n), lambda n: torch.zeros_like(_rows(q, n)), uniforms(B, gamma, p.device, generator))
+            lambda n: rows_at(p, n), lambda n: torch.zeros_like(rows_at(q, n)), uniforms(B, gamma, p.device, generator))
         ok = torch.ones(B, dtype=torch.bool)
         return SamplerResult(accepted, assemble_tokens(draft_tokens, accepted, nxt), ok, ok)
 
@@ -328,11 +328,11 @@ class InvertedRatio(ExactSampler):
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
-        p, q = _softmax_fp32(target_logits, 1 / self.temperature), _softmax_fp32(draft_logits, 1 / self.temperature)
+        p, q = softmax_fp32(target_logits, 1 / self.temperature), softmax_fp32(draft_logits, 1 / self.temperature)
         idx = draft_tokens[..., None]
         accepted, nxt = rejection_verify(
             draft_tokens, q.gather(2, idx).squeeze(2), p[:, :gamma].gather(2, idx).squeeze(2),
-            lambda n: _rows(p, n), lambda n: _rows(q, n), uniforms(B, gamma, p.device, generator))
+            lambda n: rows_at(p, n), lambda n: rows_at(q, n), uniforms(B, gamma, p.device, generator))
         ok = torch.ones(B, dtype=torch.bool)
         return SamplerResult(accepted, assemble_tokens(draft_tokens, accepted, nxt), ok, ok)
 

@@ -25,8 +25,12 @@ import torch
 from tqdm import tqdm
 
 from pipeline.benchmarks.timing import format_table
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.env_info import provenance
 from pipeline.io import atomic_file, write_json_atomic
+from pipeline.models import eos_token_ids, load_causal_lm, load_tokenizer
+from pipeline.samplers import get_sampler
+from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
 
 GAMMAS = (2, 3, 4, 5, 6, 8)
 RULES = ("exact", "block")
@@ -34,7 +38,6 @@ RULES = ("exact", "block")
 
 def load_prompts(data: str | Path, limit: int | None = None) -> list[str]:
     """Prompts of a JSONL file: each line's "prompt", else its "article" + the summarisation cue."""
-    from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
 
     prompts = []
     for line in Path(data).read_text(encoding="utf-8").splitlines():
@@ -95,9 +98,6 @@ def run(target: str, draft: str, data: str, gammas=GAMMAS, steps: int = 64, seed
         ignore_eos: bool = False, progress: bool = True) -> dict:
     """Decode every prompt of ``data`` with `exact` and with `block` at each γ in ``gammas`` (``steps``: the most
     new tokens per prompt); returns the results JSON, also written to ``out`` (and its figure beside it, .png)."""
-    from pipeline.decoding.engine import SpeculativeEngine
-    from pipeline.models import eos_token_ids, load_causal_lm, load_tokenizer
-    from pipeline.samplers import get_sampler
 
     tok = load_tokenizer(target)
     t_model = load_causal_lm(target, torch.float32, device)

@@ -47,12 +47,15 @@ import torch
 from tqdm import tqdm
 
 from pipeline.benchmarks.timing import format_table
+from pipeline.decoding.drafters.cross_tokenizer import TextDrafter, build_bridge, resolve_mode, same_vocabulary
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import assistant_schedule, forward_timing, hf_verify_step
 from pipeline.decoding.timing import PhaseTimer
 from pipeline.env_info import provenance
 from pipeline.io import write_json_atomic
+from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
+from pipeline.synthetic import save_pair
 
 SYNTHETIC = {"layers": 8, "width": 256, "draft_layers": 1, "noise": 0.02, "deep_layer_scale": 0.1}
 SYNTHETIC_PROMPTS = [
@@ -81,7 +84,6 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
         out: Path | None = None) -> dict:
     """Time the loops at each temperature (without ``target``, on a synthetic pair); returns the results JSON,
     also written to ``out`` when given."""
-    from pipeline.synthetic import save_pair
 
     tmp = None
     if target is None:
@@ -141,8 +143,6 @@ class _Bench:
     def load(cls, target: str, draft: str, data: str | None, device: str, max_new_tokens: int) -> _Bench:
         """Load the tokenizer and both models (float32 on ``device``) and tokenize the prompts of ``data`` (the
         synthetic prompts when None)."""
-        from pipeline.decoding.drafters.cross_tokenizer import build_bridge, same_vocabulary
-        from pipeline.models import load_causal_lm, load_tokenizer
 
         tok, d_tok = load_tokenizer(target), load_tokenizer(draft)
         t_model = load_causal_lm(target, torch.float32, device)
@@ -183,7 +183,6 @@ def _ours(bench: _Bench, gam: int, temperature: float, seed: int, static: bool =
     on the static-cache forward unless ``static`` is False. Returns the tokens of each prompt, accepted, drafted
     and verify steps summed over prompts, the accepted-count histogram (None at ``gam`` = 0) and the seconds in
     model forwards (None off CPU)."""
-    from pipeline.decoding.drafters.cross_tokenizer import TextDrafter, resolve_mode
 
     sampler = get_sampler("exact", temperature=temperature)
     drafter = None

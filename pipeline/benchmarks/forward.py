@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from pipeline.benchmarks.timing import format_table, time_calls
+from pipeline.decoding.cache import CachedModel
 from pipeline.env_info import provenance
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
@@ -57,7 +58,6 @@ def run(layers: int = 2, width: int = 32, heads: int = 2, vocab: int = 269, cont
 def _run(layers, width, heads, vocab, context, rounds, calls, compile, threads, out) -> dict:
     from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, StaticCache
 
-    from pipeline.decoding.cache import CachedModel
 
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=vocab, n_positions=context + 64, n_embd=width, n_layer=layers, n_head=heads,
@@ -163,7 +163,6 @@ def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5
 
 def _pair(model, context: int, q: int, rounds: int, calls: int, device: str) -> dict:
     """One paired comparison at ``q`` new tokens per forward: ms per forward of each, and the speedup."""
-    from pipeline.decoding.cache import CachedModel
 
     dev = torch.device(device)
     vocab = model.get_output_embeddings().weight.shape[0]

@@ -51,6 +51,9 @@ from pipeline.dtypes import torch_dtype
 from pipeline.env_info import provenance
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
+from pipeline.kernels.loader import THREADS, cupy_stream
+from pipeline.samplers import cupy_backend, torch_ref
+from pipeline.samplers.hf import hf_speculative_sampling
 
 GOAL_CONFIG = {"B": 1, "gamma": 5, "V": 128_256, "dtype": "bfloat16"}
 _GOAL = (GOAL_CONFIG["B"], GOAL_CONFIG["gamma"], GOAL_CONFIG["V"], GOAL_CONFIG["dtype"])
@@ -72,7 +75,6 @@ GOALS_TIMING = ("each comparison on CUDA-graph replay times per call where both 
 
 
 def _require_gpu() -> None:
-    from pipeline.samplers import cupy_backend
 
     if not cupy_backend.available():
         raise SpecsweepError(f"bench kernels needs the cupy backend: {cupy_backend.unavailable_reason()}")
@@ -80,7 +82,6 @@ def _require_gpu() -> None:
 
 def _prepare_kernels() -> None:
     """Compile/load the verify kernels now, before any timing and any graph capture."""
-    from pipeline.samplers import cupy_backend
 
     cupy_backend.SAMPLERS["exact"]().prepare(torch.device("cuda"))
 
@@ -192,12 +193,11 @@ def _empty_launch() -> Callable[[int], None]:
     """fn(i) launching an empty kernel through CuPy on torch's current stream, the way the samplers launch."""
     import cupy
 
-    from pipeline.kernels.loader import THREADS, _cupy_stream
 
     kernel = cupy.RawKernel('extern "C" __global__ void specsweep_empty() {}', "specsweep_empty")
 
     def launch(_):
-        with _cupy_stream(torch.cuda.current_device()):
+        with cupy_stream(torch.cuda.current_device()):
             kernel((1,), (THREADS,), ())
 
     return launch
@@ -335,7 +335,6 @@ def run(batches=FULL["batches"], gammas=FULL["gammas"], vocabs=FULL["vocabs"], d
     have passed since the start; ``stopped`` then lists those not run."""
     _require_gpu()
     start = clock()
-    from pipeline.samplers.hf import hf_speculative_sampling
 
     hf_fn = hf_speculative_sampling()
     fi_api, fi_info = flashinfer_api()
@@ -394,7 +393,6 @@ def _sampler_calls(sampler, sets) -> tuple[Callable, Callable]:
 
 def _sampler_rows(sets, base, timing, temperature, floor) -> list[dict]:
     """Rows of the cupy exact, sigmoid and greedy samplers (with their floors) and of the torch reference."""
-    from pipeline.samplers import cupy_backend, torch_ref
 
     rows = []
     for name in ("exact", "sigmoid", "greedy"):

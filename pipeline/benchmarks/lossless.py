@@ -37,11 +37,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from pipeline.benchmarks.engine import SYNTHETIC, SYNTHETIC_PROMPTS
 from pipeline.benchmarks.timing import format_table
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.env_info import provenance
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
+from pipeline.models import eos_token_ids, load_causal_lm, load_tokenizer, parse_dtype, resolve_device
 from pipeline.rules import RULES
+from pipeline.samplers import get_sampler
+from pipeline.synthetic import save_pair
+from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
 
 TOY = ("models/toy/text/target", "models/toy/text/draft", "data/toy/text/test.jsonl")
 MIN_EXPECTED = 5.0   # chi-square: cells with a smaller expected count are pooled
@@ -94,7 +100,6 @@ def default_pair() -> tuple[str, str, str] | None:
 
 def load_prompts(data: str | Path, limit: int | None = None) -> list[str]:
     """Prompts of a JSONL file: each line's "prompt", else its "article" + the summarisation cue."""
-    from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
 
     prompts = []
     try:
@@ -166,8 +171,6 @@ class _Pair:
 
     def engine(self, choice: RuleChoice | None, temperature: float):
         """The rule's speculative engine at γ, or the target alone (``choice`` None: γ = 0, `exact` sampler)."""
-        from pipeline.decoding.engine import SpeculativeEngine
-        from pipeline.samplers import get_sampler
 
         if choice is None:
             return SpeculativeEngine(self.t_model, None, get_sampler("exact", temperature=temperature), 0,
@@ -272,9 +275,6 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
     Returns the results JSON, also written to ``out`` when given."""
     import tempfile
 
-    from pipeline.benchmarks.engine import SYNTHETIC, SYNTHETIC_PROMPTS
-    from pipeline.models import eos_token_ids, load_causal_lm, load_tokenizer, parse_dtype, resolve_device
-    from pipeline.synthetic import save_pair
 
     choices = list(rules) if rules is not None else lossless_rules()
     for name in dtypes:

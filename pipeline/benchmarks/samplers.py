@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from pipeline.benchmarks.kernels import GRAPH_CALLS, graph_times
 from pipeline.benchmarks.timing import format_table, median, time_calls
 from pipeline.dtypes import torch_dtype
 from pipeline.env_info import provenance
@@ -118,7 +119,6 @@ def _paired_graph_times(sampler, sets: list, rounds: int = 4, replays: int = 5) 
     generator: a custom one cannot be captured), ``rounds`` rounds of ``replays`` replays each, the order of the two
     flipping every round; the ratio's median and interval over replays paired by index. graph_error where capture
     fails."""
-    from pipeline.benchmarks.kernels import GRAPH_CALLS, graph_times
 
     def det(i):
         dt, _, tl = sets[i % len(sets)]

@@ -14,7 +14,7 @@ HELP = "run speculative (or, with --gamma 0, autoregressive) decoding over a dat
 
 _TYPES = {"int": int, "float": float, "str": str}
 # Settings that take a comma-separated list: `specsweep run` then runs every combination in one process.
-GRID = ("sampler", "backend", "gamma", "dtype")
+GRID = ("sampler", "backend", "gamma", "dtype", "drafter")
 
 
 _GRID_HELP = ("; a comma-separated list runs every combination of the listed settings in this process (--out then "

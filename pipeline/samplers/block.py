@@ -75,7 +75,7 @@ from pipeline.samplers.contract import (
     sample_from_weights,
     uniforms,
 )
-from pipeline.samplers.torch_ref import ExactSampler, Sampler, _rows, _softmax_fp32
+from pipeline.samplers.torch_ref import ExactSampler, Sampler, rows_at, softmax_fp32
 
 
 def survival_probs(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -129,10 +129,10 @@ def residual_draw(p: torch.Tensor, q: torch.Tensor, surv: torch.Tensor, tau: tor
     length where ``lengths`` int64 [B] is given).
     p [B, γ+1, V_t], q [B, γ, V_d], surv [B, γ] (p_1..p_γ), tau int64 [B]."""
     gamma = q.shape[1]
-    weights = _rows(p, tau)                                                      # [B, V_t]
+    weights = rows_at(p, tau)                                                      # [B, V_t]
     p_tau = torch.nn.functional.pad(surv, (1, 0), value=1.0).gather(1, tau[:, None])   # [B, 1], p_0 = 1
     residual = weights * p_tau
-    residual[:, : q.shape[2]] -= _rows(q, tau.clamp_max(gamma - 1))
+    residual[:, : q.shape[2]] -= rows_at(q, tau.clamp_max(gamma - 1))
     residual.clamp_min_(0.0)
     use_residual = ~is_full(tau, gamma, lengths) & (residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
     return sample_from_weights(torch.where(use_residual[:, None], residual, weights), u)
@@ -157,7 +157,7 @@ def deterministic_residual_draw(draft_tokens: torch.Tensor, p: torch.Tensor, tau
     τ < γ (the target row where that residual is rounding noise) and from p(· | x^γ) where τ = γ (each row's own
     length with ``lengths``). draft_tokens int64 [B, γ], p [B, γ+1, V_t], tau int64 [B]."""
     gamma = draft_tokens.shape[1]
-    weights = _rows(p, tau)                                                      # [B, V_t]
+    weights = rows_at(p, tau)                                                      # [B, V_t]
     x_next = draft_tokens.gather(1, tau.clamp_max(gamma - 1)[:, None])           # [B, 1]
     residual = weights.scatter(1, x_next, 0.0)
     use_residual = ~is_full(tau, gamma, lengths) & (residual.sum(dim=1) > RESIDUAL_ZERO_TOL * weights.sum(dim=1))
@@ -201,13 +201,13 @@ class BlockSampler(Sampler):
             return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator,
                                                           lengths)
         inv_t = 1.0 / self.temperature
-        p = _softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
+        p = softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
         u = uniforms(B, gamma, draft_tokens.device, generator)
         if draft_logits is None:                                                  # a deterministic draft
             accepted, next_token = block_verify_deterministic(draft_tokens, p, u, lengths)
             draft_ok = torch.ones(B, dtype=torch.bool, device=p.device)
         else:
-            q = _softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
+            q = softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
             accepted, next_token = block_verify(draft_tokens, p, q, u, lengths)
             draft_ok = ~q[:, :, 0].isnan().any(dim=1)
         # as in `exact`: a softmax row that saw NaN, +inf or only -inf is NaN in every entry

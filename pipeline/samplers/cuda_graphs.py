@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.errors import SamplerInputError
+from pipeline.samplers import cupy_backend as kernels
 from pipeline.samplers.contract import SamplerResult, clamp_lengths, uniforms, validate_inputs, validate_lengths
 from pipeline.samplers.torch_ref import check_deterministic
 
@@ -82,7 +83,6 @@ class GraphedVerify:
         return self.verifies_by_argmax
 
     def _step(self, draft_tokens, draft_logits, target_logits, u, lengths) -> SamplerResult:
-        from pipeline.samplers import cupy_backend as kernels
 
         s, launcher = self.sampler, self.sampler.launcher
         if self._greedy():

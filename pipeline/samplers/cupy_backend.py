@@ -32,6 +32,7 @@ import torch
 
 from pipeline.dtypes import dtype_name
 from pipeline.errors import SamplerInputError
+from pipeline.kernels.loader import CHUNK, MAX_CHUNKS, MAX_GAMMA, MAX_VOCAB, f32, i32, i64, launch, module, ptr
 from pipeline.samplers import torch_ref
 from pipeline.samplers.contract import SamplerResult, uniforms, validate_lengths
 
@@ -117,7 +118,6 @@ class CupyLauncher(Launcher):
         return device.index if device.index is not None else torch.cuda.current_device()
 
     def prepare(self, device: torch.device) -> None:
-        from pipeline.kernels.loader import module
 
         module(self._index(device))
 
@@ -128,7 +128,6 @@ class CupyLauncher(Launcher):
         return self._index(device), torch.cuda.current_stream(device).cuda_stream
 
     def launch(self, kernel, dtype, grid, args, device) -> None:
-        from pipeline.kernels.loader import launch
 
         launch(kernel, dtype, grid, args, self._index(device))
 
@@ -161,7 +160,6 @@ class _Workspace:
         self._retired: list[torch.Tensor] = []
 
     def ensure(self, batch: int, part_floats: int) -> _Workspace:
-        from pipeline.kernels.loader import MAX_CHUNKS
 
         d = self.device
         if batch > self.batch:
@@ -191,7 +189,6 @@ class _Step:
 
     def __init__(self, launcher: Launcher, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
                  target_logits: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
-        from pipeline.kernels.loader import MAX_GAMMA, MAX_VOCAB
 
         if draft_tokens.device.type != launcher.device_type:
             raise SamplerInputError(
@@ -246,7 +243,6 @@ class _Step:
     def common_args(self) -> tuple:
         """(tokens, lengths, target, draft, γ, V_t, V_d, strides): lengths is a null pointer where it is None, and so
         is draft for a deterministic draft (its strides 0)."""
-        from pipeline.kernels.loader import i32, i64, ptr
 
         lengths = ptr(self.lengths) if self.lengths is not None else _NULL
         if self.draft is None:
@@ -257,7 +253,6 @@ class _Step:
                 i32(self.vd), i64(self.target.stride(0)), i64(self.target.stride(1)), dsb, dsr)
 
     def out_args(self) -> tuple:
-        from pipeline.kernels.loader import i64, ptr
 
         return (ptr(self.out), i64(self.gamma + 2), ptr(self.out[:, self.gamma + 1]), i64(self.gamma + 2),
                 ptr(self.ok[0]), ptr(self.ok[1]))
@@ -269,7 +264,6 @@ class _Step:
 
 def _with_u(args: tuple, u: torch.Tensor) -> tuple:
     """Insert the uniforms pointer after (tokens, lengths, target, draft), as the kernels take it."""
-    from pipeline.kernels.loader import ptr
 
     return (*args[:4], ptr(u), *args[4:])
 
@@ -277,7 +271,6 @@ def _with_u(args: tuple, u: torch.Tensor) -> tuple:
 def greedy_step(launcher: Launcher, draft_tokens, draft_logits, target_logits,
                 lengths: torch.Tensor | None = None) -> SamplerResult:
     """One launch: greedy_verify. ``lengths``: per-row draft lengths, int64 [B] on the step's device, or None."""
-    from pipeline.kernels.loader import CHUNK, i32, ptr
 
     step = _Step(launcher, draft_tokens, draft_logits, target_logits, lengths)
     rows = step.gamma + 1
@@ -295,7 +288,6 @@ def exact_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, te
     when given (tests), else drawn from ``generator`` as the reference draws them. ``lengths``: per-row draft
     lengths, int64 [B] on the step's device, or None. ``draft_logits`` None: a deterministic draft (γ+1 rows
     reduced, the target's only)."""
-    from pipeline.kernels.loader import CHUNK, f32, i32, i64, ptr
 
     step = _Step(launcher, draft_tokens, draft_logits, target_logits, lengths)
     u = step.uniforms(generator) if u is None else u
@@ -319,7 +311,6 @@ def sigmoid_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, 
                  lengths: torch.Tensor | None = None) -> SamplerResult:
     """One launch: sample_sigmoid with weights sigmoid(scale * z + beta). Uniforms and lengths as for exact_step.
     Needs draft logits (a deterministic draft is refused: pipeline/rules.py)."""
-    from pipeline.kernels.loader import f32, i32, ptr
 
     if draft_logits is None:
         raise SamplerInputError("sample_sigmoid needs draft logits: the sigmoid rule takes no deterministic draft at "

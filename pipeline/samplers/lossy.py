@@ -89,12 +89,12 @@ from pipeline.samplers.contract import (
 from pipeline.samplers.torch_ref import (
     ExactSampler,
     Sampler,
-    _finite_max_ok,
-    _rows,
-    _softmax_fp32,
     drafted_ok,
+    finite_max_ok,
     greedy_verify,
     rejection_verify,
+    rows_at,
+    softmax_fp32,
 )
 
 LN2 = math.log(2.0)
@@ -161,15 +161,15 @@ class TypicalSampler(Sampler):
         if self.temperature == 0.0:
             return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         B, gamma = draft_tokens.shape
-        p = _softmax_fp32(target_logits, 1.0 / self.temperature)                 # [B, γ+1, V_t]
+        p = softmax_fp32(target_logits, 1.0 / self.temperature)                 # [B, γ+1, V_t]
         p_block = p[:, :gamma]
         entropy = -(p_block * torch.log(p_block + TYPICAL_ENTROPY_EPS)).sum(dim=-1)   # [B, γ]
         threshold = (self.delta * torch.exp(-entropy)).clamp_max(self.epsilon)      # min(ε, δ e^{-H})
         accepted = count_accepted(within_lengths(_drafted(draft_tokens, p_block) > threshold, lengths))
         u = uniforms(B, gamma, draft_tokens.device, generator)
-        last = p[:, gamma].contiguous() if lengths is None else _rows(p, lengths)
+        last = p[:, gamma].contiguous() if lengths is None else rows_at(p, lengths)
         bonus = sample_from_weights(last, emit_uniform(u, lengths))
-        recovered = _rows(target_logits, accepted).argmax(dim=-1)
+        recovered = rows_at(target_logits, accepted).argmax(dim=-1)
         next_token = torch.where(is_full(accepted, gamma, lengths), bonus, recovered)
         return SamplerResult(
             accepted=accepted,
@@ -206,22 +206,22 @@ class FuzzySampler(Sampler):
         if self.temperature == 0.0:
             return self._verify_limit(draft_tokens, draft_logits, target_logits, lengths)
         inv_t = 1.0 / self.temperature
-        p = _softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
+        p = softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
         p_x = _drafted(draft_tokens, p[:, :gamma])                                # [B, γ]
         one = torch.ones_like(p_x)  # w_t = w_d = 1 at a close position: u * 1 < 1 always accepts
         u = uniforms(B, gamma, draft_tokens.device, generator)
         if draft_logits is None:    # a deterministic draft: q_i the point mass on x_i, JS from p_i(x_i) alone
             close = js_to_point_mass(p_x) < self.threshold
             accepted, next_token = rejection_verify(
-                draft_tokens, torch.where(close, one, p_x), one, lambda n: _rows(p, n), None, u, lengths)
+                draft_tokens, torch.where(close, one, p_x), one, lambda n: rows_at(p, n), None, u, lengths)
             draft_ok = torch.ones(B, dtype=torch.bool, device=p.device)
         else:
-            q = _softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
+            q = softmax_fp32(draft_logits, inv_t)                                # [B, γ, V_d]
             close = js_divergence(p[:, :gamma], q) < self.threshold              # [B, γ]
             q_x = _drafted(draft_tokens, q)
             accepted, next_token = rejection_verify(
                 draft_tokens, torch.where(close, one, p_x), torch.where(close, one, q_x),
-                lambda n: _rows(p, n), lambda n: _rows(q, n), u, lengths)
+                lambda n: rows_at(p, n), lambda n: rows_at(q, n), u, lengths)
             draft_ok = ~q[:, :, 0].isnan().any(dim=1)
         return SamplerResult(
             accepted=accepted,
@@ -241,7 +241,7 @@ class FuzzySampler(Sampler):
             draft_ok, draft_argmax = torch.ones_like(target_max[:, 0], dtype=torch.bool), draft_tokens
         else:
             draft_max, draft_argmax = draft_logits.max(dim=-1)                   # [B, γ]
-            draft_ok = _finite_max_ok(draft_max)
+            draft_ok = finite_max_ok(draft_max)
         close = draft_argmax == target_argmax[:, :gamma]
         if self.threshold > LN2:
             close = torch.ones_like(close)
@@ -251,7 +251,7 @@ class FuzzySampler(Sampler):
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
             draft_ok=draft_ok,
-            target_ok=_finite_max_ok(target_max),
+            target_ok=finite_max_ok(target_max),
         )
 
 
@@ -304,7 +304,7 @@ class RelaxedSampler(Sampler):
             accepted=accepted,
             tokens=assemble_tokens(draft_tokens, accepted, next_token),
             draft_ok=drafted_ok(draft_tokens, draft_logits),
-            target_ok=_finite_max_ok(target_max),
+            target_ok=finite_max_ok(target_max),
         )
 
 
@@ -324,12 +324,12 @@ class AcceptAllSampler(Sampler):
             accepted = torch.full((B,), gamma, dtype=torch.int64, device=draft_tokens.device)
             last = target_logits[:, gamma]                                       # [B, V_t]
         else:                                                                    # each row's own draft, whole
-            accepted, last = lengths, _rows(target_logits, lengths)
+            accepted, last = lengths, rows_at(target_logits, lengths)
         if self.temperature == 0.0:
             row_max, next_token = last.max(dim=-1)
             target_ok = torch.isfinite(row_max)
         else:
-            p = _softmax_fp32(last, 1.0 / self.temperature).contiguous()
+            p = softmax_fp32(last, 1.0 / self.temperature).contiguous()
             u = uniforms(B, gamma, draft_tokens.device, generator)
             next_token = sample_from_weights(p, emit_uniform(u, lengths))
             target_ok = ~p[:, 0].isnan()

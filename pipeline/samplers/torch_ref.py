@@ -116,7 +116,7 @@ def check_deterministic(sampler) -> None:
         raise SamplerInputError(error)
 
 
-def _finite_max_ok(max_values: torch.Tensor) -> torch.Tensor:
+def finite_max_ok(max_values: torch.Tensor) -> torch.Tensor:
     """bool [B]: True where every per-position maximum is finite (NaN, +inf and all -inf rows are not)."""
     return torch.isfinite(max_values).all(dim=1)
 
@@ -145,7 +145,7 @@ def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
     gamma = draft_tokens.shape[1]
     target_max, target_argmax = target_logits.max(dim=-1)                  # [B, γ+1]
     if gamma == 0:  # autoregressive decoding: the target's argmax, nothing to accept
-        ok = _finite_max_ok(target_max)
+        ok = finite_max_ok(target_max)
         return SamplerResult(accepted=torch.zeros_like(target_argmax[:, 0]), tokens=target_argmax,
                              draft_ok=torch.ones_like(ok), target_ok=ok)
     accepted = count_accepted(within_lengths(draft_tokens == target_argmax[:, :gamma], lengths))
@@ -154,7 +154,7 @@ def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
         accepted=accepted,
         tokens=assemble_tokens(draft_tokens, accepted, next_token),
         draft_ok=drafted_ok(draft_tokens, draft_logits),
-        target_ok=_finite_max_ok(target_max),
+        target_ok=finite_max_ok(target_max),
     )
 
 
@@ -200,7 +200,7 @@ def rejection_verify(
     return accepted, sample_from_weights(weights, emit_uniform(u, lengths))
 
 
-def _rows(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def rows_at(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """logits [B, P, V], positions int64 [B] -> logits[b, positions[b]] as [B, V] (a copy)."""
     return logits[torch.arange(logits.shape[0], device=logits.device), positions]
 
@@ -221,7 +221,7 @@ class ExactSampler(Sampler):
             return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         B, gamma = draft_tokens.shape
         inv_t = 1.0 / self.temperature
-        p = _softmax_fp32(target_logits, inv_t)                               # [B, γ+1, V_t]
+        p = softmax_fp32(target_logits, inv_t)                               # [B, γ+1, V_t]
         if gamma == 0:  # autoregressive decoding: a plain draw from the target
             next_token = sample_from_weights(p[:, 0], uniforms(B, 0, draft_tokens.device, generator)[:, 0])
             ok = torch.ones(B, dtype=torch.bool, device=p.device)
@@ -232,13 +232,13 @@ class ExactSampler(Sampler):
         u = uniforms(B, gamma, draft_tokens.device, generator)
         if draft_logits is None:  # a deterministic draft: q is the point mass on x (q(x) = 1, no [B, γ, V] tensor)
             accepted, next_token = rejection_verify(
-                draft_tokens, p_x, torch.ones_like(p_x), lambda n: _rows(p, n), None, u, lengths)
+                draft_tokens, p_x, torch.ones_like(p_x), lambda n: rows_at(p, n), None, u, lengths)
             draft_ok = torch.ones(B, dtype=torch.bool, device=p.device)
         else:
-            q = _softmax_fp32(draft_logits, inv_t)                            # [B, γ, V_d]
+            q = softmax_fp32(draft_logits, inv_t)                            # [B, γ, V_d]
             q_x = q.gather(2, idx).squeeze(2)
             accepted, next_token = rejection_verify(
-                draft_tokens, p_x, q_x, lambda n: _rows(p, n), lambda n: _rows(q, n), u, lengths)
+                draft_tokens, p_x, q_x, lambda n: rows_at(p, n), lambda n: rows_at(q, n), u, lengths)
             draft_ok = ~q[:, :, 0].isnan().any(dim=1)
         # A softmax row that saw NaN, +inf, or only -inf is NaN in every entry: one entry per row tells.
         return SamplerResult(
@@ -249,7 +249,8 @@ class ExactSampler(Sampler):
         )
 
 
-def _softmax_fp32(logits: torch.Tensor, inv_t: float) -> torch.Tensor:
+def softmax_fp32(logits: torch.Tensor, inv_t: float) -> torch.Tensor:
+    """softmax(logits [..., V] * inv_t) in float32 [..., V] (the scaling skipped at inv_t 1)."""
     if inv_t != 1.0:
         logits = logits.float() * inv_t
     return torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -319,12 +320,12 @@ class SigmoidSampler(Sampler):
         row_max = {}
 
         def target_row(n):
-            z = _rows(target_logits, n)
+            z = rows_at(target_logits, n)
             row_max["target"] = z.amax(dim=1)
             return self._weights(z)
 
         def draft_row(n):
-            z = _rows(draft_logits, n)
+            z = rows_at(draft_logits, n)
             row_max["draft"] = z.amax(dim=1)
             return self._weights(z)
 

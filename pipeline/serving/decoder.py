@@ -25,10 +25,14 @@ from dataclasses import dataclass
 
 from pipeline import stack
 from pipeline.config import RunConfig
+from pipeline.env_info import ThreadSettings, default_threads
 from pipeline.errors import SpecsweepError
+from pipeline.models import eos_token_ids, max_positions, parse_dtype, resolve_device
 from pipeline.provenance import ACCEPTED, BONUS, CORRECTED, TARGET
+from pipeline.rng import RowGenerators
 from pipeline.rules import get_rule
 from pipeline.serving.batching import Job
+from pipeline.tasks import get_task
 
 log = logging.getLogger("specsweep.serve")
 
@@ -57,8 +61,6 @@ class Decoder:
     def __init__(self, config: RunConfig, models: tuple | None = None) -> None:
         import torch
 
-        from pipeline.models import eos_token_ids, max_positions, parse_dtype, resolve_device
-        from pipeline.tasks import get_task
 
         self.config = config
         self.rule = get_rule(config.sampler)
@@ -142,7 +144,6 @@ class Decoder:
 
     def threads(self):
         """torch's thread settings for the decoding thread (--threads, else the run's default)."""
-        from pipeline.env_info import ThreadSettings, default_threads
 
         return ThreadSettings(self.config.threads or default_threads(), None)
 
@@ -150,7 +151,6 @@ class Decoder:
 
     def decode(self, jobs: list[Job]) -> BatchReport:
         """Decode ``jobs`` together and finish each (done, or error with a one-line message)."""
-        from pipeline.rng import RowGenerators
 
         start = time.perf_counter()
         for job in jobs:

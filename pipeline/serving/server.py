@@ -13,6 +13,8 @@ import socket
 import threading
 import time
 
+from pipeline.errors import SpecsweepError
+
 log = logging.getLogger("specsweep.serve")
 
 
@@ -30,7 +32,6 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        from pipeline.errors import SpecsweepError
 
         raise SpecsweepError(f"cannot listen on {host}:{port} ({e.strerror}): pick another --port (0: any free "
                              "one) or stop what holds it") from None

@@ -21,9 +21,13 @@ import math
 import os
 from pathlib import Path
 
+from pipeline.analysis.recommend import recommend, to_number
 from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
+from pipeline.result import read_result
+from pipeline.results_table import result_row
 from pipeline.rules import RULES, get_rule, param_names
+from pipeline.tasks import get_task
 
 POINT_SETTINGS = ("sampler", "backend", "gamma", "preset", "dtype", "temperature", "draft_schedule", "draft_confidence",
                   "gamma_max")
@@ -93,8 +97,6 @@ def from_recommendation(folder: str, kind: str, base: dict, max_quality_loss: fl
 
 def pick(table, target: str | None, draft: str | None, max_quality_loss: float, lossless: bool, where: str) -> dict:
     """The recommended row (a dict) of the one text pair in ``table`` that matches target/draft (None: any)."""
-    from pipeline.analysis.recommend import recommend
-    from pipeline.tasks import get_task
 
     rec = recommend(table, max_quality_loss) if not table.empty else table
     if rec.empty:
@@ -127,8 +129,6 @@ def study_table(folder: str):
     (trials/*.json), the study's own baselines (baseline-*.json) and the AR baselines the trials name."""
     import pandas as pd
 
-    from pipeline.result import read_result
-    from pipeline.results_table import result_row
 
     study = Path(folder)
     trials = sorted((study / "trials").glob("*.json")) if study.is_dir() else []
@@ -188,7 +188,6 @@ def _is_speech(task, get_task) -> bool:
 
 
 def _number(v) -> float | None:
-    from pipeline.analysis.recommend import to_number
 
     return to_number(v)
 

@@ -35,7 +35,7 @@ class CnnDailyMailTask(Task):
     source_hint = 'a JSONL file of {"id", "article", "highlights"} lines'
 
     def encoder(self, target, tokenizer, processor, config) -> Encoder:
-        from pipeline.models import max_positions
+        from pipeline.models import max_positions  # kept local: imports torch
 
         return _Summaries(tokenizer, config, max_positions(target.config))
 
@@ -43,7 +43,7 @@ class CnnDailyMailTask(Task):
         return record["highlights"]
 
     def score(self, predictions, records, tokenizer, seed):
-        from pipeline.metrics import rouge
+        from pipeline.metrics import rouge  # kept local: not loaded by `specsweep --help`
 
         result = rouge(predictions, [r["highlights"] for r in records], seed=seed)
         quality = dict(result.scores)

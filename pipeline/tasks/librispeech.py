@@ -64,7 +64,7 @@ class LibriSpeechTask(Task):
         """Decodes each row's ``audio_path`` or ``audio_bytes``."""
         from tqdm.auto import tqdm
 
-        from pipeline.audio import SAMPLE_RATE, decode_audio
+        from pipeline.audio import SAMPLE_RATE, decode_audio  # kept local: not loaded by `specsweep --help`
 
         records = []
         for row in tqdm(rows, desc="decoding audio", unit="clip", disable=not progress or None, leave=False):
@@ -94,7 +94,7 @@ class LibriSpeechTask(Task):
     def from_table(self, table) -> list[dict]:
         import numpy as np
 
-        from pipeline.audio import SAMPLE_RATE
+        from pipeline.audio import SAMPLE_RATE  # kept local: not loaded by `specsweep --help`
 
         ids, texts = table.column("id").to_pylist(), table.column("text").to_pylist()
         audios: list[np.ndarray] = []
@@ -106,7 +106,7 @@ class LibriSpeechTask(Task):
                 for i, t, a in zip(ids, texts, audios)]
 
     def manifest_extra(self, records: list[dict]) -> dict:
-        from pipeline.audio import MAX_AUDIO_SECONDS, SAMPLE_RATE
+        from pipeline.audio import MAX_AUDIO_SECONDS, SAMPLE_RATE  # kept local: not loaded by `specsweep --help`
 
         durations = [r["duration"] for r in records]
         return {"sample_rate": SAMPLE_RATE, "total_seconds": round(sum(durations), 3),
@@ -114,7 +114,7 @@ class LibriSpeechTask(Task):
                 "n_over_max_seconds": sum(d > MAX_AUDIO_SECONDS for d in durations)}
 
     def fetch_summary(self, manifest: dict) -> str:
-        from pipeline.audio import MAX_AUDIO_SECONDS
+        from pipeline.audio import MAX_AUDIO_SECONDS  # kept local: not loaded by `specsweep --help`
 
         return (f", {manifest['total_seconds']:.1f} s of audio, "
                 f"{manifest['n_over_max_seconds']} clip(s) over {MAX_AUDIO_SECONDS:.0f} s")
@@ -136,7 +136,7 @@ class LibriSpeechTask(Task):
         return record["text"]
 
     def score(self, predictions, records, tokenizer, seed):
-        from pipeline.metrics import wer
+        from pipeline.metrics import wer  # kept local: not loaded by `specsweep --help`
 
         result = wer(predictions, [r["text"] for r in records], tokenizer=tokenizer)
         return ({"wer": result.wer, "normalizer": result.normalizer, "reference_words": result.reference_words},
@@ -158,7 +158,7 @@ class _Clips(Encoder):
         cuts)."""
         import torch
 
-        from pipeline.audio import SAMPLE_RATE, truncate_audio
+        from pipeline.audio import SAMPLE_RATE, truncate_audio  # kept local: not loaded by `specsweep --help`
 
         audios, cuts = [], Cuts()
         for r in records:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from pipeline.decoding.cache import CachedModel
+
 
 def matrix_params(model: torch.nn.Module) -> int:
     """Parameters used as matrices in a forward pass: all but embedding tables (token and position), plus the
@@ -54,7 +56,6 @@ def median_step_seconds(step: Callable[[], None], warmup: int = 3, repeats: int 
 def causal_lm_step_seconds(model, prompt_ids: torch.Tensor, repeats: int = 30) -> float:
     """Median seconds of one cached decode step of a causal LM, through the forward the engine runs for it
     (its static-cache forward where the family has one, else transformers'). ``prompt_ids``: int64 [1, T]."""
-    from pipeline.decoding.cache import CachedModel
 
     model.eval()
     cached = CachedModel(model, static=True)

@@ -33,7 +33,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from pipeline.data import load_task_data
+from pipeline.io import write_json_atomic
+from pipeline.metrics import wer
+from pipeline.toy.cost import decode_flops_per_token, median_step_seconds
+from pipeline.toy.speech_data import CHUNK_SECONDS, WORDS
 from pipeline.toy.train_text import lr_at, new_layer_states, optimizer_step, training_summary
+from pipeline.toy.vocab import whisper_tokenizer
 
 N_MELS = 80
 MAX_TARGET_POSITIONS = 48
@@ -81,8 +87,6 @@ def build_processor(chunk_seconds: int):
     """A ``WhisperProcessor``: the feature extractor with ``chunk_length=chunk_seconds`` and the toy tokenizer."""
     from transformers import WhisperFeatureExtractor, WhisperProcessor
 
-    from pipeline.toy.speech_data import WORDS
-    from pipeline.toy.vocab import whisper_tokenizer
 
     fe = WhisperFeatureExtractor(feature_size=N_MELS, chunk_length=chunk_seconds)
     return WhisperProcessor(feature_extractor=fe, tokenizer=whisper_tokenizer(WORDS))
@@ -97,7 +101,6 @@ def special_ids(tokenizer) -> dict[str, int]:
 
 def word_classes(tokenizer) -> dict[int, int]:
     """Token id of each lexicon word (with its leading space) -> its CTC class, 1 .. len(WORDS) (0 is blank)."""
-    from pipeline.toy.speech_data import WORDS
 
     return {tokenizer(" " + w, add_special_tokens=False).input_ids[0]: k + 1 for k, w in enumerate(WORDS)}
 
@@ -178,7 +181,6 @@ def load_split(manifest: Path, processor, progress: bool = True) -> tuple[torch.
     Returns ``features`` float32 [N, 80, frames], ``labels`` (per clip: ``[sot, notimestamps, *words, eot]``)
     and the records (``{"id", "text", "audio", "duration"}``).
     """
-    from pipeline.data import load_task_data
 
     records = load_task_data("librispeech", manifest, progress=progress)
     fe, tok = processor.feature_extractor, processor.tokenizer
@@ -295,7 +297,6 @@ def transcribe(model, processor, features: torch.Tensor, batch_size: int = 50) -
 @torch.inference_mode()
 def decoder_step_seconds(model, features: torch.Tensor, prefix: list[int], repeats: int = 30) -> float:
     """Median seconds of one cached decoder step (encoder output and cross-attention cache precomputed)."""
-    from pipeline.toy.cost import median_step_seconds
 
     enc = model.model.encoder(features[:1])
     out = model(encoder_outputs=enc, decoder_input_ids=torch.tensor([prefix]), use_cache=True)
@@ -324,7 +325,6 @@ def decoder_matrix_params(model) -> int:
 
 def measure_cost(target, draft, features: torch.Tensor, prefix: list[int]) -> dict:
     """FLOPs and seconds per decoded token (decoder only; the encoder runs once per clip) and the ratios."""
-    from pipeline.toy.cost import decode_flops_per_token
 
     out = {}
     for name, m in (("target", target), ("draft", draft)):
@@ -340,9 +340,6 @@ def measure_cost(target, draft, features: torch.Tensor, prefix: list[int]) -> di
 def run(data_dir: Path, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool = True) -> dict:
     """Train the pair on ``<data_dir>/speech/train``; evaluate both on ``<data_dir>/speech/test`` (greedy
     ``generate``, WER); write ``<out_dir>/speech/{target,draft}`` and ``<out_dir>/speech/training.json``."""
-    from pipeline.io import write_json_atomic
-    from pipeline.metrics import wer
-    from pipeline.toy.speech_data import CHUNK_SECONDS
 
     root = Path(data_dir) / "speech"
     processor = build_processor(CHUNK_SECONDS)

@@ -38,7 +38,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from pipeline.data import load_task_data
+from pipeline.io import write_json_atomic
 from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
+from pipeline.toy import text_data
+from pipeline.toy.cost import causal_lm_step_seconds, decode_flops_per_token, matrix_params
+from pipeline.toy.vocab import BPE_VOCAB_SIZE, bpe_stats, bpe_tokenizer, text_tokenizer
 
 
 @dataclass(frozen=True)
@@ -218,7 +223,6 @@ def train(model, data: list[tuple[list[int], int]], spec: TextModelSpec, pad_id:
 
 def measure_cost(target, draft, prompt_ids: torch.Tensor) -> dict:
     """FLOPs and measured seconds per decoded token of both models and the draft/target ratios."""
-    from pipeline.toy.cost import causal_lm_step_seconds, decode_flops_per_token, matrix_params
 
     n_ctx = prompt_ids.shape[1]
     out = {}
@@ -236,10 +240,6 @@ def run(data_dir: Path, out_dir: Path, seed: int = 0, quick: bool = False, progr
     """Train the pair and the BPE draft on ``<data_dir>/text/train.jsonl``; write
     ``<out_dir>/text/{target,draft,draft-bpe}`` and ``<out_dir>/text/training.json``; return the training record
     (also what the JSON holds)."""
-    from pipeline.data import load_task_data
-    from pipeline.io import write_json_atomic
-    from pipeline.toy import text_data
-    from pipeline.toy.vocab import text_tokenizer
 
     records = load_task_data("cnn_dailymail", Path(data_dir) / "text" / "train.jsonl")
     tokenizer = text_tokenizer(text_data.vocabulary())
@@ -301,8 +301,6 @@ def _train_bpe_draft(records: list[dict], test_path: Path, words: list[str], spe
     ``stats`` is the tokenizer's record in training.json: :func:`pipeline.toy.vocab.bpe_stats` against the
     word-level ``words`` (tokens per word on the test split's highlights when ``test_path`` exists, else on the
     train split's), and the longest training sequence."""
-    from pipeline.data import load_task_data
-    from pipeline.toy.vocab import BPE_VOCAB_SIZE, bpe_stats, bpe_tokenizer
 
     t0 = time.perf_counter()
     tokenizer = bpe_tokenizer(training_texts(records), BPE_VOCAB_SIZE)
@@ -337,6 +335,5 @@ def _grow_check(shallow, grown, data: list[tuple[list[int], int]]) -> dict:
 
 
 def _matrix(model) -> int:
-    from pipeline.toy.cost import matrix_params
 
     return matrix_params(model)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic, write_text_atomic
+from pipeline.result import read_result
 from pipeline.tuning.schedule import (
     KIND,
     MAX_QUALITY_LOSS,
@@ -53,6 +54,9 @@ from pipeline.tuning.schedule import (
     build_schedule,
     context_label,
     describe_settings,
+    is_adaptive,
+    is_standard,
+    parse_context_buckets,
     read_schedule,
     settings_of,
     study_cells,
@@ -90,8 +94,7 @@ def _from_report(csv: Path, task: str | None, max_quality_loss: float) -> dict:
     "best lossless" row as the standard picks (each setting read from its results file)."""
     import pandas as pd
 
-    from pipeline.analysis.recommend import recommend
-    from pipeline.result import read_result
+    from pipeline.analysis.recommend import recommend  # kept local: not loaded by `specsweep --help`
 
     try:
         table = pd.read_csv(csv)
@@ -130,7 +133,6 @@ def _from_report(csv: Path, task: str | None, max_quality_loss: float) -> dict:
 
 
 def _standard(settings: dict) -> bool:
-    from pipeline.tuning.schedule import is_adaptive, is_standard
 
     return is_standard(settings) and not is_adaptive(settings)
 
@@ -141,7 +143,6 @@ def entries(schedule: dict, pick: str, context: str | None = None) -> list[dict]
     """Per batch size (ascending), the ``pick`` of the schedule's cells of one prompt-length bucket: [{batch_size,
     context, settings, speedup, ci_low, ci_high, faster_than_target}]. ``context``: "LOW-HIGH" (needed when the
     schedule has several buckets)."""
-    from pipeline.tuning.schedule import parse_context_buckets
 
     if pick not in PICKS:
         raise SpecsweepError(f"--pick {pick!r} is not one of {list(PICKS)}")
@@ -190,7 +191,7 @@ def export(schedule: dict, fmt: str, out: str | os.PathLike, *, pick: str | None
     rows = entries(schedule, pick or PICK_OF[fmt], context)
     if fmt == "json":
         return _json(schedule, rows, pick or PICK_OF[fmt], out), []
-    if not schedule.get("draft"):
+    if not schedule.get("draft") and _drafter(rows) is None:
         raise SpecsweepError(f"the schedule names no draft model: --format {fmt} needs one")
     for row in rows:
         settings = row["settings"]
@@ -209,15 +210,40 @@ def export(schedule: dict, fmt: str, out: str | os.PathLike, *, pick: str | None
 
 
 def _adaptive(settings: dict) -> bool:
-    from pipeline.tuning.schedule import is_adaptive
 
     return is_adaptive(settings)
 
 
 def _is_standard(settings: dict) -> bool:
-    from pipeline.tuning.schedule import is_standard
 
     return is_standard(settings)
+
+
+def _drafter(rows: list[dict]) -> dict | None:
+    """The schedule's drafter without a draft model (its settings), or None for a draft model; one line when the
+    batch sizes' picks use different drafters (no tool takes that)."""
+    drafters = {json.dumps(r["settings"].get("drafter"), sort_keys=True) for r in rows if r["settings"]["gamma"]}
+    if len(drafters) > 1:
+        raise SpecsweepError(f"the schedule's batch sizes chose different drafters ({sorted(drafters)}): export one "
+                             "batch size (--pick, or a report's row) or tune with one drafter")
+    return json.loads(drafters.pop()) if drafters else None
+
+
+def _hf_prompt_lookup(drafter: dict, settings: dict, notes: list[str]):
+    """transformers' prompt lookup: the target's own generation config (no assistant model)."""
+    from transformers import GenerationConfig
+
+    if drafter["drafter"] != "prompt-lookup":
+        raise SpecsweepError(f"transformers has no {drafter['drafter']} drafter: export it with --format vllm "
+                             "(method suffix) or --format json")
+    if (drafter.get("lookup_min") or 1) > 1:
+        notes.append(f"transformers' prompt lookup matches down to 1 token; the tuned --lookup-min "
+                     f"{drafter['lookup_min']} is left out")
+    config = GenerationConfig(prompt_lookup_num_tokens=int(settings["gamma"]),
+                              max_matching_ngram_size=int(drafter["lookup_max"]))
+    notes.append("this is the target's generation config (prompt lookup needs no assistant model): save it beside "
+                 "the target, or pass prompt_lookup_num_tokens and max_matching_ngram_size to generate")
+    return config
 
 
 def _hf(schedule: dict, rows: list[dict], out, **_) -> tuple[Path, list[str]]:
@@ -239,12 +265,16 @@ def _hf(schedule: dict, rows: list[dict], out, **_) -> tuple[Path, list[str]]:
                      "generate, which then runs transformers' own Universal Assisted Generation")
     if settings.get("draft_schedule") == "heuristic" and settings.get("gamma_max"):
         notes.append(f"transformers' heuristic schedule has no ceiling: γ_max {settings['gamma_max']} is left out")
-    draft_dir = Path(str(schedule["draft"]))
-    base = (GenerationConfig.from_pretrained(str(draft_dir)) if (draft_dir / "generation_config.json").is_file()
-            else GenerationConfig())
-    base.update(num_assistant_tokens=int(settings["gamma"]),
-                num_assistant_tokens_schedule=HF_SCHEDULE[settings.get("draft_schedule") or "constant"],
-                assistant_confidence_threshold=float(settings.get("draft_confidence") or 0.0))
+    drafter = settings.get("drafter")
+    if drafter is not None:
+        base = _hf_prompt_lookup(drafter, settings, notes)
+    else:
+        draft_dir = Path(str(schedule["draft"]))
+        base = (GenerationConfig.from_pretrained(str(draft_dir)) if (draft_dir / "generation_config.json").is_file()
+                else GenerationConfig())
+        base.update(num_assistant_tokens=int(settings["gamma"]),
+                    num_assistant_tokens_schedule=HF_SCHEDULE[settings.get("draft_schedule") or "constant"],
+                    assistant_confidence_threshold=float(settings.get("draft_confidence") or 0.0))
     try:
         base.validate(strict=True)
     except (TypeError, ValueError) as e:
@@ -281,7 +311,24 @@ def vllm_speculative_config(draft: str, ks: list[tuple[int, int]], batch_schedul
 def _vllm(schedule: dict, rows: list[dict], out, *, batch_schedule: bool = True, **_) -> tuple[Path, list[str]]:
     config, notes = vllm_speculative_config(str(schedule["draft"]),
                                             [(r["batch_size"], r["settings"]["gamma"]) for r in rows], batch_schedule)
+    drafter = _drafter(rows)
+    if drafter is not None:
+        config.pop("model")
+        config.update(VLLM_DRAFTERS[drafter["drafter"]](drafter))
+        if drafter["drafter"] == "suffix" and not drafter.get("suffix_outputs"):
+            notes.append("measured without a cache of earlier outputs: vLLM keeps one "
+                         "(suffix_decoding_max_cached_requests), which helps repetitive traffic")
     return write_json_atomic(out, config), notes
+
+
+# a drafter without a draft model -> its keys in vLLM's speculative_config
+VLLM_DRAFTERS = {
+    "prompt-lookup": lambda d: {"method": "ngram", "prompt_lookup_min": int(d["lookup_min"]),
+                                "prompt_lookup_max": int(d["lookup_max"])},
+    "suffix": lambda d: {"method": "suffix", "suffix_decoding_max_tree_depth": int(d["suffix_depth"]),
+                         "suffix_decoding_max_spec_factor": float(d["suffix_factor"]),
+                         "suffix_decoding_min_token_prob": float(d["suffix_min_prob"])},
+}
 
 
 def trtllm_speculative_config(draft: str, ks: list[tuple[int, int]], max_batch_size: int | None = None) \
@@ -317,6 +364,15 @@ def trtllm_speculative_config(draft: str, ks: list[tuple[int, int]], max_batch_s
 def _trtllm(schedule: dict, rows: list[dict], out, *, max_batch_size: int | None = None, **_) -> tuple[Path, list]:
     import yaml
 
+    drafter = _drafter(rows)
+    if drafter is not None and drafter["drafter"] != "prompt-lookup":
+        raise SpecsweepError(f"TensorRT-LLM has no {drafter['drafter']} drafter: export it with --format vllm or json")
+    if drafter is not None:
+        top = max(r["settings"]["gamma"] for r in rows)
+        config = {"decoding_type": "NGram", "max_draft_len": top, "max_matching_ngram_size": int(drafter["lookup_max"])}
+        return write_text_atomic(out, yaml.safe_dump({"speculative_config": config}, sort_keys=False)), [
+            "TensorRT-LLM's NGram decoding keeps its own pool of n-grams (is_keep_all, is_use_oldest): measured here "
+            "as prompt lookup, the earliest match of the longest n-gram"]
     config, notes = trtllm_speculative_config(str(schedule["draft"]),
                                               [(r["batch_size"], r["settings"]["gamma"]) for r in rows],
                                               max_batch_size)

@@ -168,7 +168,15 @@ def settings_of(config: dict) -> dict:
            "temperature": config.get("temperature")}
     if config.get("draft_tokenizer_mode") in ("intersection", "string"):   # a draft with another tokenizer
         out["draft_tokenizer_mode"] = config["draft_tokenizer_mode"]
+    drafter = config.get("drafter") or "model"
+    if drafter != "model":                                                # a drafter without a draft model
+        out["drafter"] = {"drafter": drafter, **{k: config.get(k) for k in DRAFTER_KEYS[drafter]}}
     return out
+
+
+# each drafter without a model: the run settings that define it
+DRAFTER_KEYS = {"prompt-lookup": ("lookup_min", "lookup_max"),
+                "suffix": ("suffix_depth", "suffix_factor", "suffix_min_prob", "suffix_outputs")}
 
 
 def is_adaptive(settings: dict) -> bool:

@@ -13,11 +13,14 @@ import os
 import sys
 from pathlib import Path
 
+import optuna
 import yaml
 
-from pipeline.config import RunConfig
+from pipeline.config import DRAFTERS, RunConfig
+from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
+from pipeline.models import load_tokenizer
 from pipeline.rules import get_rule, param_names, tunable
 from pipeline.tasks import get_task
 
@@ -64,6 +67,9 @@ class SearchSpace:
     draft_confidence: Range = (0.1, 0.9, False)
     gamma_max: tuple[int, int] = (2, 8)
     tokenizer_modes: tuple[str, ...] = ()
+    drafters: tuple[str, ...] = ("model",)
+    lookup_max: tuple[int, int] = (1, 4)
+    suffix_factor: Range = (0.5, 4.0, True)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SearchSpace:
@@ -74,7 +80,8 @@ class SearchSpace:
             raise SpecsweepError(f"search space {path}: cannot read it ({' '.join(str(e).split())[:160]})") from None
         if not isinstance(raw, dict):
             raise SpecsweepError(f"search space {path}: expected a mapping of settings")
-        known = {"gamma", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence", "gamma_max"}
+        known = {"gamma", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence", "gamma_max",
+                 "drafter", "lookup_max", "suffix_factor"}
         if set(raw) - known:
             moved = sorted(set(raw) & set(param_names()))
             hint = (f" (rule parameters go under params: <rule>:, e.g. params: {{sigmoid: {{{moved[0]}: ...}}}})"
@@ -92,6 +99,9 @@ class SearchSpace:
                 drafts=tuple(raw.get("draft", ("fixed",))),
                 draft_confidence=_range(raw.get("draft_confidence", {"low": 0.1, "high": 0.9})),
                 gamma_max=tuple(int(v) for v in _range(raw.get("gamma_max", {"low": 2, "high": 8}))[:2]),
+                drafters=tuple(raw.get("drafter", ("model",))),
+                lookup_max=tuple(int(v) for v in _range(raw.get("lookup_max", {"low": 1, "high": 4}))[:2]),
+                suffix_factor=_range(raw.get("suffix_factor", {"low": 0.5, "high": 4.0, "log": True})),
             )
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise SpecsweepError(f"search space {path}: {e}") from None
@@ -112,6 +122,11 @@ class SearchSpace:
         if self.gamma_max[0] > self.gamma_max[1] or self.gamma_max[1] < self.gamma[0]:
             raise SpecsweepError(f"{where}: gamma_max needs low <= high and high >= gamma's low; got "
                                  f"{list(self.gamma_max)}")
+        if not self.drafters or set(self.drafters) - set(DRAFTERS):
+            raise SpecsweepError(f"{where}: drafter must be a non-empty list from {list(DRAFTERS)}")
+        if not 1 <= self.lookup_max[0] <= self.lookup_max[1] or not 0 < self.suffix_factor[0] <= self.suffix_factor[1]:
+            raise SpecsweepError(f"{where}: lookup_max needs 1 <= low <= high and suffix_factor 0 < low <= high; got "
+                                 f"{list(self.lookup_max)}, {list(self.suffix_factor[:2])}")
         for rule, ranges in self.params.items():
             if rule not in self.samplers:
                 raise SpecsweepError(f"{where}: params for {rule!r}, which is not in sampler {list(self.samplers)}")
@@ -158,25 +173,46 @@ class SearchSpace:
                 space.pop(key)
         if not self.tokenizer_modes:
             space.pop("tokenizer_modes")
+        if self.drafters == ("model",):
+            for key in ("drafters", "lookup_max", "suffix_factor"):
+                space.pop(key)
         return space
 
-    def suggest(self, trial) -> dict:
-        """Sample one trial's settings (a rule's parameters exist only in trials of that rule)."""
+    def suggest(self, trial, temperature: float = 1.0) -> dict:
+        """Sample one trial's settings (a rule's parameters exist only in trials of that rule; a drafter's only in
+        trials of that drafter). A trial pairing a drafter without a model with a rule that cannot verify its
+        deterministic drafts at ``temperature`` is pruned before it runs (optuna.TrialPruned)."""
         params = {"gamma": trial.suggest_int("gamma", *self.gamma),
                   "sampler": trial.suggest_categorical("sampler", list(self.samplers)),
                   "dtype": trial.suggest_categorical("dtype", list(self.dtypes))}
+        drafter = "model"
+        if self.drafters != ("model",):
+            drafter = trial.suggest_categorical("drafter", list(self.drafters))
+            params.update(self._suggest_drafter(trial, drafter))
+            if drafter != "model" and get_rule(params["sampler"]).deterministic_draft_error(temperature):
+                raise optuna.TrialPruned(f"{params['sampler']} cannot verify {drafter}'s deterministic drafts")
         integers = _integer_params(params["sampler"])
         for name, (lo, hi, log) in self.ranges(params["sampler"]).items():
             if name in integers:
                 params[name] = trial.suggest_int(name, math.ceil(lo), math.floor(hi), log=log)
             else:
                 params[name] = trial.suggest_float(name, lo, hi, log=log)
-        if self.searches_drafts:
+        if self.searches_drafts and drafter == "model":
             params.update(self._suggest_draft(trial, params["gamma"]))
-        if self.tokenizer_modes:
+        if self.tokenizer_modes and drafter == "model":
             params["draft_tokenizer_mode"] = trial.suggest_categorical("draft_tokenizer_mode",
                                                                        list(self.tokenizer_modes))
         return params
+
+    def _suggest_drafter(self, trial, drafter: str) -> dict:
+        """The trial's drafter and its parameters as run settings."""
+        if drafter == "prompt-lookup":
+            return {"drafter": drafter, "lookup_min": 1,
+                    "lookup_max": trial.suggest_int("lookup_max", *self.lookup_max)}
+        if drafter == "suffix":
+            lo, hi, log = self.suffix_factor
+            return {"drafter": drafter, "suffix_factor": trial.suggest_float("suffix_factor", lo, hi, log=log)}
+        return {"drafter": drafter}
 
     def _suggest_draft(self, trial, gamma: int) -> dict:
         """The trial's draft length as run settings (draft_schedule, draft_confidence, gamma_max)."""
@@ -207,8 +243,6 @@ def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
     (pipeline/decoding/drafters/cross_tokenizer.py)
     drafts a fixed γ (an adaptive trial could only fail), and its trials choose how to bridge the tokenizers
     (intersection or string; which is faster depends on the pair) unless ``--draft-tokenizer-mode`` fixes it."""
-    from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
-    from pipeline.models import load_tokenizer
 
     if not base.draft or get_task(base.task).speech \
             or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):

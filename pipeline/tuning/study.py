@@ -49,13 +49,25 @@ import socket
 from pathlib import Path
 
 from pipeline.config import RunConfig
+from pipeline.data import load_task_data
 from pipeline.errors import SpecsweepError
-from pipeline.io import file_lock, write_json_atomic
+from pipeline.io import file_lock, write_json_atomic, write_text_atomic
+from pipeline.models import load_tokenizer
 from pipeline.objectives import QUALITY, quality_value, tradeoff
 from pipeline.result import read_result
+from pipeline.runner import BASELINE_KEYS, run
 from pipeline.tasks import get_task
-from pipeline.tracking import log_trial
-from pipeline.tuning.schedule import MAX_QUALITY_LOSS, PENALTY
+from pipeline.tracking import log_trial, wandb_run, warn
+from pipeline.tuning.schedule import (
+    MAX_QUALITY_LOSS,
+    PENALTY,
+    build_schedule,
+    cells_of,
+    context_label,
+    schedule_path,
+    write_cell,
+    write_schedule,
+)
 from pipeline.tuning.space import OBJECTIVES, SearchSpace
 from pipeline.tuning.storage import (
     adopt_orphaned_trials,
@@ -71,7 +83,6 @@ from pipeline.tuning.storage import (
 def baseline_for(base: RunConfig, dtype: str, study_dir: Path, given: list[str], progress: bool) -> str:
     """Path of the AR baseline (γ = 0) results for ``dtype``: a given file with matching settings, else the
     study folder's ``baseline-<dtype>.json``, measured once (under a lock) when missing or stale."""
-    from pipeline.runner import BASELINE_KEYS, run
 
     want = dataclasses.replace(base, dtype=dtype, gamma=0, sampler="exact", rule_params={}, preset=None,
                                baseline=None).to_dict()
@@ -103,8 +114,6 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
     """Run this worker's share of the study until it has ``n_trials`` completed trials; returns the front."""
     import optuna
 
-    from pipeline.runner import run
-    from pipeline.tracking import wandb_run
 
     _check_tune_args(base, n_trials)
     study_dir = Path(study_dir)
@@ -123,7 +132,7 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
 
         def objective(trial) -> tuple[float, float]:
             """One trial's (speedup, quality), recorded in ``ran``; a trial that raises is recorded in ``failed``
-            with its reason (user attribute ``fail_reason``) and fails."""
+            with its reason (user attribute ``fail_reason``) and fails; a pruned one is neither."""
             try:
                 ran.append(trial.number)
                 params, result, speedup, quality = _run_trial(trial, base, space, study_dir, baselines or [],
@@ -133,6 +142,8 @@ def tune(base: RunConfig, space: SearchSpace, *, study_name: str, study_dir: str
                 if wb is not None:
                     log_trial(wb, pareto_front(study)["best_trials"], trial.number, params, speedup, quality, score)
                 return speedup, quality
+            except optuna.TrialPruned:       # a combination the space does not run (pipeline/tuning/space.py)
+                raise
             except Exception as e:
                 failed.append(trial.number)
                 trial.set_user_attr("fail_reason", " ".join(str(e).split())[:1000])
@@ -157,7 +168,6 @@ def tune_schedule(base: RunConfig, space: SearchSpace, *, study_name: str, study
     own in ``study_dir/cells/<key>/`` named ``<study_name>-<key>``, on the prompts of its bucket. Each trial's
     speedup is paired against the γ = 0 loop at the cell's batch size, inside its run; each cell measures its own
     AR baseline unless a ``--baseline`` file matches it. With no cell left at the base, ``out`` lists the cells."""
-    from pipeline.tuning.schedule import build_schedule, cells_of, schedule_path, write_cell, write_schedule
 
     study_dir = Path(study_dir)
     if context_buckets and get_task(base.task).speech:
@@ -198,10 +208,6 @@ def bucket_data(base: RunConfig, cell, folder: Path) -> Path:
 
     from transformers import AutoConfig
 
-    from pipeline.data import load_task_data
-    from pipeline.io import write_text_atomic
-    from pipeline.models import load_tokenizer
-    from pipeline.tuning.schedule import context_label
 
     task = get_task(base.task)
     records = load_task_data(base.task, base.data)
@@ -269,7 +275,7 @@ def _run_trial(trial, base: RunConfig, space: SearchSpace, study_dir: Path, base
     ``study_dir/trials/<number>.json``), recording the worker, results path and re-measurement on the trial.
     Returns (params, results, speedup, quality); raises SpecsweepError when speedup or quality is missing or not
     finite."""
-    params = space.suggest(trial)
+    params = space.suggest(trial, base.temperature)
     trial.set_user_attr("worker", worker_id)
     baseline = baseline_for(base, params["dtype"], study_dir, baselines, progress=False)
     results_path = study_dir / "trials" / f"{trial.number:05d}.json"
@@ -292,7 +298,6 @@ def _optimize(study, objective, n_trials: int, failed: list[int], out: str, prog
     import optuna
     from optuna.study import MaxTrialsCallback
 
-    from pipeline.tracking import warn
 
     def write_front(study, _trial=None) -> None:
         write_json_atomic(out, pareto_front(study))

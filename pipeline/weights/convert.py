@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
+from pipeline.weights import ct2_whisper, gguf
 
 FORMATS = ("transformers", "gguf", "ct2-whisper")
 
@@ -18,7 +19,6 @@ FORMATS = ("transformers", "gguf", "ct2-whisper")
 def detect(folder: Path) -> str:
     """The format of the model files in ``folder`` (one of :data:`FORMATS`); a one-line :class:`SpecsweepError`
     naming what was found when it is none of them."""
-    from pipeline.weights import ct2_whisper
 
     config = folder / "config.json"  # a CTranslate2 folder has one too, without a model_type
     if config.is_file() and '"model_type"' in config.read_text(encoding="utf-8", errors="replace"):
@@ -48,7 +48,6 @@ def detect(folder: Path) -> str:
 def to_transformers(folder: Path, out: Path, dtype) -> str:
     """Write ``folder``'s model into ``out`` (a new, empty folder) as a plain transformers folder, converted
     weights in ``dtype`` (a torch dtype; a transformers folder is copied as it is). Returns the format found."""
-    from pipeline.weights import ct2_whisper, gguf
 
     fmt = detect(folder)
     if fmt == "transformers":

@@ -21,7 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.dtypes import torch_dtype
 from pipeline.errors import SpecsweepError
+from pipeline.io import atomic_dir, file_lock
 from pipeline.weights import pypi, registry
 
 CACHE_LAYOUT = "models/v1"  # raise the version when a converter changes what it writes: cached folders are rebuilt
@@ -53,7 +55,7 @@ def kind(name_or_source: str) -> str:
 
 def cached_path(name_or_source: str) -> Path:
     """Where :func:`resolve` keeps a registry name's or ``pypi:`` source's converted folder (one per source)."""
-    from pipeline.roofline import cache_dir
+    from pipeline.roofline import cache_dir  # kept local: not loaded by `specsweep --help`
 
     source = registry.MODELS[name_or_source].source if name_or_source in registry.MODELS else name_or_source
     key = "+".join(f"{r.dist}-{r.version}" for r in pypi.parse(source))
@@ -63,7 +65,6 @@ def cached_path(name_or_source: str) -> Path:
 def resolve(name_or_source: str, progress: bool = True) -> str:
     """A path transformers' ``from_pretrained`` loads: the cached converted folder of a registry name or ``pypi:``
     source (built on first use, see the module docstring), else ``name_or_source`` unchanged."""
-    from pipeline.io import file_lock
 
     if kind(name_or_source) not in ("registry", "pypi"):
         return name_or_source
@@ -82,9 +83,7 @@ def fetch(name_or_source: str, out: Path, dtype: str = "float32", progress: bool
     CTranslate2 in ``dtype`` (float32, float16 or bfloat16), a transformers folder copied as it is. Built beside
     ``out`` and renamed into place: on any error ``out`` is left as it was. One-line :class:`SpecsweepError` for
     an unknown name, a failed download, a wrong checksum or an unknown format."""
-    from pipeline.dtypes import torch_dtype
-    from pipeline.io import atomic_dir
-    from pipeline.weights.convert import to_transformers
+    from pipeline.weights.convert import to_transformers  # kept local: not loaded by `specsweep --help`
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
