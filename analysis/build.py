@@ -5,14 +5,14 @@
   report.html        the same report as one HTML page (inline CSS; the same relative figure paths)
   figures/*.png      per task and model pair: quality vs speedup with the Pareto front, acceptance vs theory, the
                      sigmoid's alpha/beta landscape; verify-step latency from the benchmarks; the roofline of
-                     every run's phases (analysis/provenance_view.py, with the samples coloured by token origin);
+                     every run's phases (analysis/origins_view.py, with the samples coloured by token origin);
                      per target run with a draft of another tokenizer, speedup and character acceptance against γ
                      per draft and mode (analysis/tokenizers_view.py, section "Drafts with another tokenizer")
 
 Sections of report.md beyond this module's own: schedules (analysis/schedule_view.py), drafts with another tokenizer
 than the target's (analysis/tokenizers_view.py: matched against mismatched drafts of one target, in tokens and in
 characters, with the vocabulary intersection; absent when every draft shares its target's tokenizer), where the draft
-fails and where the time goes (analysis/provenance_view.py), serving (analysis/serving.py). A per-pair table of a
+fails and where the time goes (analysis/origins_view.py), serving (analysis/serving.py). A per-pair table of a
 draft with another tokenizer has a "draft tokenizer" column (its mode); the tables of other pairs are unchanged.
 
 PNG files in figures/ that this build did not write (left by an earlier report) are removed.
@@ -30,7 +30,7 @@ from pipeline.objectives import QUALITY, expected_tokens_iid, expected_tokens_po
 from pipeline.rules import RULES, param_names
 from pipeline.tasks import TASK_NAMES, quality_metric
 
-from . import drafters_view, figures, provenance_view, schedule_view, serving, tokenizers_view
+from . import drafters_view, figures, origins_view, schedule_view, serving, tokenizers_view
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
 from .recommend import GROUP, baselines, flagged, is_lossless, of_kind, recommend, to_number, with_loss
@@ -57,7 +57,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     blocks += drafters_view.section(table, fig_dir, written)     # every drafter of a target side by side
     blocks += tokenizers_view.section(table, fig_dir, written)   # drafts with another tokenizer than the target's
     blocks += schedule_view.section(table)   # tuned schedules per batch size and bucket; fixed vs adaptive γ
-    blocks += provenance_view.section(table, fig_dir, written)   # token origins by class; the roofline
+    blocks += origins_view.section(table, fig_dir, written)   # token origins by class; the roofline
     blocks += _latency(table, fig_dir, written)
     blocks += _loops(table)
     blocks += _lossless(table)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 from pipeline.errors import SpecsweepError
-from pipeline.provenance import merge_counts
+from pipeline.origins import merge_counts
 
 # Set by `specsweep run --processes N` for its ranks: the file rank 0 writes a failure's one-line message to.
 ERROR_FILE_ENV = "SPECSWEEP_ERROR_FILE"

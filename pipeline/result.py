@@ -11,8 +11,8 @@ Version history (``specsweep_results``):
      baseline's quality in ``resolved.baseline_quality`` (older files of this version may lack it; readers
      then fall back to the baseline file) and rule parameters flat in ``config`` (``alpha``, ``beta``, ...).
      Later files of this version add optional keys that older readers ignore and newer ones do without:
-     token provenance per sample (``samples[].origins``, ``samples[].origin_steps``; absent for --engine hf),
-     ``metrics.token_class_acceptance`` and ``metrics.roofline`` (pipeline/provenance.py, pipeline/roofline.py);
+     token origins per sample (``samples[].origins``, ``samples[].origin_steps``; absent for --engine hf),
+     ``metrics.token_class_acceptance`` and ``metrics.roofline`` (pipeline/origins.py, pipeline/roofline.py);
      ``resolved.processes`` and ``resolved.seed_per_example`` (absent: 1 process, one generator), and for a
      data-parallel run ``resolved.rank_wall_time_s`` and ``resolved.speed_measured_on`` (pipeline/distributed.py);
      ``resolved.draft_tokenizer_mode``, ``metrics.cross_tokenizer`` and the acceptance in characters
@@ -94,7 +94,7 @@ class Metrics(TypedDict, total=False):
     accepted_histogram: list[int] | None
     position_acceptance: list[float] | None
     # {"token": {class: {offered, accepted}}, "previous": {class or "start": {...}}}: over the positions where a
-    # draft token was on offer, how many were accepted, by token class (pipeline/provenance.py); None at γ = 0
+    # draft token was on offer, how many were accepted, by token class (pipeline/origins.py); None at γ = 0
     token_class_acceptance: dict | None
     # analytic FLOPs and bytes per phase against measured time and the machine's peak (pipeline/roofline.py)
     roofline: dict | None

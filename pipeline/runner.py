@@ -36,7 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pipeline import distributed, paired, roofline, stack
-from pipeline import provenance as prov
+from pipeline import origins as prov
 from pipeline.config import RunConfig
 from pipeline.data import load_task_data
 from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
@@ -110,15 +110,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     """One run in this process, or this rank's part of a data-parallel run (pipeline/distributed.py: the ranks
     decode their shares of the examples, rank 0 gathers them, measures speed, scores and writes; the other ranks
     return None)."""
-
-    world = distributed.current_world()
-    if config.processes > 1 and world is None:
-        raise SpecsweepError(f"--processes {config.processes} needs its processes started: run it through "
-                             "`specsweep run` (which starts accelerate launch) or `accelerate launch -m pipeline "
-                             "run ...`")
-    if world is not None and config.processes not in (1, world.size):
-        raise SpecsweepError(f"--processes {config.processes} but accelerate started {world.size} processes: make "
-                             "them agree (or leave --processes out under accelerate launch)")
+    world = _world(config)
     dtype = parse_dtype(config.dtype)
     device = resolve_device(config.device if world is None else distributed.rank_device(world, config.device), dtype)
     # a data-parallel run is compared with its baseline on rank 0's device, the same on every rank
@@ -126,55 +118,20 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
         distributed.rank_device(distributed.World(0, world.size, 0), config.device), dtype)
     baseline = _load_baseline(config.baseline, config, main_device) if config.baseline else None
     sampler = stack.build_sampler(config)  # before loading models: a bad sampler request fails fast
-    task = get_task(config.task)
     if not progress:
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # kept local: imports transformers
 
         hf_logging.disable_progress_bar()
     records = load_task_data(config.task, config.data, config.limit, config.seed if config.limit else None)
     if world is not None and len(records) < world.size:
         raise SpecsweepError(f"{len(records)} examples for {world.size} processes: use at most {len(records)} "
                              "processes (or more data, --limit)")
-    per_example = config.seed_per_example or world is not None
-
-    def decode(where) -> tuple[tuple, tuple[list[dict], dict]]:
-        """Load, warm up and decode this process's examples -> ((loaded models, engine, loops, encode), (samples,
-        totals))."""
-        key = (config.target, config.draft if config.gamma > 0 else None, config.dtype, device, config.task,
-               config.draft_decoder_only)
-        # a rank's models stay on its own device (never spread over the GPUs of the other ranks)
-        loading = config if world is None else dataclasses.replace(config, device=device)
-        loaded = (models or {}).get(key) or stack.load_pair(loading, task, dtype, device)
-        if models is not None:
-            models[key] = loaded
-        target, _, tokenizer, processor = loaded
-        engine = stack.build_engine(config, sampler, target, loaded.draft, tokenizer, device)
-        loops = {paired.SPECULATIVE: engine,
-                 paired.AUTOREGRESSIVE: stack.autoregressive_engine(config, target, tokenizer, device)} \
-            if config.gamma > 0 else {paired.AUTOREGRESSIVE: engine}
-        encode = task.encoder(target, tokenizer, processor, config)  # cuts long inputs by the run's long-inputs rule
-        share = records if world is None else world.shard(records)
-
-        # Warm-up: one short, untimed generation of the first batch by each loop, so one-time costs (allocations,
-        # lazy initialisation, kernel loading on a GPU) stay out of the measured tokens/s. Its own generator leaves
-        # the run's random stream, and so its tokens, unchanged.
-        where.on(share[: config.batch_size])
-        first, _ = encode(share[: config.batch_size])
-        for loop in loops.values():
-            loop.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
-                          torch.Generator(device=device).manual_seed(config.seed + 1),
-                          encoder_inputs=first.get("encoder_inputs"), **paired.prompt_texts(loop, first))
-        torch.manual_seed(config.seed)
-        generators = _generators(config, device, per_example)
-        shared = _quality_pass(config, engine, encode, share, tokenizer, task, generators, progress and
-                               (world is None or world.main), where)
-        return (loaded, engine, loops, encode), shared
-
+    decoding = _Decoding(config, sampler, device, dtype, records, models, world, progress)
     if world is None:
-        (loaded, engine, loops, encode), (samples, totals) = decode(distributed.Where())
+        (loaded, engine, loops, encode), (samples, totals) = decoding(distributed.Where())
     else:
         distributed.start(device)
-        local, shares = distributed.gather_shares(world, decode)
+        local, shares = distributed.gather_shares(world, decoding)
         if not world.main:
             return None
         loaded, engine, loops, encode = local
@@ -190,13 +147,13 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
         metrics["unpaired_speedup"] = metrics["tokens_per_second"] / baseline["tokens_per_second"]
     paired.warn_if_flagged(measurement, config.out)
 
-    quality, per_sample = task.score([s["text"] for s in samples], records, tokenizer, config.seed)
+    quality, per_sample = get_task(config.task).score([s["text"] for s in samples], records, tokenizer, config.seed)
     for s, q in zip(samples, per_sample):
         s["quality"] = q
     resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
                 "baseline_quality": baseline["quality"] if baseline else None,
                 "forward": stack.forwards_used(engine), **encode.record(totals["cuts"]),
-                "processes": 1 if world is None else world.size, "seed_per_example": per_example,
+                "processes": 1 if world is None else world.size, "seed_per_example": decoding.per_example,
                 "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer),
                 "drafter": engine.drafter.settings if getattr(engine, "drafter", None) is not None else None}
     if world is not None:
@@ -205,11 +162,72 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
         resolved["speed_measured_on"] = f"rank 0 ({device})"
     # the config as it was in effect: --processes > 1 implies per-example randomness; a drafter without a model
     # loads no draft
-    effective = dataclasses.replace(config, seed_per_example=per_example,
+    effective = dataclasses.replace(config, seed_per_example=decoding.per_example,
                                     draft=config.draft if config.drafter == "model" else None)
     results = make_result(effective.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
     write_result(config.out, results)
     return results
+
+
+def _world(config: RunConfig):
+    """The data-parallel world this process is part of (None: a run in this process alone), checked against
+    --processes."""
+    world = distributed.current_world()
+    if config.processes > 1 and world is None:
+        raise SpecsweepError(f"--processes {config.processes} needs its processes started: run it through "
+                             "`specsweep run` (which starts accelerate launch) or `accelerate launch -m pipeline "
+                             "run ...`")
+    if world is not None and config.processes not in (1, world.size):
+        raise SpecsweepError(f"--processes {config.processes} but accelerate started {world.size} processes: make "
+                             "them agree (or leave --processes out under accelerate launch)")
+    return world
+
+
+class _Decoding:
+    """Load, warm up and decode this process's examples: called with a distributed ``Where``, returns ((loaded pair,
+    engine, loops, encode), (samples, totals)); ``models`` keeps the loaded pairs across the runs of a grid."""
+
+    def __init__(self, config: RunConfig, sampler, device: str, dtype, records: list[dict], models: dict | None,
+                 world, progress: bool) -> None:
+        self.config, self.sampler, self.device, self.dtype = config, sampler, device, dtype
+        self.records, self.models, self.world, self.progress = records, models, world, progress
+        self.per_example = config.seed_per_example or world is not None
+
+    def __call__(self, where) -> tuple[tuple, tuple[list[dict], dict]]:
+        config, device, world = self.config, self.device, self.world
+        task = get_task(config.task)
+        key = (config.target, config.draft if config.gamma > 0 else None, config.dtype, device, config.task,
+               config.draft_decoder_only, config.drafter)
+        # a rank's models stay on its own device (never spread over the GPUs of the other ranks)
+        loading = config if world is None else dataclasses.replace(config, device=device)
+        loaded = (self.models or {}).get(key) or stack.load_pair(loading, task, self.dtype, device)
+        if self.models is not None:
+            self.models[key] = loaded
+        target, _, tokenizer, processor = loaded
+        engine = stack.build_engine(config, self.sampler, target, loaded.draft, tokenizer, device)
+        loops = {paired.SPECULATIVE: engine,
+                 paired.AUTOREGRESSIVE: stack.autoregressive_engine(config, target, tokenizer, device)} \
+            if config.gamma > 0 else {paired.AUTOREGRESSIVE: engine}
+        encode = task.encoder(target, tokenizer, processor, config)  # cuts long inputs by the run's long-inputs rule
+        share = self.records if world is None else world.shard(self.records)
+        self._warm_up(loops, encode, share, where)
+        torch.manual_seed(config.seed)
+        generators = _generators(config, device, self.per_example)
+        shared = _quality_pass(config, engine, encode, share, tokenizer, task, generators, self.progress and
+                               (world is None or world.main), where)
+        return (loaded, engine, loops, encode), shared
+
+    def _warm_up(self, loops: dict, encode, share: list[dict], where) -> None:
+        """One short, untimed generation of the first batch by each loop, so one-time costs (allocations, lazy
+        initialisation, kernel loading on a GPU) stay out of the measured tokens/s. Its own generator leaves the
+        run's random stream, and so its tokens, unchanged."""
+        config = self.config
+        where.on(share[: config.batch_size])
+        first, _ = encode(share[: config.batch_size])
+        for loop in loops.values():
+            loop.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
+                          torch.Generator(device=self.device).manual_seed(config.seed + 1),
+                          encoder_inputs=first.get("encoder_inputs"), **paired.prompt_texts(loop, first))
 
 
 def _generators(config: RunConfig, device: str, per_example: bool):
@@ -276,7 +294,7 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
 
 
 def _add_origins(sample: dict, origins: list[int], steps: list[int], tokenizer, gamma: int, totals: dict) -> None:
-    """A sample's token provenance, compactly (pipeline/provenance.py): ``origins``, one letter per token, and
+    """A sample's token origins, compactly (pipeline/origins.py): ``origins``, one letter per token, and
     ``origin_steps``, tokens per verify step; and its tokens counted into the run's acceptance by token class."""
 
     sample["origins"] = prov.encode_origins(origins)
@@ -373,7 +391,7 @@ def _summarize(samples: list[dict], totals: dict) -> dict:
         "acceptance_counted": all(s.get("acceptance_counted", True) for s in samples),
         "iid_alpha": iid_alpha(totals.get("hist")),
         # over the positions where a draft token was on offer: the share accepted, by the emitted token's class and
-        # the class of the token before it (pipeline/provenance.py)
+        # the class of the token before it (pipeline/origins.py)
         "token_class_acceptance": totals.get("token_classes"),
         # full-γ verify steps (per row) that accepted k = 0..γ draft tokens, and from it the rate at which draft
         # position i is accepted once reached: P(accepted > i | accepted >= i)

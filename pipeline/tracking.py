@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pipeline.config import RunConfig
 from pipeline.objectives import tradeoff
-from pipeline.provenance import legend_html, pieces_for, render_html, sample_origins
+from pipeline.origins import legend_html, pieces_for, render_html, sample_origins
 from pipeline.rules import param_names
 
 DEFAULT_MODE = "offline"

@@ -95,7 +95,7 @@ def test_dvc_repro_produces_every_declared_output(repo):
     assert cfg.to_dict() == sd["config"]
 
 
-def test_metrics_wandb_runs_study_and_report(repo):
+def test_quality_wandb_runs_study_and_report(repo):
     repo, env = repo
     metrics = json.loads(_dvc(repo, "metrics", "show", "--json", env=env))
     files = next(iter(metrics.values()))["data"]

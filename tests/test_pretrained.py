@@ -13,8 +13,8 @@ import soundfile as sf
 import torch
 
 from pipeline.errors import SpecsweepError
-from pipeline.metrics import wer
 from pipeline.models import load_causal_lm, load_processor, load_speech_seq2seq, load_tokenizer
+from pipeline.quality import wer
 from pipeline.weights import pypi, registry, resolve
 
 pytestmark = pytest.mark.slow

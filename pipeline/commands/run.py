@@ -158,7 +158,7 @@ def _report(config: RunConfig, result: dict, verbose: bool = False) -> None:
     if result is None:  # a rank other than 0 of a data-parallel run: rank 0 reports
         return
     if verbose:
-        from pipeline.provenance import pieces_for, print_samples
+        from pipeline.origins import pieces_for, print_samples
 
         pieces, note = pieces_for(result["config"])
         print_samples(result["samples"], pieces, note=note)

@@ -1,6 +1,6 @@
 """`specsweep show`: a results file's samples, each token coloured by where it came from (an accepted draft token,
 the target's correction, a bonus token), with each sample's acceptance, the run's acceptance by token class and
-its roofline (pipeline/provenance.py, pipeline/roofline.py)."""
+its roofline (pipeline/origins.py, pipeline/roofline.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from pipeline.errors import SpecsweepError
-    from pipeline.provenance import class_table_lines, pieces_for, print_samples
+    from pipeline.origins import class_table_lines, pieces_for, print_samples
     from pipeline.result import read_result
     from pipeline.roofline import describe
 

@@ -41,7 +41,7 @@ from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.decoding.timing import PhaseTimer, peak_memory_mb, reset_peak_memory
 from pipeline.errors import SpecsweepError
 from pipeline.models import max_positions
-from pipeline.provenance import BONUS, N_ORIGINS, origin_table
+from pipeline.origins import BONUS, N_ORIGINS, origin_table
 from pipeline.rng import RowGenerators
 from pipeline.samplers import FiniteCheck, Sampler
 
@@ -55,7 +55,7 @@ class GenerationResult:
     phase_time_s      seconds in prefill / draft / target / verify (/ bridge: a draft with another tokenizer)
     phase_calls       forward or verify calls per phase
     extra             draft_forwards; accepted_histogram [γ+1]: full-γ steps (one per row) that accepted k tokens
-    origins           per row, aligned with tokens: each token's origin code (pipeline/provenance.py: accepted
+    origins           per row, aligned with tokens: each token's origin code (pipeline/origins.py: accepted
                       draft, corrected, bonus, target alone); None where the engine cannot know (``--engine hf``)
     origin_steps      per row, aligned with tokens: the verify step (1, 2, ...) each token came from; None likewise
     """
@@ -304,7 +304,7 @@ class SpeculativeEngine:
         cols = torch.where(write, state.act_len[:, None] + j, width - 1)         # the last column: a dummy
         where = (state.rows[:, None].expand_as(cols), cols)
         state.out.index_put_(where, torch.where(write, res.tokens, -1))
-        # each emitted token's origin and step, packed as step * N_ORIGINS + origin (pipeline/provenance.py): row k
+        # each emitted token's origin and step, packed as step * N_ORIGINS + origin (pipeline/origins.py): row k
         # of the table is a step that accepted k drafts (A...A, then C, B, or T at γ = 0); slots not written go to
         # the dummy column
         codes = origin_table(gamma, self.device)[res.accepted]
@@ -425,7 +425,7 @@ class _Decoding:
     """The state of one generate call.
 
     On the device: out int64 [B, width] (emitted tokens per original row, -1 after), origin int64 [B, width] (each
-    emitted token's step * N_ORIGINS + origin code, pipeline/provenance.py; -1 after), act_len int64 [b] (tokens
+    emitted token's step * N_ORIGINS + origin code, pipeline/origins.py; -1 after), act_len int64 [b] (tokens
     emitted per active row), rows int64 [b] (original index of each active row), pending int64 [b] (the last
     emitted token, not yet in the target), prompt / prompt_valid [B, L] (until the target reads them, in the
     first step). On the host (the step's sync brings them): the active rows and per-row statistics.

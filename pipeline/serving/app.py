@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.provenance import encode_origins
+from pipeline.origins import encode_origins
 from pipeline.serving.batching import Batcher, Closed, Job, QueueFull
 from pipeline.serving.decoder import Decoder
 from pipeline.serving.metrics import ServerMetrics

@@ -47,7 +47,7 @@ class Job:
     they come). ``notify(kind, payload)`` is called from the worker thread: ("tokens", list[int]) as tokens come
     (streaming jobs only), then once ("done", None) or ("error", message).
 
-    Filled while decoding (times are time.perf_counter()): tokens and their origins (pipeline/provenance.py codes:
+    Filled while decoding (times are time.perf_counter()): tokens and their origins (pipeline/origins.py codes:
     accepted draft, corrected, bonus, target alone), the row's accepted and drafted tokens and verify steps, when
     its batch started, its first token and its end, why it ended (finish_reason: "stop" at EOS, "length" at
     max_tokens, "cancelled", "error"), and its batch's size.

@@ -28,7 +28,7 @@ from pipeline.config import RunConfig
 from pipeline.env_info import ThreadSettings, default_threads
 from pipeline.errors import SpecsweepError
 from pipeline.models import eos_token_ids, max_positions, parse_dtype, resolve_device
-from pipeline.provenance import ACCEPTED, BONUS, CORRECTED, TARGET
+from pipeline.origins import ACCEPTED, BONUS, CORRECTED, TARGET
 from pipeline.rng import RowGenerators
 from pipeline.rules import get_rule
 from pipeline.serving.batching import Job
@@ -202,7 +202,7 @@ class Decoder:
 
 
 def step_origins(n: int, accepted: int, gamma: int) -> list[int]:
-    """The origins (pipeline/provenance.py) of the first ``n`` tokens a row emitted in a step that accepted
+    """The origins (pipeline/origins.py) of the first ``n`` tokens a row emitted in a step that accepted
     ``accepted`` of γ = ``gamma`` draft tokens (the row's own draft length): the accepted drafts, then the target's
     token: corrected after a rejection, bonus after a full acceptance, target alone where nothing was drafted (the
     engine's own rule)."""

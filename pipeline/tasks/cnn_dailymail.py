@@ -3,7 +3,7 @@
 Data: ``abisee/cnn_dailymail`` (config ``3.0.0``) on the Hub, or a ``--source`` JSONL file of
 ``{"id", "article", "highlights"}`` lines (``id`` optional, default ``line-<n>``). Records:
 ``{"id": str, "article": str, "highlights": str}``; ``highlights`` keeps the dataset's newlines between reference
-sentences (ROUGE-Lsum splits on them, see :mod:`pipeline.metrics`).
+sentences (ROUGE-Lsum splits on them, see :mod:`pipeline.quality`).
 
 Prompt: article + " Summary:" (the paper's cue), or with --chat-template the tokenizer's chat template around an
 instruction and the article. The article is cut from its end, the cue always kept: to ``--max-prompt-tokens``
@@ -43,7 +43,7 @@ class CnnDailyMailTask(Task):
         return record["highlights"]
 
     def score(self, predictions, records, tokenizer, seed):
-        from pipeline.metrics import rouge  # kept local: not loaded by `specsweep --help`
+        from pipeline.quality import rouge  # kept local: not loaded by `specsweep --help`
 
         result = rouge(predictions, [r["highlights"] for r in records], seed=seed)
         quality = dict(result.scores)

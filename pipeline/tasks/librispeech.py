@@ -136,7 +136,7 @@ class LibriSpeechTask(Task):
         return record["text"]
 
     def score(self, predictions, records, tokenizer, seed):
-        from pipeline.metrics import wer  # kept local: not loaded by `specsweep --help`
+        from pipeline.quality import wer  # kept local: not loaded by `specsweep --help`
 
         result = wer(predictions, [r["text"] for r in records], tokenizer=tokenizer)
         return ({"wer": result.wer, "normalizer": result.normalizer, "reference_words": result.reference_words},

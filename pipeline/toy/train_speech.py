@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from pipeline.data import load_task_data
 from pipeline.io import write_json_atomic
-from pipeline.metrics import wer
+from pipeline.quality import wer
 from pipeline.toy.cost import decode_flops_per_token, median_step_seconds
 from pipeline.toy.speech_data import CHUNK_SECONDS, WORDS
 from pipeline.toy.train_text import lr_at, new_layer_states, optimizer_step, training_summary

@@ -1,5 +1,5 @@
 """The report's section on where the draft fails and where the time goes: per task and model pair, a few samples
-coloured by each token's origin and the acceptance by token class (pipeline/provenance.py); over every run,
+coloured by each token's origin and the acceptance by token class (pipeline/origins.py); over every run,
 the roofline with each phase of each run as a point, and which phase bounds the speedup (pipeline/roofline.py).
 
 It reads the results files the table names (``source``), since samples and the nested roofline are not table
@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from pipeline import provenance as prov
+from pipeline import origins as prov
 from pipeline.errors import SpecsweepError
 from pipeline.result import read_result
 from pipeline.roofline import PHASES

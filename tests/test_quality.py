@@ -1,4 +1,4 @@
-"""pipeline.metrics: ROUGE against hand-computed values and against evaluate's definition (rouge_score's own
+"""pipeline.quality: ROUGE against hand-computed values and against evaluate's definition (rouge_score's own
 API, used the way evaluate's rouge metric uses it), WER counts, normalisers, empty strings."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pipeline import metrics
+from pipeline import quality
 
 # ------------------------------------------------------------------------------------------- ROUGE
 
@@ -20,7 +20,7 @@ def test_rouge_hand_computed_pair():
     # ROUGE-1: clipped overlap the x2, cat, on, mat = 5 -> P = R = F = 5/6
     # ROUGE-2: shared bigrams "the cat", "on the", "the mat" = 3 of 5 -> F = 3/5
     # ROUGE-L: LCS "the cat on the mat" = 5 -> F = 5/6; one line, so Lsum = L
-    result = metrics.rouge(["The cat sat on the mat."], ["the cat is on the mat"])
+    result = quality.rouge(["The cat sat on the mat."], ["the cat is on the mat"])
     expected = {"rouge1": 5 / 6, "rouge2": 3 / 5, "rougeL": 5 / 6, "rougeLsum": 5 / 6}
     for key, value in expected.items():
         assert result.scores[key] == pytest.approx(value)  # a single sample: every bootstrap mean is that sample
@@ -33,22 +33,22 @@ def test_rouge_lsum_splits_on_newlines_only():
     # ROUGE-L over the whole text: LCS([a b c d], [c d a b]) = 2 -> P = R = 1/2 -> F = 1/2
     # ROUGE-Lsum: sentence "a b" shares a, b and sentence "c d" shares c, d with the prediction: union hits
     # 4 -> P = R = 1 -> F = 1
-    result = metrics.rouge(["c d a b"], ["a b\nc d"])
+    result = quality.rouge(["c d a b"], ["a b\nc d"])
     assert result.per_sample[0]["rougeL"] == pytest.approx(0.5)
     assert result.per_sample[0]["rougeLsum"] == pytest.approx(1.0)
     # without the newline the reference is one sentence and Lsum falls back to L's value
-    assert metrics.rouge(["c d a b"], ["a b c d"]).per_sample[0]["rougeLsum"] == pytest.approx(0.5)
+    assert quality.rouge(["c d a b"], ["a b c d"]).per_sample[0]["rougeLsum"] == pytest.approx(0.5)
 
 
 def test_rouge_no_stemming():
     # "cats"/"cat" and "running"/"run" differ without a stemmer: ROUGE-1 overlap is "the" only -> 1/3
-    result = metrics.rouge(["the cats running"], ["the cat run"])
+    result = quality.rouge(["the cats running"], ["the cat run"])
     assert result.per_sample[0]["rouge1"] == pytest.approx(1 / 3)
     assert result.settings["use_stemmer"] is False
 
 
 def test_rouge_empty_strings_score_zero():
-    result = metrics.rouge(["", "a b", ""], ["a b", "", ""])
+    result = quality.rouge(["", "a b", ""], ["a b", "", ""])
     assert all(v == 0.0 for sample in result.per_sample for v in sample.values())
 
 
@@ -57,11 +57,11 @@ def test_rouge_seeded_and_leaves_global_rng_alone():
     refs = ["a b d", "a y", "d e f", "q r", "b a"]
     np.random.seed(123)
     before = np.random.get_state()[1].copy()
-    r1 = metrics.rouge(preds, refs, seed=5)
+    r1 = quality.rouge(preds, refs, seed=5)
     assert np.array_equal(np.random.get_state()[1], before)
-    r2 = metrics.rouge(preds, refs, seed=5)
+    r2 = quality.rouge(preds, refs, seed=5)
     assert r1.as_dict() == r2.as_dict()
-    assert all(r1.low[k] <= r1.scores[k] <= r1.high[k] for k in metrics.ROUGE_TYPES)
+    assert all(r1.low[k] <= r1.scores[k] <= r1.high[k] for k in quality.ROUGE_TYPES)
 
 
 def evaluate_style_rouge(predictions, references, seed):
@@ -100,7 +100,7 @@ def test_rouge_matches_evaluate_definition_on_real_articles(fixtures_dir, lines)
         predictions = ["\n".join(_sentences(r["article"])[:3]) for r in rows]  # lead-3
         references = ["\n".join(_sentences(r["highlights"])) for r in rows]
         assert sum("\n" in ref for ref in references) > 60
-    ours = metrics.rouge(predictions, references, seed=2024)
+    ours = quality.rouge(predictions, references, seed=2024)
     expected, per_sample = evaluate_style_rouge(predictions, references, seed=2024)
     assert set(ours.scores) == set(expected)
     for k in expected:
@@ -118,7 +118,7 @@ def test_rouge_matches_evaluate_definition_on_real_articles(fixtures_dir, lines)
 def test_wer_counts_and_corpus_definition():
     refs = ["the cat sat on the mat", "hello world"]
     preds = ["the cat sit on mat", "hello big world"]
-    result = metrics.wer(preds, refs)
+    result = quality.wer(preds, refs)
     # pair 1: sat->sit (S), "the" dropped (D): 2 errors / 6 words; pair 2: "big" inserted (I): 1 / 2
     a, b = result.per_sample
     assert (a["substitutions"], a["deletions"], a["insertions"], a["hits"]) == (1, 1, 0, 4)
@@ -144,44 +144,44 @@ def whisper_tokenizer(tmp_path, spelling: dict[str, str] | None):
 
 def test_wer_whisper_english_normaliser(tmp_path):
     tok = whisper_tokenizer(tmp_path, {"colour": "color"})
-    normalize, name = metrics.text_normalizer(tok)
+    normalize, name = quality.text_normalizer(tok)
     assert name == "whisper_english"
     for text in ("Mr. Smith's 2 cats", "mister smith's two cats", "The COLOUR, uh, is red!"):
         assert normalize(text) == tok.normalize(text)  # the tokenizer's own normaliser
     pred, ref = "Mr. Smith's 2 cats", "mister smith's two cats"
-    english = metrics.wer([pred, "the colour"], [ref, "the color"], tokenizer=tok)
+    english = quality.wer([pred, "the colour"], [ref, "the color"], tokenizer=tok)
     assert english.wer == 0.0 and english.normalizer == "whisper_english"
     # the basic normaliser only lower-cases and strips symbols: "mr smith s 2 cats" vs "mister smith s two cats"
     # -> 2 substitutions of 5 words; "colour" vs "color" -> 1 of 2
-    basic = metrics.wer([pred, "the colour"], [ref, "the color"])
+    basic = quality.wer([pred, "the colour"], [ref, "the color"])
     assert basic.normalizer == "basic"
     assert [s["substitutions"] for s in basic.per_sample] == [2, 1]
     assert basic.wer == pytest.approx(3 / 7)
     # a processor holding the tokenizer works too
-    assert metrics.text_normalizer(SimpleNamespace(tokenizer=tok))[1] == "whisper_english"
+    assert quality.text_normalizer(SimpleNamespace(tokenizer=tok))[1] == "whisper_english"
 
 
 def test_wer_tokenizer_without_spelling_map_uses_basic(tmp_path):
     tok = whisper_tokenizer(tmp_path, None)
-    assert metrics.wer(["Hello, World"], ["hello world"], tokenizer=tok).normalizer == "basic"
-    assert metrics.text_normalizer(object())[1] == "basic"
+    assert quality.wer(["Hello, World"], ["hello world"], tokenizer=tok).normalizer == "basic"
+    assert quality.text_normalizer(object())[1] == "basic"
 
 
 def test_wer_empty_texts():
-    result = metrics.wer(["", "a b", "", "x y z"], ["", "", "one two", "x y z"])
+    result = quality.wer(["", "a b", "", "x y z"], ["", "", "one two", "x y z"])
     both_empty, ref_empty, pred_empty, exact = result.per_sample
     assert both_empty["wer"] == 0.0 and both_empty["reference_words"] == 0
     assert ref_empty["wer"] is None and ref_empty["insertions"] == 2
     assert pred_empty["wer"] == 1.0 and pred_empty["deletions"] == 2
     assert exact["wer"] == 0.0
     assert result.wer == pytest.approx((2 + 2) / (2 + 3))  # insertions count, empty references add no words
-    assert metrics.wer([""], [""]).wer is None
+    assert quality.wer([""], [""]).wer is None
 
 
 def test_metric_input_errors():
     with pytest.raises(ValueError, match="2 predictions but 1"):
-        metrics.wer(["a", "b"], ["a"])
+        quality.wer(["a", "b"], ["a"])
     with pytest.raises(ValueError, match="no predictions"):
-        metrics.rouge([], [])
+        quality.rouge([], [])
     with pytest.raises(TypeError):
-        metrics.rouge([None], ["a"])
+        quality.rouge([None], ["a"])

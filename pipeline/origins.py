@@ -1,4 +1,4 @@
-"""Token provenance: which model produced each emitted token, where the draft fails, and how to show it.
+"""Token origins: which model produced each emitted token, where the draft fails, and how to show it.
 
 Every token the engine emits has an **origin** (pipeline/decoding/engine.py records it on the device, at no extra host
 sync) and the verify **step** it came from:

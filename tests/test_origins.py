@@ -1,4 +1,4 @@
-"""Token provenance: the engine's per-token origins against what each verify step accepted and emitted (B = 1 and
+"""Token origins: the engine's per-token origins against what each verify step accepted and emitted (B = 1 and
 ragged batches, several samplers, γ = 0), token strings and classes, acceptance by class, rendering on a terminal
 and a pipe, `specsweep run -v`, `specsweep show`, the W&B column and the report's section (CPU, tiny models)."""
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 from tiny_models import PROMPTS, build_tokenizer, load_saved_pair, save_pair, write_prompts
 
-from pipeline import provenance as prov
+from pipeline import origins as prov
 from pipeline.cli import main
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.samplers import get_sampler
@@ -359,7 +359,6 @@ def test_show_copes_with_samples_without_origins(piped_run, capsys, tmp_path):
 
 def test_wandb_samples_table_has_the_coloured_output(piped_run):
     import wandb
-
     from pipeline.tracking import samples_table
 
     path, _ = piped_run

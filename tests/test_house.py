@@ -1,0 +1,70 @@
+"""The house rules a newcomer can rely on (next to tests/test_import_graph.py's: no import cycles):
+
+  - no module imports another module's underscore name: what crosses a module boundary is public
+  - no function longer than 80 lines, and the decoding loop's module at most 600
+  - the loop never asks which drafter it has (pipeline/decoding/drafters/base.py is all it knows)
+  - docs/layout.md names every module and package of the tree, and nothing that is not there
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from test_import_graph import PACKAGES, modules
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_FUNCTION_LINES = 80
+MAX_LOOP_LINES = 600
+
+
+def _trees():
+    for name, path in sorted(modules().items()):
+        yield name, path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_no_module_imports_another_modules_underscore_name():
+    crossing = [f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{alias.name}"
+                for _, path, tree in _trees() for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline")
+                for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not crossing, crossing
+
+
+def test_functions_stay_short_and_the_loop_fits_one_module():
+    long = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for _, path, tree in _trees() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long
+    loop = ROOT / "pipeline" / "decoding" / "engine.py"
+    assert len(loop.read_text(encoding="utf-8").splitlines()) <= MAX_LOOP_LINES
+
+
+def test_the_loop_never_asks_which_drafter_it_has():
+    source = (ROOT / "pipeline" / "decoding" / "engine.py").read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    asks = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "")
+            in ("getattr", "hasattr") and "drafter" in ast.unparse(node.args[0])]
+    assert not asks, f"pipeline/decoding/engine.py asks its drafter what it is at lines {asks}"
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    asked = names & {"reads_text", "bridge", "bridge_mode", "TextDrafter", "LookupDrafter"}
+    assert not asked, f"pipeline/decoding/engine.py names {sorted(asked)}"
+    kinds = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "")
+             == "isinstance" and "drafter" in ast.unparse(node.args[0])]
+    assert not kinds, f"pipeline/decoding/engine.py checks its drafter's class at lines {kinds}"
+
+
+def test_layout_doc_names_every_module_and_nothing_else():
+    doc = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w/.]+\.py|[\w/]+/)`", doc))
+    files = {str(path.relative_to(ROOT)) for folder in PACKAGES.values() for path in folder.rglob("*.py")
+             if path.name != "__init__.py"}
+    packages = {str(path.parent.relative_to(ROOT)) + "/" for folder in PACKAGES.values()
+                for path in folder.rglob("__init__.py")}
+    missing = sorted(f for f in files | packages if f not in named)
+    assert not missing, f"docs/layout.md does not name {missing}"
+    gone = sorted(n for n in named if n.startswith(("pipeline/", "kernels/", "analysis/")) and not (ROOT / n).exists())
+    assert not gone, f"docs/layout.md names {gone}, which are not in the tree"
