@@ -34,7 +34,7 @@ TINY = {
                 "downloads": {}},
     "run": {"device": "cpu", "temperature": 1.0, "seed": 0, "batch_size": 1, "no_progress": True},
     "tracking": {"wandb_project": "specsweep-test", "wandb_group": "tiny"},
-    "tasks": [{"name": "text", "data_dep": "data/tiny", "model_dep": "models/tiny/text",
+    "pairs": [{"name": "text", "data_dep": "data/tiny", "model_dep": "models/tiny/text",
                "config": {"task": "cnn_dailymail", "data": "data/tiny/test.jsonl", "target": "models/tiny/text/target",
                           "draft": "models/tiny/text/draft", "limit": 3, "max_new_tokens": 6}}],
     "grids": [{"name": "main", "config": {"sampler": "exact,sigmoid", "backend": "torch", "gamma": "2"}}],
@@ -73,7 +73,7 @@ def repo(tmp_path_factory):
 def test_dvc_repro_produces_every_declared_output(repo):
     repo, _ = repo
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    expected = {"data@tiny", "models@text", "baseline@task0-float32", "run@task0-grid0-float32", "tune@0", "report"}
+    expected = {"data@tiny", "models@text", "baseline@pair0-float32", "run@pair0-grid0-float32", "tune@0", "report"}
     assert set(lock) == expected
     for stage in lock.values():
         for out in stage.get("outs", []):
@@ -89,7 +89,7 @@ def test_dvc_repro_produces_every_declared_output(repo):
 
     p = TINY
     cfg = RunConfig.from_dict({**{k: v for k, v in p["run"].items() if k != "no_progress"}, **p["tracking"],
-                               **p["tasks"][0]["config"], "sampler": "sigmoid", "backend": "torch", "gamma": 2,
+                               **p["pairs"][0]["config"], "sampler": "sigmoid", "backend": "torch", "gamma": 2,
                                "dtype": "float32", "baseline": "results/runs/text-ar-float32.json",
                                "out": "results/runs/text-main-float32/text-sigmoid-torch-g2-float32.json"})
     assert cfg.to_dict() == sd["config"]
@@ -124,7 +124,7 @@ def test_second_repro_does_nothing_and_a_new_gamma_reruns_only_its_stages(repo):
     dry = _dvc(repo, "repro", "--dry", env=env)
     would_run = {line.split("'")[1] for line in dry.splitlines() if line.startswith("Running stage")}
     # the report follows once results/runs changes; nothing else (data, models, baseline, tune) re-runs
-    assert would_run - {"report"} == {"run@task0-grid0-float32"}
+    assert would_run - {"report"} == {"run@pair0-grid0-float32"}
 
 
 @pytest.mark.slow

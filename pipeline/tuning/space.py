@@ -153,6 +153,8 @@ class SearchSpace:
         point["gamma"] = min(max(int(point["gamma"]), self.gamma[0]), self.gamma[1])
         if point["sampler"] not in self.samplers:
             point["sampler"] = self.samplers[0]
+        if self.drafters != ("model",):
+            point["drafter"] = "model" if "model" in self.drafters else self.drafters[0]
         if self.searches_drafts:
             point["draft"] = "fixed" if "fixed" in self.drafts else self.drafts[0]
         if self.tokenizer_modes:
