@@ -57,31 +57,16 @@ class Admission:
         return self._plan(body, [body.prompt], [ids], self._max_tokens(body.max_tokens), n=1, stops=())
 
     def completion(self, body: CompletionRequest) -> Plan:
-        self._openai_options(body)
-        if body.logprobs is not None:
-            raise ApiError(400, "'logprobs' is not supported: the engine computes no log-probabilities (they would "
-                                "cost every request of a batch a softmax per token); leave it out", "logprobs")
+        self._stream_options(body)
         if body.best_of not in (None, body.n):
             raise ApiError(400, f"'best_of' {body.best_of} is not supported: choosing the best of several samples "
                                 "needs log-probabilities; leave it out or set it to n", "best_of")
-        if body.suffix:
-            raise ApiError(400, "'suffix' is not supported (no insertion mode): leave it out", "suffix")
         texts, prompts = self._prompts(body.prompt)
         return self._plan(body, texts, prompts, self._max_tokens(body.max_tokens), n=body.n, stops=_stops(body.stop),
                           echo=body.echo)
 
     def chat(self, body: ChatCompletionRequest) -> Plan:
-        self._openai_options(body)
-        if body.logprobs:
-            raise ApiError(400, "'logprobs' is not supported: the engine computes no log-probabilities (they would "
-                                "cost every request of a batch a softmax per token); leave it out", "logprobs")
-        if body.top_logprobs:
-            raise ApiError(400, "'top_logprobs' is not supported (no log-probabilities): leave it out", "top_logprobs")
-        if body.tools:
-            raise ApiError(400, "'tools' is not supported: this server does not call tools; leave them out", "tools")
-        if body.response_format is not None and body.response_format.type != "text":
-            raise ApiError(400, f"'response_format' {body.response_format.type} is not supported (no constrained "
-                                "decoding): leave it out or use {\"type\": \"text\"}", "response_format")
+        self._stream_options(body)
         messages = [{"role": m.role, "content": _content(m.content), **({"name": m.name} if m.name else {})}
                     for m in body.messages]
         try:
@@ -97,16 +82,8 @@ class Admission:
 
     # ---- shared checks -------------------------------------------------------------------------------------------
 
-    def _openai_options(self, body) -> None:
-        """OpenAI's options this server takes at their neutral value only."""
-        if body.top_p not in (None, 1):
-            raise ApiError(400, f"'top_p' {body.top_p} is not supported: the verify step samples from the whole "
-                                "distribution; leave it out or set it to 1", "top_p")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(body, name) not in (None, 0):
-                raise ApiError(400, f"'{name}' is not supported: leave it out or set it to 0", name)
-        if body.logit_bias:
-            raise ApiError(400, "'logit_bias' is not supported: leave it out", "logit_bias")
+    @staticmethod
+    def _stream_options(body) -> None:
         if body.stream_options is not None and not body.stream:
             raise ApiError(400, "'stream_options' is only allowed with \"stream\": true", "stream_options")
 
@@ -158,9 +135,6 @@ class Admission:
                     ids = self.decoder.token_prompt(item)
                 except RequestError as e:
                     raise ApiError(400, f"'prompt': {e}{f' ({where})' if where else ''}", "prompt") from None
-                if not ids:
-                    raise ApiError(400, f"'prompt' is empty{f' ({where})' if where else ''}: give at least one token",
-                                   "prompt")
                 texts.append(self.decoder.text(ids))
             prompts.append(ids)
         return texts, prompts
@@ -213,12 +187,10 @@ class Admission:
 
 
 def _stops(stop) -> tuple[str, ...]:
+    """The stop strings (none empty: the request model refuses an empty one)."""
     if stop is None:
         return ()
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if any(s == "" for s in stops):
-        raise ApiError(400, "'stop' strings must not be empty", "stop")
-    return stops
+    return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
 def _content(content) -> str:

@@ -58,8 +58,10 @@ _ERRORS = {400: {"model": ErrorResponse, "description": "a bad request: the mess
            503: {"model": ErrorResponse, "description": "the queue is full (Retry-After) or the server shuts down"},
            504: {"model": ErrorResponse, "description": "the request outlived --request-timeout"},
            500: {"model": ErrorResponse, "description": "decoding failed"}}
-_STREAM = {"text/event-stream": {"schema": {"type": "string", "description": "with \"stream\": true: Server-Sent "
-                                                                           "Events, data: {chunk} ... data: [DONE]"}}}
+_STREAM = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"], "description": "with \"stream\": true, each Server-Sent Event: data is a "
+    "chunk (JSON: text_completion or chat.completion.chunk), an error object, or [DONE] at the end",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}}}
 
 
 def create_app(decoder: Decoder, served: Served | None = None, *, max_batch: int = 8, max_wait_ms: float = 10.0,
@@ -71,6 +73,7 @@ def create_app(decoder: Decoder, served: Served | None = None, *, max_batch: int
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     disable_created_metrics()  # no *_created series: they double the exposition and say little here
 
@@ -106,15 +109,21 @@ def create_app(decoder: Decoder, served: Served | None = None, *, max_batch: int
         message, param = validation_message(e.errors())
         return JSONResponse(error_body(ApiError(400, message, param)), status_code=400)
 
-    @app.exception_handler(404)
-    async def not_found(request: Request, e):
-        return JSONResponse(error_body(ApiError(404, f"no endpoint {request.method} {request.url.path}: the "
-                                                     f"endpoints are {', '.join(ENDPOINTS)}")), status_code=404)
-
-    @app.exception_handler(405)
-    async def wrong_method(request: Request, e):
-        return JSONResponse(error_body(ApiError(405, f"{request.method} is not allowed on {request.url.path}")),
-                            status_code=405)
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        """Starlette's and FastAPI's own errors in our shape: an unknown path or method, a body that is not
+        readable."""
+        if e.status_code == 404:
+            message = f"no endpoint {request.method} {request.url.path}: the endpoints are {', '.join(ENDPOINTS)}"
+        elif e.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        elif e.status_code == 400:
+            message = "the request body could not be read (not UTF-8 JSON): send a JSON object such as " \
+                      "{\"prompt\": \"...\"} with Content-Type: application/json"
+        else:
+            message = " ".join(str(e.detail).split()) or f"HTTP {e.status_code}"
+        return JSONResponse(error_body(ApiError(e.status_code, message)), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, e: ClientGone):
@@ -159,7 +168,7 @@ def create_app(decoder: Decoder, served: Served | None = None, *, max_batch: int
         """The served model."""
         return {"object": "list", "data": [card()]}
 
-    @app.get(MODEL_PATH, response_model=ModelCard, tags=["OpenAI"],
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, tags=["OpenAI"],
              responses={404: {"model": ErrorResponse, "description": "not the served model"}})
     async def model(model: str):
         """The served model, by its id."""
@@ -199,9 +208,10 @@ def create_app(decoder: Decoder, served: Served | None = None, *, max_batch: int
 
 
 def _served_schema(app, state: ServerState) -> dict:
-    """FastAPI's OpenAPI schema with this server's limits written in (max_tokens up to --max-tokens-limit, n up to
-    the choices a request may have, γ up to the served one, the drafters it allows), and 400 in place of FastAPI's
-    422: this server answers a body that fails validation with 400."""
+    """FastAPI's OpenAPI schema with this server's limits written in (max_tokens up to --max-tokens-limit, n and the
+    prompts of a list up to the choices a request may have, token ids within the vocabulary, γ up to the served one,
+    the drafters it allows), and 400 in place of FastAPI's 422: this server answers a body that fails validation
+    with 400."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     from fastapi.openapi.utils import get_openapi
@@ -213,6 +223,12 @@ def _served_schema(app, state: ServerState) -> dict:
         for name in ("max_tokens", "max_completion_tokens"):
             _bound(components, model, name, maximum=limits["max_tokens_limit"])
         _bound(components, model, "n", maximum=limits["max_choices"])
+    for branch in components.get("CompletionRequest", {}).get("properties", {}).get("prompt", {}).get("oneOf", []):
+        if branch.get("type") == "array":     # a list of prompts: a choice each; token ids within the vocabulary
+            branch["maxItems"] = limits["max_choices"]
+            ids = branch["items"] if branch["items"].get("type") == "integer" else branch["items"].get("items", {})
+            if ids.get("type") == "integer":
+                ids["maximum"] = decoder.vocabulary - 1
     _bound(components, "Speculative", "gamma", maximum=decoder.config.gamma)
     _bound(components, "Speculative", "drafter", enum=list(decoder.allowed_drafters()))
     for name in ("HTTPValidationError", "ValidationError"):

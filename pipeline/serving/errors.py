@@ -7,7 +7,7 @@ one-line message that says what is wrong and what to do.
 
 from __future__ import annotations
 
-from pipeline.serving.schemas import CUSTOM_ERRORS, UNION_TAGS
+from pipeline.serving.schemas import CUSTOM_ERRORS, ONLY, UNION_TAGS
 
 
 class ApiError(Exception):
@@ -54,6 +54,8 @@ def validation_message(errors) -> tuple[str, str | None]:
                "application/json)", None
     if kind == "missing":
         return f"'{field}' is required", field
+    if field in ONLY:
+        return f"'{field}' {ONLY[field]}; got {got}", field
     if kind == "extra_forbidden":
         return f"'{field}' is not a setting here: leave it out (see GET /docs)", field
     if kind in _BOUNDS:

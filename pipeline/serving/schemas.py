@@ -7,7 +7,8 @@ ignored, as OpenAI ignores them, except inside ``speculative``, our own object, 
 error. Ranges that depend on the server (max_tokens up to --max-tokens-limit, n, γ up to the served one, the
 drafters it allows) are checked when a request is admitted (pipeline/serving/admission.py) and written into the
 served schema by the app (pipeline/serving/app.py). Fields of OpenAI's that this server cannot honour are here
-with the one value it accepts (e.g. top_p 1, logprobs null): any other value is refused with a 400 that names it.
+with the one value it accepts (e.g. top_p 1, logprobs null; :data:`ONLY` says why): any other value is refused with
+a 400 that names it.
 
 The answers' models document the responses; the app builds them as plain dicts (pipeline/serving/answers.py).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from pipeline.config import DRAFTERS
 
@@ -24,9 +25,37 @@ MAX_TEMPERATURE = 2.0
 MAX_SEED = 2**63 - 1
 MAX_STOPS = 16
 
+ONLY = {
+    "top_p": "must be 1 or left out: the verify step samples from the model's whole distribution",
+    "frequency_penalty": "must be 0 or left out: this server applies no penalties",
+    "presence_penalty": "must be 0 or left out: this server applies no penalties",
+    "logit_bias": "must be empty or left out: this server applies no logit bias",
+    "logprobs": "must be null (false) or left out: the engine computes no log-probabilities (they would cost every "
+                "request of a batch a softmax per token)",
+    "top_logprobs": "must be 0 or left out: the engine computes no log-probabilities",
+    "suffix": "must be empty or left out: this server has no insertion mode",
+    "tools": "must be empty or left out: this server does not call tools",
+    "response_format.type": "must be \"text\": this server has no constrained decoding",
+}
+"""OpenAI's fields that this server takes at one neutral value only, and why: the message of a 400 for another."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+
+def _integral(v):
+    """3.0 is the integer 3, as JSON Schema's "integer" has it; 3.5, "3" and true are not integers."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def integer(**bounds):
+    """An integer field within ``bounds`` (ge, le): a JSON integer, or a number with no fraction. (The bounds go
+    inside, before the conversion, so that the JSON schema states them.)"""
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
+
+
+TokenId = integer(ge=0)
 
 
 # ---- unions told apart by what the value is, so that a wrong value gets one error, not one per branch ------------
@@ -50,7 +79,7 @@ def prompt_kind(v) -> str | None:
         return "texts" if isinstance(v, list) else None   # [] is refused as empty when admitted
     if all(isinstance(x, str) for x in v):
         return "texts"
-    if all(_is_int(x) for x in v):
+    if all(_is_int(x) or isinstance(x, float) for x in v):
         return "token ids"
     if all(isinstance(x, list) for x in v):
         return "token id lists"
@@ -64,8 +93,9 @@ def _content_kind(v) -> str | None:
 
 
 Prompt = Annotated[
-    Annotated[str, Tag("one text")] | Annotated[list[str], Tag("texts")] | Annotated[list[int], Tag("token ids")]
-    | Annotated[list[list[int]], Tag("token id lists")],
+    Annotated[str, Tag("one text")] | Annotated[list[str], Tag("texts")]
+    | Annotated[list[TokenId], Field(min_length=1), Tag("token ids")]
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Tag("token id lists")],
     Discriminator(prompt_kind, custom_error_type="prompt_type",
                   custom_error_message="must be a string, a list of strings, a list of token ids or a list of lists "
                                        "of token ids")]
@@ -93,7 +123,7 @@ class Speculative(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     drafter: Literal[DRAFTERS] | None = Field(None, description="model, prompt-lookup or suffix (default: the "
                                                                 "server's --drafter)")
-    gamma: int | None = Field(None, ge=0, description="draft tokens per step, at most the server's γ; 0: "
+    gamma: integer(ge=0) | None = Field(None, description="draft tokens per step, at most the server's γ; 0: "
                                                       "autoregressive (default: the server's γ)")
 
 
@@ -105,31 +135,33 @@ class PredictRequest(_Strict):
     """POST /predict."""
 
     prompt: str
-    max_tokens: int | None = Field(None, ge=1, description="new tokens at most (default: the server's "
+    max_tokens: integer(ge=1) | None = Field(None, description="new tokens at most (default: the server's "
                                                            "--max-new-tokens)")
     temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description="default: the server's")
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="default: drawn from the server's stream of seeds")
+    seed: integer(ge=0, le=MAX_SEED) | None = Field(None, description="default: drawn from the server's stream of "
+                                                                     "seeds")
 
 
 class _Sampling(_Strict):
     """The fields the two OpenAI endpoints share."""
 
     model: str | None = Field(None, description="accepted and ignored: the server serves one model (GET /v1/models)")
-    max_tokens: int | None = Field(None, ge=1, description="new tokens at most per choice (default: the server's "
+    max_tokens: integer(ge=1) | None = Field(None, description="new tokens at most per choice (default: the server's "
                                                            "--max-new-tokens)")
     temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description="default: the server's")
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="choice i (prompt by prompt, then sample by sample) "
-                                                                 "is decoded with seed + i (default: drawn)")
-    n: int = Field(1, ge=1, description="samples per prompt, each with its own seed")
-    stop: str | list[Annotated[str, Field(min_length=1)]] | None = Field(
-        None, max_length=MAX_STOPS, description="strings that end a choice's text (not included; finish_reason stop)")
+    seed: integer(ge=0, le=MAX_SEED) | None = Field(None, description="choice i (prompt by prompt, then sample by "
+                                                                     "sample) is decoded with seed + i (default: "
+                                                                     "drawn)")
+    n: integer(ge=1) = Field(1, description="samples per prompt, each with its own seed")
+    stop: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
+                                                          Field(max_length=MAX_STOPS)] | None = Field(
+        None, description="strings that end a choice's text (not included; finish_reason stop)")
     stream: bool = Field(False, description="Server-Sent Events")
     stream_options: StreamOptions | None = Field(None, description="with stream only")
-    top_p: float | None = Field(None, ge=0, le=1, description="1 only: the verify step samples from the whole "
-                                                             "distribution")
-    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="0 only")
-    presence_penalty: float | None = Field(None, ge=-2, le=2, description="0 only")
-    logit_bias: dict[str, float] | None = Field(None, description="empty only")
+    top_p: float | None = Field(None, ge=1, le=1, description=ONLY["top_p"])
+    frequency_penalty: float | None = Field(None, ge=0, le=0, description=ONLY["frequency_penalty"])
+    presence_penalty: float | None = Field(None, ge=0, le=0, description=ONLY["presence_penalty"])
+    logit_bias: dict[str, float] | None = Field(None, max_length=0, description=ONLY["logit_bias"])
     user: str | None = Field(None, description="accepted and ignored")
     speculative: Speculative | None = Field(None, description="this request's drafter and γ (specsweep's own field)")
 
@@ -140,9 +172,10 @@ class CompletionRequest(_Sampling):
     prompt: Prompt = Field(description="a string, a list of strings (a choice each), token ids, or lists of token "
                                        "ids")
     echo: bool = Field(False, description="the prompt's text before each choice's text")
-    logprobs: int | None = Field(None, ge=0, le=5, description="null only: the engine computes no log-probabilities")
-    best_of: int | None = Field(None, ge=1, description="null or n only")
-    suffix: str | None = Field(None, description="null or empty only")
+    logprobs: None = Field(None, description=ONLY["logprobs"])
+    best_of: integer(ge=1) | None = Field(None, description="null or n only: choosing the best of several samples "
+                                                            "needs log-probabilities")
+    suffix: str | None = Field(None, max_length=0, description=ONLY["suffix"])
 
 
 class Message(_Strict):
@@ -152,7 +185,7 @@ class Message(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"] = Field(description="text only")
+    type: Literal["text"] = Field(description=ONLY["response_format.type"])
 
 
 class ChatCompletionRequest(_Sampling):
@@ -160,10 +193,10 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[Message] = Field(min_length=1, description="the conversation, rendered with the served model's "
                                                               "chat template and its generation prompt")
-    max_completion_tokens: int | None = Field(None, ge=1, description="the same as max_tokens, which it overrides")
-    logprobs: bool | None = Field(None, description="false only: the engine computes no log-probabilities")
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="null only")
-    tools: list[dict[str, Any]] | None = Field(None, description="none: the server does not call tools")
+    max_completion_tokens: integer(ge=1) | None = Field(None, description="the same as max_tokens, which it overrides")
+    logprobs: Literal[False] | None = Field(None, description=ONLY["logprobs"])
+    top_logprobs: integer(ge=0, le=0) | None = Field(None, description=ONLY["top_logprobs"])
+    tools: list[dict[str, Any]] | None = Field(None, max_length=0, description=ONLY["tools"])
     response_format: ResponseFormat | None = Field(None, description='{"type": "text"} only')
 
 
