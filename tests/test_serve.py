@@ -220,6 +220,22 @@ def test_streamed_origins_follow_the_engines_provenance(pair, adaptive):
     assert any(short_bonus) == adaptive     # a whole, shorter draft accepted: only where rows draft their own
 
 
+def test_stop_strings_cut_and_hold_back_what_may_become_one():
+    from pipeline.serving.stops import cut, held_back, shown, tokens_to_stop
+
+    stops = ["the end", "fox."]
+    assert cut("a fox. the end", stops) == "a " and cut("nothing here", stops) == "nothing here"
+    assert held_back("it was the e", stops) == len("the e") and held_back("it was fo", stops) == 2
+    assert held_back("it was", stops) == 0 and held_back("", stops) == 0
+    assert shown("it was the e", stops, final=False) == "it was " and shown("it was the e", stops, final=True) == \
+        "it was the e"
+    assert shown("so the end came", stops, final=False) == "so "
+    words = ["so", " the", " end", " came"]
+    decode = lambda ids: "".join(words[i] for i in ids)  # noqa: E731
+    assert tokens_to_stop([0, 1, 2, 3], 1, stops, decode) == 3     # the fewest tokens whose text holds "the end"
+    assert tokens_to_stop([0, 1], 0, stops, decode) is None
+
+
 # ---------------------------------------------------------------------------------------------- endpoints
 
 def test_every_endpoint_answers(pair):

@@ -141,7 +141,8 @@ class Decoder:
         policy = DraftPolicy.of(config)
         self.gamma_ceiling = policy.ceiling(config.gamma) if policy is not None else config.gamma
         self._engines: OrderedDict = OrderedDict()
-        self._checked: dict[Key, str | None] = {}
+        self._checked: dict[Key, str | None] = {}     # per key: why it cannot decode (None: it can)
+        self._gammas: dict[Key, int] = {}
         self._torch = torch
         # A fast tokenizer is not safe to share between threads while one of them pads (padding mutates its
         # settings: "Already borrowed"): the handlers and the worker take turns.
@@ -183,8 +184,10 @@ class Decoder:
 
     def gamma_of(self, key: Key) -> int:
         """The most draft tokens a step of ``key``'s engine proposes (γ, or the ceiling of an adaptive length)."""
-        policy = DraftPolicy.of(self.config_for(key))
-        return policy.ceiling(key.gamma) if policy is not None else key.gamma
+        if key not in self._gammas:
+            policy = DraftPolicy.of(self.config_for(key))
+            self._gammas[key] = policy.ceiling(key.gamma) if policy is not None else key.gamma
+        return self._gammas[key]
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The token ids of ``prompt`` as the engine gets them (cut to --max-prompt-tokens, in the chat template if
