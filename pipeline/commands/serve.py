@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: "
                                                             "every interface)")
-    server.add_argument("--port", type=int, default=5000, help="port (default: 5000, the seed project's; 0: any free "
+    server.add_argument("--port", type=int, default=5000, help="port (default: 5000; 0: any free "
                                                                "port, logged)")
     server.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     server.add_argument("--max-wait-ms", type=float, default=10.0,
