@@ -176,6 +176,11 @@ def test_a_request_picks_its_drafter_and_gamma_within_the_servers_limits(pair):
             c.completions.create(model="any", prompt="water", extra_body={"speculative": {"drafter": "model"}})
         assert c.completions.create(model="any", prompt="water", max_tokens=2, extra_body={
             "speculative": {"drafter": "suffix"}}).choices[0].finish_reason in ("stop", "length")
+    with client(decoder(pair, gamma=0, draft=None)) as (c, _):   # an autoregressive server: γ 0 only
+        plain = c.completions.create(model="any", prompt="water", max_tokens=2)
+        assert spec(plain.choices[0])["settings"]["gamma"] == 0
+        with pytest.raises(openai.BadRequestError, match=r"at most the server's γ \(0\)"):
+            c.completions.create(model="any", prompt="water", extra_body={"speculative": {"gamma": 2}})
 
 
 def test_vllm_speculative_decoding_metrics_agree_with_ours(pair):

@@ -101,13 +101,13 @@ class Admission:
         spec = getattr(body, "speculative", None)
         drafter = spec.drafter if spec is not None and spec.drafter is not None else config.drafter
         gamma = spec.gamma if spec is not None and spec.gamma is not None else config.gamma
-        if drafter not in decoder.allowed_drafters():
-            raise ApiError(400, f"'speculative.drafter' {drafter} needs a draft model and this server loaded none: use "
-                                f"one of {', '.join(decoder.allowed_drafters())}", "speculative.drafter")
-        if gamma > config.gamma:
-            raise ApiError(400, f"'speculative.gamma' must be at most the server's γ ({config.gamma}); got {gamma}",
-                           "speculative.gamma")
         if (drafter, gamma) != (config.drafter, config.gamma):
+            if gamma > config.gamma:
+                raise ApiError(400, f"'speculative.gamma' must be at most the server's γ ({config.gamma}); got "
+                                    f"{gamma}", "speculative.gamma")
+            if gamma > 0 and drafter not in decoder.allowed_drafters():
+                raise ApiError(400, f"'speculative.drafter' {drafter} needs a draft model and this server loaded "
+                                    f"none: use one of {', '.join(decoder.allowed_drafters())}", "speculative.drafter")
             reason = decoder.check(decoder.key(config.temperature, drafter, gamma))
             if reason is not None:
                 raise ApiError(400, f"'speculative' {drafter} at γ {gamma} cannot run with the served settings: "
