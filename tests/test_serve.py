@@ -55,7 +55,7 @@ def serving(dec: Decoder, slow_s: float = 0.0, **limits):
     """The app on a free loopback port; ``slow_s``: seconds added to every verify step (to hold requests in flight
     long enough to act on them)."""
     if slow_s:
-        engine = dec.engine(dec.config.temperature)
+        engine = dec.engine()
         engine.sampler = _Slow(engine.sampler, slow_s)
     server = BackgroundServer(create_app(dec, **limits)).start()
     try:
@@ -115,6 +115,11 @@ def in_background(fn, *args, **kwargs) -> dict:
 
 def complete(url: str, timeout: float = 30.0, **body) -> httpx.Response:
     return httpx.post(url + "/v1/completions", json=body, timeout=timeout)
+
+
+def stats(answer: dict, choice: int = 0) -> dict:
+    """The "specsweep" record of a choice of an answer (or of a stream's chunk)."""
+    return answer["choices"][choice]["specsweep"]
 
 
 def sse_events(response: httpx.Response) -> list:
@@ -215,6 +220,22 @@ def test_streamed_origins_follow_the_engines_provenance(pair, adaptive):
     assert any(short_bonus) == adaptive     # a whole, shorter draft accepted: only where rows draft their own
 
 
+def test_stop_strings_cut_and_hold_back_what_may_become_one():
+    from pipeline.serving.stops import cut, held_back, shown, tokens_to_stop
+
+    stops = ["the end", "fox."]
+    assert cut("a fox. the end", stops) == "a " and cut("nothing here", stops) == "nothing here"
+    assert held_back("it was the e", stops) == len("the e") and held_back("it was fo", stops) == 2
+    assert held_back("it was", stops) == 0 and held_back("", stops) == 0
+    assert shown("it was the e", stops, final=False) == "it was " and shown("it was the e", stops, final=True) == \
+        "it was the e"
+    assert shown("so the end came", stops, final=False) == "so "
+    words = ["so", " the", " end", " came"]
+    decode = lambda ids: "".join(words[i] for i in ids)  # noqa: E731
+    assert tokens_to_stop([0, 1, 2, 3], 1, stops, decode) == 3     # the fewest tokens whose text holds "the end"
+    assert tokens_to_stop([0, 1], 0, stops, decode) is None
+
+
 # ---------------------------------------------------------------------------------------------- endpoints
 
 def test_every_endpoint_answers(pair):
@@ -226,7 +247,7 @@ def test_every_endpoint_answers(pair):
         r = complete(server.url, prompt=PROMPTS[0], max_tokens=6, seed=1)
         assert r.status_code == 200
         body = r.json()
-        s = body["specsweep"]
+        s = stats(body)
         assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] in ("stop", "length")
         assert 1 <= len(s["token_ids"]) <= 6 and body["usage"]["completion_tokens"] == len(s["token_ids"])
         assert (body["choices"][0]["finish_reason"] == "stop") == (s["token_ids"][-1] == 1)  # EOS, else length
@@ -269,21 +290,21 @@ def test_sse_stream_gives_the_same_completion_as_the_plain_answer(pair):
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     assert last["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
     assert "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
-    assert last["specsweep"]["token_ids"] == plain["specsweep"]["token_ids"]
+    assert stats(last)["token_ids"] == stats(plain)["token_ids"]
     assert last["usage"] == plain["usage"]
-    streamed_ids = [t for c in chunks[:-1] for t in c["specsweep"]["token_ids"]]
-    assert streamed_ids == plain["specsweep"]["token_ids"][: len(streamed_ids)] and len(streamed_ids) >= 1
+    streamed_ids = [t for c in chunks[:-1] for t in stats(c)["token_ids"]]
+    assert streamed_ids == stats(plain)["token_ids"][: len(streamed_ids)] and len(streamed_ids) >= 1
 
 
 BAD = [
     ({}, 400, "'prompt' is required"),
     ({"prompt": 5}, 400, "'prompt' must be a string"),
     ({"prompt": "water", "max_tokens": "5"}, 400, "'max_tokens' must be an integer"),
-    ({"prompt": "water", "max_tokens": 0}, 400, "'max_tokens' must be between 1 and 64"),
+    ({"prompt": "water", "max_tokens": 0}, 400, "'max_tokens' must be at least 1; got 0"),
     ({"prompt": "water", "max_tokens": 65}, 400, "'max_tokens' must be between 1 and 64"),
-    ({"prompt": "water", "temperature": -1}, 400, "'temperature' must be between 0 and 2"),
+    ({"prompt": "water", "temperature": -1}, 400, "'temperature' must be at least 0; got -1"),
     ({"prompt": "water", "stream": "yes"}, 400, "'stream' must be true or false"),
-    ({"prompt": "water", "n": 2}, 400, "'n' is not supported"),
+    ({"prompt": "water", "logprobs": 2}, 400, "'logprobs' must be null (false) or left out"),
     ({"prompt": ""}, 400, "'prompt' is empty"),
     ({"prompt": "water " * 250, "max_tokens": 8}, 400, "shorten the prompt"),
     ({"prompt": "water " * 200, "max_tokens": 60}, 400, "ask for at most"),
@@ -323,16 +344,16 @@ def test_concurrent_requests_share_a_batch_and_keep_their_own_max_tokens(pair):
         answers = [box["value"].json() for box in boxes]
         m = metrics(server.url)
     for body, answer in zip(bodies, answers):
-        assert len(answer["specsweep"]["token_ids"]) == body["max_tokens"]
+        assert len(stats(answer)["token_ids"]) == body["max_tokens"]
         assert answer["choices"][0]["finish_reason"] == "length"
-    assert [a["specsweep"]["batch"]["size"] for a in answers] == [4, 4, 4, 4, 2, 2]
-    assert [a["specsweep"]["seed"] for a in answers[:4]] == [0, 1, 2, 3]
+    assert [stats(a)["batch"]["size"] for a in answers] == [4, 4, 4, 4, 2, 2]
+    assert [stats(a)["seed"] for a in answers[:4]] == [0, 1, 2, 3]
     assert m["specsweep_batch_size_count"] == 2 and m["specsweep_batch_size_sum"] == 6
     # each request drew from its own seed's stream: alone it gets the tokens it got in the batch of four
     with serving(dec) as server:
         alone = [complete(server.url, **bodies[i]).json() for i in (1, 3)]
-    assert [a["specsweep"]["batch"]["size"] for a in alone] == [1, 1]
-    assert [a["specsweep"]["token_ids"] for a in alone] == [answers[i]["specsweep"]["token_ids"] for i in (1, 3)]
+    assert [stats(a)["batch"]["size"] for a in alone] == [1, 1]
+    assert [stats(a)["token_ids"] for a in alone] == [stats(answers[i])["token_ids"] for i in (1, 3)]
 
 
 @pytest.mark.slow
@@ -350,9 +371,9 @@ def test_same_seed_gives_the_tokens_of_specsweep_run(pair, tmp_path):
     with serving(decoder(pair)) as server:
         answer = complete(server.url, prompt=PROMPTS[3], max_tokens=12, seed=7).json()
         other = complete(server.url, prompt=PROMPTS[3], max_tokens=12, seed=8).json()
-    assert answer["specsweep"]["batch"]["size"] == 1
-    assert answer["specsweep"]["token_ids"] == expected
-    assert other["specsweep"]["token_ids"] != expected   # the seed matters (the pair samples at T = 1)
+    assert stats(answer)["batch"]["size"] == 1
+    assert stats(answer)["token_ids"] == expected
+    assert stats(other)["token_ids"] != expected   # the seed matters (the pair samples at T = 1)
 
 
 # ---------------------------------------------------------------------------------------------- load and failure
@@ -410,7 +431,7 @@ def test_client_disconnect_cancels_its_row(pair, stream):
 def test_graceful_shutdown_finishes_requests_in_flight(pair):
     dec = decoder(pair, ignore_eos=True)
     server = BackgroundServer(create_app(dec)).start()
-    dec.engine(dec.config.temperature).sampler = _Slow(dec.engine(dec.config.temperature).sampler, 0.03)
+    dec.engine().sampler = _Slow(dec.engine().sampler, 0.03)
     try:
         busy = in_background(complete, server.url, prompt=PROMPTS[0], max_tokens=60)
         wait_for(lambda: httpx.get(server.url + "/health").json()["in_flight"] == 1)
@@ -420,7 +441,7 @@ def test_graceful_shutdown_finishes_requests_in_flight(pair):
     busy["thread"].join(30)
     answer = busy["value"]
     assert busy["done_at"] > stopping   # it was still decoding when the shutdown began
-    assert answer.status_code == 200 and len(answer.json()["specsweep"]["token_ids"]) == 60
+    assert answer.status_code == 200 and len(stats(answer.json())["token_ids"]) == 60
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/health")
 
@@ -464,7 +485,7 @@ def test_a_study_or_a_report_gives_its_recommended_point(tmp_path):
     (["--from-study", "{study}", "--gamma", "4"], "--gamma conflicts with --from-study"),
     (["--from-study", "{tmp}/none"], "holds no trials"),
     (["--from-report", "{tmp}"], "has no results.csv"),
-    (["--draft", "d"], "--target is required"),
+    (["--draft", "d"], "--model (or --target) is required"),
     (["--target", "t", "--lossless"], "add --from-study DIR or --from-report DIR"),
     (["--target", "t", "--draft", "d", "--sampler", "hf", "--max-batch", "4"], "use --max-batch 1"),
     (["--target", "t", "--draft", "d", "--draft-confidence", "1.5"], "--draft-confidence must be in [0, 1)"),

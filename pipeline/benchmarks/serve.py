@@ -1,11 +1,13 @@
 """`specsweep bench serve`: ``specsweep serve`` under load, with dynamic batching and one request at a time.
 
-Two servers of the same pair and settings, each a ``specsweep serve`` process on loopback (port 0), both up for the
-whole benchmark: dynamic batching (``--max-batch``, default 16) and one request at a time (``--max-batch 1``).
-Against a server, in this process, N concurrent clients (httpx, asyncio; N = 1, 4, 16) send a fixed number of
-``POST /v1/completions`` requests between them, each client sending its next request when its last one is
-answered. The prompts cycle through the data file (a {"prompt"} line, or an {"article"} line + " Summary:" as the
-summarisation task builds it); request i carries seed + i and the same max_tokens. Each concurrency level is
+Two servers of the same model, drafter and settings (a draft model, or ``--drafter prompt-lookup`` / ``suffix``
+without one), each a ``specsweep serve`` process on loopback (port 0), both up for the whole benchmark: dynamic
+batching (``--max-batch``, default 16) and one request at a time (``--max-batch 1``). Against a server, in this
+process, N concurrent clients (httpx, asyncio; N = 1, 4, 16) send a fixed number of ``POST /v1/completions``
+requests between them (``chat``: ``POST /v1/chat/completions``, the prompt as the user's message, through the
+model's chat template), each client sending its next request when its last one is answered. The prompts cycle
+through the data file (a {"prompt"} line, or an {"article"} line + " Summary:" as the summarisation task builds it);
+request i carries seed + i and the same max_tokens. Each concurrency level is
 measured ``repeats`` times, the two servers interleaved (dynamic, one at a time, dynamic, ...), so a change of the
 machine's load between repeats hits both alike; each run starts with a few untimed warm-up requests.
 
@@ -37,28 +39,34 @@ from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 
 CONCURRENCY = (1, 4, 16)
+ENDPOINTS = {False: "/v1/completions", True: "/v1/chat/completions"}
 GOAL = 2.0
 WARMUP_REQUESTS = 2
 SERVERS = ("dynamic", "one_at_a_time")
 
 
-def run(target: str, draft: str, data: str, *, sampler: str = "exact", gamma: int = 4, temperature: float = 1.0,
-        max_tokens: int = 32, requests: int = 64, concurrency=CONCURRENCY, repeats: int = 3, max_batch: int = 16,
-        max_wait_ms: float = 10.0, device: str = "cpu", threads: int | None = None, seed: int = 0,
-        timeout: float = 120.0, out: Path | None = None) -> dict:
+def run(target: str, draft: str | None, data: str, *, sampler: str = "exact", gamma: int = 4,
+        temperature: float = 1.0, max_tokens: int = 32, requests: int = 64, concurrency=CONCURRENCY, repeats: int = 3,
+        max_batch: int = 16, max_wait_ms: float = 10.0, device: str = "cpu", threads: int | None = None,
+        seed: int = 0, timeout: float = 120.0, drafter: str = "model", chat: bool = False,
+        out: Path | None = None) -> dict:
     """Start both servers and measure every concurrency level; returns the results JSON (also written to
-    ``out``)."""
+    ``out``). ``drafter`` other than "model" serves the target with that drafter and no draft model."""
     prompts = load_prompts(data)
     if not prompts:
         raise SpecsweepError(f"--data {data} holds no prompts")
-    settings = {"target": target, "draft": draft, "data": data, "prompts": len(prompts), "sampler": sampler,
+    if drafter != "model":
+        draft = None
+    settings = {"target": target, "draft": draft, "drafter": drafter, "endpoint": ENDPOINTS[chat], "data": data,
+                "prompts": len(prompts), "sampler": sampler,
                 "gamma": gamma, "temperature": temperature, "max_tokens": max_tokens, "requests": requests,
                 "concurrency": list(concurrency), "repeats": repeats, "max_batch": max_batch,
                 "max_wait_ms": max_wait_ms, "device": device, "threads": threads, "seed": seed,
                 "client_timeout_s": timeout,
                 "clients": "httpx.AsyncClient in the benchmark process, one connection per client",
                 "servers": "a `specsweep serve` process each, on 127.0.0.1, both up throughout"}
-    common = ["--target", target, "--draft", draft, "--sampler", sampler, "--gamma", str(gamma),
+    model = ["--draft", draft] if drafter == "model" else ["--drafter", drafter]
+    common = ["--target", target, *model, "--sampler", sampler, "--gamma", str(gamma),
               "--temperature", str(temperature), "--device", device, "--max-wait-ms", str(max_wait_ms),
               "--max-queue", str(max(64, 2 * max(concurrency))), "--request-timeout", str(timeout),
               "--max-tokens-limit", str(max_tokens), "--max-new-tokens", str(max_tokens)]
@@ -73,7 +81,7 @@ def run(target: str, draft: str, data: str, *, sampler: str = "exact", gamma: in
             for r in range(repeats):
                 for kind in SERVERS:
                     runs[kind].append(asyncio.run(_level(urls[kind], prompts, c, requests, max_tokens, seed,
-                                                         timeout)))
+                                                         timeout, chat)))
                     print(f"  {kind} (max batch {batches[kind]}), concurrency {c}, repeat {r + 1}/{repeats}: "
                           f"{runs[kind][-1]['ok']}/{requests} ok, {runs[kind][-1]['tokens_per_second']:.1f} tok/s",
                           file=sys.stderr)
@@ -117,16 +125,22 @@ def _goals(results: list[dict], ratios: list[dict], c: int) -> dict:
 
 
 async def _level(url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, seed: int,
-                 timeout: float) -> dict:
+                 timeout: float, chat: bool = False) -> dict:
     """``requests`` requests by ``concurrency`` clients against the server at ``url`` -> the run's counts,
     latencies and throughput."""
     import httpx
 
+    endpoint = ENDPOINTS[chat]
+
+    def body(i: int) -> dict:
+        prompt = prompts[i % len(prompts)]
+        content = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+        return {**content, "max_tokens": max_tokens, "seed": seed + i}
+
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
         for i in range(WARMUP_REQUESTS):
-            await client.post("/v1/completions", json={"prompt": prompts[i % len(prompts)], "max_tokens": max_tokens,
-                                                       "seed": seed + i})
+            await client.post(endpoint, json=body(i))
         before = await _batch_counts(client)
         queue = list(range(requests))
         outcomes: list[dict] = []
@@ -134,10 +148,9 @@ async def _level(url: str, prompts: list[str], concurrency: int, requests: int, 
         async def worker() -> None:
             while queue:
                 i = queue.pop(0)
-                body = {"prompt": prompts[i % len(prompts)], "max_tokens": max_tokens, "seed": seed + i}
                 t0 = time.perf_counter()
                 try:
-                    r = await client.post("/v1/completions", json=body)
+                    r = await client.post(endpoint, json=body(i))
                 except httpx.HTTPError as e:
                     outcomes.append({"answered": False, "error": type(e).__name__})
                     continue
@@ -165,11 +178,14 @@ async def _level(url: str, prompts: list[str], concurrency: int, requests: int, 
 
 
 def _completion_tokens(r) -> int | None:
-    """usage.completion_tokens of a completion answer; None unless it is one with at least one new token."""
+    """usage.completion_tokens of a completion or chat completion answer; None unless it is one with at least one
+    new token."""
     try:
         body = r.json()
         n = body["usage"]["completion_tokens"]
-        return n if isinstance(body["choices"][0]["text"], str) and n >= 1 else None
+        choice = body["choices"][0]
+        text = choice["message"]["content"] if "message" in choice else choice["text"]
+        return n if isinstance(text, str) and n >= 1 else None
     except (ValueError, KeyError, IndexError, TypeError):
         return None
 

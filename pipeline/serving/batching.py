@@ -1,9 +1,10 @@
 """The request queue and the dynamic batcher of ``specsweep serve``.
 
-A request becomes a :class:`Job` and waits in the :class:`Batcher`'s queue (at most ``max_queue`` jobs: a full
-queue refuses a job with :class:`QueueFull`, which the app answers with 503 and Retry-After). One worker thread
-takes the oldest job and, in queue order, every waiting job that may share its batch (the same group, i.e. the
-same temperature, and a batch that still fits the target's positions), up to ``max_batch``; it waits at most
+A request becomes one :class:`Job` per choice (per prompt and per sample of ``n``), queued together, all or none,
+in the :class:`Batcher`'s queue (at most ``max_queue`` jobs: a full queue refuses them with :class:`QueueFull`,
+which the app answers with 503 and Retry-After). One worker thread takes the oldest job and, in queue order, every
+waiting job that may share its batch (the same group: the same engine, i.e. temperature, drafter and γ; and a batch
+that still fits the target's positions), up to ``max_batch``; it waits at most
 ``max_wait_s`` for the batch to fill, then hands the batch to ``decode`` (pipeline/serving/decoder.py). Jobs
 that arrive while a batch decodes join the next batch. A job cancelled while it waits (its client went away or
 timed out) is dropped from the queue; one cancelled while it decodes is dropped at the next verify step.
@@ -39,28 +40,31 @@ class Closed(Exception):
 
 @dataclass(eq=False)
 class Job:
-    """One request, and what decoding it has produced so far.
+    """One sequence to decode (a request has one per choice: per prompt and per sample of ``n``), and what decoding
+    it has produced so far.
 
-    What to decode: prompt, prompt_tokens (its length as the engine gets it), max_tokens, temperature, seed (its own
-    generator's: pipeline/serving/decoder.py), group (jobs with equal groups may share a
-    batch: the temperature, or None where the rule ignores it), and stream (whether the client reads tokens as
-    they come). ``notify(kind, payload)`` is called from the worker thread: ("tokens", list[int]) as tokens come
+    What to decode: prompt_ids (the prompt's token ids as the engine gets them), max_tokens, temperature, seed (its
+    own generator's: pipeline/serving/decoder.py), group (jobs with equal groups may share a batch: the engine's key,
+    pipeline/serving/decoder.py ``Decoder.key``), stream (whether the client reads tokens as they come), stop (strings
+    that end the text: the decoder cuts the tokens after the first one and ends the row) and index (the choice it
+    answers). ``notify(kind, payload)`` is called from the worker thread: ("tokens", list[int]) as tokens come
     (streaming jobs only), then once ("done", None) or ("error", message).
 
     Filled while decoding (times are time.perf_counter()): tokens and their origins (pipeline/origins.py codes:
     accepted draft, corrected, bonus, target alone), the row's accepted and drafted tokens and verify steps, when
-    its batch started, its first token and its end, why it ended (finish_reason: "stop" at EOS, "length" at
-    max_tokens, "cancelled", "error"), and its batch's size.
+    its batch started, its first token and its end, why it ended (finish_reason: "stop" at EOS or a stop string,
+    "length" at max_tokens, "cancelled", "error"), and its batch's size.
     """
 
-    prompt: str
-    prompt_tokens: int
+    prompt_ids: list[int]
     max_tokens: int
     temperature: float
     seed: int
     group: object
-    notify: Callable[[str, object], None]
+    notify: Callable[[str, object], None] = lambda kind, payload: None
     stream: bool = False
+    stop: tuple[str, ...] = ()
+    index: int = 0
     enqueued: float = field(default_factory=time.perf_counter)
     cancelled: str | None = None
     tokens: list[int] = field(default_factory=list)
@@ -73,6 +77,10 @@ class Job:
     ended: float | None = None
     finish_reason: str | None = None
     batch_size: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
     def cancel(self, reason: str) -> None:
         """Ask for this job to stop (any thread): the batcher drops it from the queue, or the decoder cancels its
@@ -116,16 +124,17 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="specsweep-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
-        """Queue ``job``; QueueFull when the queue is full, Closed while shutting down."""
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue ``jobs`` (a request's choices), all or none: QueueFull when the queue has no room for all of them,
+        Closed while shutting down."""
         with self._cond:
             if self._closed:
                 raise Closed()
             self._drop_cancelled()
-            if len(self._waiting) >= self.max_queue:
-                batches = math.ceil((len(self._waiting) + 1) / self.max_batch)
+            if len(self._waiting) + len(jobs) > self.max_queue:
+                batches = math.ceil((len(self._waiting) + len(jobs)) / self.max_batch)
                 raise QueueFull(len(self._waiting), max(1, math.ceil(batches * self._last_batch_s)))
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> bool:

@@ -21,7 +21,15 @@ Live (read when scraped):
   specsweep_acceptance_rate                          accepted / drafted draft tokens since the start
   specsweep_accepted_per_step                        histogram over full-γ verify steps (one per row) of the
                                                      draft tokens accepted, le = 0..γ
-  specsweep_position_acceptance_rate{position}       P(draft position i accepted | reached), from that histogram
+  specsweep_position_acceptance_rate{position}       P(draft position i accepted | proposed and every position
+                                                     before it accepted), over every row-step
+vLLM's speculative-decoding counters, under vLLM's names and labels (model_name: the served model's id, engine:
+"0"), so that dashboards made for vLLM read them (vllm/v1/spec_decode/metrics.py); a row-step is one row in one
+verify step:
+  vllm:spec_decode_num_drafts_total                  row-steps that proposed at least one draft token
+  vllm:spec_decode_num_draft_tokens_total            draft tokens proposed
+  vllm:spec_decode_num_accepted_tokens_total         draft tokens accepted
+  vllm:spec_decode_num_accepted_tokens_per_pos_total{position}   draft tokens accepted at position i (0..γ-1)
 """
 
 from __future__ import annotations
@@ -33,9 +41,8 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from pipeline.objectives import position_acceptance
 from pipeline.serving.batching import Batcher, Job
-from pipeline.serving.decoder import BatchReport
+from pipeline.serving.decoder import BatchReport, StepCounts
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
@@ -44,8 +51,8 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 class ServerMetrics:
     """Every metric of one server, in its own registry (several apps in one process do not mix)."""
 
-    def __init__(self, gamma: int, batcher: Batcher, window_s: float = 10.0) -> None:
-        self.gamma, self.batcher, self.window_s = gamma, batcher, window_s
+    def __init__(self, gamma: int, batcher: Batcher, model_name: str = "", window_s: float = 10.0) -> None:
+        self.gamma, self.batcher, self.window_s, self.model_name = gamma, batcher, window_s, model_name
         self.registry = r = CollectorRegistry()
         self.requests = Counter("specsweep_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
@@ -67,8 +74,7 @@ class ServerMetrics:
         self.verify_steps = Counter("specsweep_verify_steps", "Verify steps of the engine (one per batch step)",
                                     registry=r)
         self._lock = threading.Lock()
-        self._drafted = self._accepted = 0
-        self._hist = [0] * (gamma + 1)
+        self._counts = StepCounts(gamma)
         self._recent: deque[tuple[float, int]] = deque()   # (time a request ended, its new tokens)
         self._started = time.monotonic()
         r.register(_Live(self))
@@ -81,10 +87,7 @@ class ServerMetrics:
         self.batch_seconds.observe(report.seconds)
         self.verify_steps.inc(report.verify_steps)
         with self._lock:
-            self._drafted += report.drafted
-            self._accepted += report.accepted
-            for k, n in enumerate(report.accepted_histogram[: len(self._hist)]):
-                self._hist[k] += n
+            self._counts.merge(report.counts)
 
     def record_job(self, job: Job) -> None:
         """A request that reached the engine's queue, once it has ended (done, cancelled, timed out, failed)."""
@@ -111,10 +114,12 @@ class ServerMetrics:
             tokens = sum(n for _, n in self._recent)
         return tokens / max(1e-9, min(self.window_s, now - self._started))
 
-    def acceptance(self) -> tuple[int, int, list[int]]:
-        """(accepted, drafted, accepted-count histogram [γ+1]) since the start."""
+    def counts(self) -> StepCounts:
+        """The draft statistics since the start (a copy)."""
         with self._lock:
-            return self._accepted, self._drafted, list(self._hist)
+            c = self._counts
+            return StepCounts(c.positions, c.drafts, c.draft_tokens, c.accepted, list(c.per_position),
+                              list(c.reached), list(c.full_steps))
 
 
 class _Live:
@@ -130,22 +135,42 @@ class _Live:
                                 value=m.batcher.in_flight)
         yield GaugeMetricFamily("specsweep_tokens_per_second", f"New tokens of the requests that ended in the last "
                                 f"{m.window_s:g} s, per second", value=m.tokens_per_second())
-        accepted, drafted, hist = m.acceptance()
-        yield CounterMetricFamily("specsweep_draft_tokens", "Draft tokens proposed", value=drafted)
-        yield CounterMetricFamily("specsweep_accepted_draft_tokens", "Draft tokens accepted", value=accepted)
+        c = m.counts()
+        yield CounterMetricFamily("specsweep_draft_tokens", "Draft tokens proposed", value=c.draft_tokens)
+        yield CounterMetricFamily("specsweep_accepted_draft_tokens", "Draft tokens accepted", value=c.accepted)
         yield GaugeMetricFamily("specsweep_acceptance_rate", "Accepted / drafted draft tokens since the start "
-                                "(NaN before the first draft)", value=accepted / drafted if drafted else float("nan"))
+                                "(NaN before the first draft)",
+                                value=c.accepted / c.draft_tokens if c.draft_tokens else float("nan"))
         if m.gamma > 0:
             cumulative, buckets = 0, []
-            for k, n in enumerate(hist):
+            for k, n in enumerate(c.full_steps):
                 cumulative += n
                 buckets.append((str(float(k)), cumulative))
             buckets.append(("+Inf", cumulative))
             yield HistogramMetricFamily("specsweep_accepted_per_step", "Draft tokens accepted per full-γ verify step "
                                         "(one observation per row and step)", buckets=buckets,
-                                        sum_value=sum(k * n for k, n in enumerate(hist)))
+                                        sum_value=sum(k * n for k, n in enumerate(c.full_steps)))
             rates = GaugeMetricFamily("specsweep_position_acceptance_rate", "Rate at which draft position i is "
-                                      "accepted once reached (NaN: never reached)", labels=["position"])
-            for i, rate in enumerate(position_acceptance(hist) or []):
-                rates.add_metric([str(i)], float("nan") if rate is None else rate)
+                                      "accepted once proposed and reached (NaN: never reached)", labels=["position"])
+            for i, (accepted, reached) in enumerate(zip(c.per_position, c.reached)):
+                rates.add_metric([str(i)], accepted / reached if reached else float("nan"))
             yield rates
+        yield from _vllm(c, [m.model_name, "0"])
+
+
+def _vllm(c: StepCounts, labels: list[str]):
+    """vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py: SpecDecodingProm), labels model_name
+    and engine."""
+    names = ["model_name", "engine"]
+    for name, help_text, value in (
+            ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", c.drafts),
+            ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", c.draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", c.accepted)):
+        family = CounterMetricFamily(name, help_text, labels=names)
+        family.add_metric(labels, value)
+        yield family
+    per_position = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                       "Accepted tokens per draft position.", labels=[*names, "position"])
+    for i, n in enumerate(c.per_position):
+        per_position.add_metric([*labels, str(i)], n)
+    yield per_position

@@ -46,8 +46,18 @@ class Served:
         c = self.config
         params = ", ".join(f"{k}={v:g}" for k, v in sorted(c.rule_params.items()))
         rule = c.sampler + (f" ({params})" if params else "") + (f" preset {c.preset}" if c.preset else "")
-        return (f"target {c.target}, draft {c.draft}, sampler {rule}, backend {c.backend}, γ {c.gamma}, "
+        return (f"target {c.target}, {drafter_of(c)}, sampler {rule}, backend {c.backend}, γ {c.gamma}, "
                 f"temperature {c.temperature:g}, dtype {c.dtype}")
+
+
+def drafter_of(c: RunConfig) -> str:
+    """The drafter and its settings, in words: "draft D", "prompt lookup (n-grams 1..3)", ..."""
+    if c.drafter == "model":
+        return f"draft {c.draft}"
+    if c.drafter == "prompt-lookup":
+        return f"drafter prompt-lookup (n-grams {c.lookup_min}..{c.lookup_max})"
+    return (f"drafter suffix (depth {c.suffix_depth}, factor {c.suffix_factor:g}, min prob {c.suffix_min_prob:g}"
+            f"{', earlier outputs' if c.suffix_outputs else ''})")
 
 
 def check(config: RunConfig, max_batch: int) -> RunConfig:

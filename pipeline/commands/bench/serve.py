@@ -19,6 +19,10 @@ DESCRIPTION = ("Starts `specsweep serve` twice on loopback (dynamic batching wit
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=toy_pair("target"), help="target model (default: the toy text pair)")
     parser.add_argument("--draft", default=toy_pair("draft"), help="draft model (default: the toy text pair)")
+    parser.add_argument("--drafter", default="model", choices=("model", "prompt-lookup", "suffix"),
+                        help="the servers' --drafter; prompt-lookup and suffix need no --draft (default: model)")
+    parser.add_argument("--chat", action="store_true",
+                        help="send chat completions (the prompt as the user's message) instead of completions")
     parser.add_argument("--data", default="data/toy/text/test.jsonl",
                     help="JSONL of {prompt} or {article} lines, cycled (default: data/toy/text/test.jsonl)")
     parser.add_argument("--sampler", default="exact", help="acceptance rule (default: exact)")
@@ -51,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
                              "--gamma >= 0")
     if not Path(args.data).is_file():
         raise SpecsweepError(f"--data {args.data} does not exist: run `make` for the toy data, or give --data")
-    for name in ("target", "draft"):  # the toy pair's folders by default; a hub id is left to the server to load
+    for name in ("target", "draft") if args.drafter == "model" else ("target",):  # toy folders by default
         value = getattr(args, name)
         if value == toy_pair(name) and not Path(value).is_dir():
             raise SpecsweepError(f"--{name} {value} does not exist: run `make` for the toy pair, or give --{name}")
@@ -60,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
     result = serve.run(args.target, args.draft, args.data, sampler=args.sampler, gamma=args.gamma,
                        temperature=args.temperature, max_tokens=args.max_tokens, requests=args.requests,
                        concurrency=levels, repeats=args.repeats, max_batch=args.max_batch,
-                       max_wait_ms=args.max_wait_ms, device=device, threads=args.threads, seed=args.seed, out=out)
+                       max_wait_ms=args.max_wait_ms, device=device, threads=args.threads, seed=args.seed,
+                       drafter=args.drafter, chat=args.chat, out=out)
     serve.print_table(result)
     print(f"wrote {out}")
     return 0
