@@ -61,6 +61,7 @@ GROUP_NAMES = {"mt_bench": "Multi-turn Conversation", "translation": "Translatio
                "rag": "Retrieval-aug. Generation", "overall": "Overall"}
 """Each group's column name on Spec-Bench's leaderboard."""
 
+
 class SpecBenchTask(Task):
     name = "spec_bench"
     display = "Spec-Bench"
