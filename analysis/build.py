@@ -9,7 +9,9 @@
                      per target run with a draft of another tokenizer, speedup and character acceptance against γ
                      per draft and mode (analysis/tokenizers_view.py, section "Drafts with another tokenizer")
 
-Sections of report.md beyond this module's own: schedules (analysis/schedule_view.py), drafts with another tokenizer
+Sections of report.md beyond this module's own: Spec-Bench's leaderboard table per group of categories, with the
+outputs' agreement with the target alone and a figure (analysis/spec_bench_view.py; absent without a spec_bench run),
+schedules (analysis/schedule_view.py), drafts with another tokenizer
 than the target's (analysis/tokenizers_view.py: matched against mismatched drafts of one target, in tokens and in
 characters, with the vocabulary intersection; absent when every draft shares its target's tokenizer), where the draft
 fails and where the time goes (analysis/origins_view.py), serving (analysis/serving.py). A per-pair table of a
@@ -30,7 +32,7 @@ from pipeline.objectives import QUALITY, expected_tokens_iid, expected_tokens_po
 from pipeline.rules import RULES, param_names
 from pipeline.tasks import TASK_NAMES, quality_metric
 
-from . import drafters_view, figures, origins_view, schedule_view, serving, tokenizers_view
+from . import drafters_view, figures, origins_view, schedule_view, serving, spec_bench_view, tokenizers_view
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
 from .recommend import GROUP, baselines, flagged, is_lossless, of_kind, recommend, to_number, with_loss
@@ -55,6 +57,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     blocks += _flagged(table)
     blocks += _per_pair(table, fig_dir, max_quality_loss, written)
     blocks += drafters_view.section(table, fig_dir, written)     # every drafter of a target side by side
+    blocks += spec_bench_view.section(table, fig_dir, written)   # Spec-Bench's leaderboard table, per group
     blocks += tokenizers_view.section(table, fig_dir, written)   # drafts with another tokenizer than the target's
     blocks += schedule_view.section(table)   # tuned schedules per batch size and bucket; fixed vs adaptive γ
     blocks += origins_view.section(table, fig_dir, written)   # token origins by class; the roofline
@@ -114,7 +117,8 @@ def _header(table, max_quality_loss: float) -> list:
                        "processes held is flagged, and left out of the recommendation and "
                        "the Pareto fronts "
                        "(section **Flagged measurements**). Quality is "
-                       "ROUGE-L (CNN/DailyMail, higher is better) or WER (LibriSpeech, lower is better). Quality "
+                       "ROUGE-L (CNN/DailyMail, higher is better), WER (LibriSpeech, lower is better) or the token "
+                       "agreement with the target alone at T = 0 (Spec-Bench, higher is better). Quality "
                        "loss = 1 − quality ratio against the reference (the AR baseline of the same pair and dtype, "
                        "else the mean of the exact runs): ROUGE-L / reference, or (1 − WER) / (1 − reference WER); "
                        f"the allowed loss is {max_quality_loss:.1%} (`--max-quality-loss`). Lossless: exact, and "

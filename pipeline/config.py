@@ -39,7 +39,9 @@ class RunConfig:
     draft: str | None = setting(None, "draft model sharing the target's tokenizer (needed when --gamma > 0)")
     task: str = setting("prompts", "prompts: JSONL of {id, prompt}; cnn_dailymail: article + ' Summary:', scored "
                                    "with ROUGE; librispeech: Whisper ASR from a manifest of audio files, scored "
-                                   "with WER", choices=TASK_NAMES)
+                                   "with WER; spec_bench: Spec-Bench's questions as chat conversations (the second "
+                                   "MT-Bench turn after the model's own first answer), per-category speedups, "
+                                   "scored by agreement with the γ = 0 loop's tokens", choices=TASK_NAMES)
     sampler: str = setting("exact", "verify step (acceptance rule; pipeline/rules.py)", choices=RULE_NAMES)
     backend: str = setting("torch", "sampler backend: torch (reference) or cupy (CUDA kernels)",
                            choices=tuple(BACKENDS))
@@ -101,6 +103,10 @@ class RunConfig:
                                choices=LONG_INPUTS)
     chat_template: bool = setting(False, "wrap prompts in the tokenizer's chat template")
     limit: int | None = setting(None, "use N samples (a seeded subset when the data has more)")
+    # A task whose records have categories (spec_bench): which run, and how many of each.
+    categories: str | None = setting(None, "spec_bench: run only these categories, comma-separated (e.g. "
+                                           "writing,qa,rag; default: all)")
+    per_category: int | None = setting(None, "spec_bench: the first N questions of each category (default: all)")
     seed: int = setting(0, "seed for sampling and subset selection")
     seed_per_example: bool = setting(False, "draw each example's randomness from its own generator, seeded from "
                                             "--seed and the example's id (pipeline/rng.py): its tokens then do not "
@@ -135,7 +141,8 @@ class RunConfig:
     # Speed measurement (pipeline/paired.py, pipeline/measure.py).
     repeats: int = setting(6, "timed repeats of the speculative and the γ = 0 loop, interleaved (6 gives a 97 % "
                               "interval for the median speedup)")
-    samples_per_repeat: int = setting(4, "samples each timed repeat decodes: the first N of the data")
+    samples_per_repeat: int = setting(4, "samples each timed repeat decodes: the first N of the data (spec_bench: "
+                                         "the first N questions of each category, every turn)")
     max_spread: float = setting(1.0, "flag the speed measurement when its interval is wider than this times its "
                                      "median")
     max_cpu_wait: float = setting(0.1, "flag the speed measurement when its threads spent more than this part of "
@@ -191,6 +198,7 @@ class RunConfig:
             raise bad(f"--data {self.data} does not exist: give a JSONL file or a folder written by specsweep fetch")
         if self.baseline is not None and not Path(self.baseline).is_file():
             raise bad(f"--baseline {self.baseline} does not exist: run the γ = 0 baseline first with --out")
+        get_task(self.task).check_config(self)   # what the task itself cannot run with
         return self
 
     def validate_decoding(self) -> RunConfig:
@@ -260,6 +268,12 @@ class RunConfig:
             raise SpecsweepError("--draft-schedule heuristic and --draft-confidence run in our engine: use --engine "
                                  "specsweep (HF's own loop takes them from the assistant's generation config, "
                                  "`specsweep export --format hf`)")
+
+    def categories_list(self) -> list[str] | None:
+        """``categories`` as a list of names (None: every category)."""
+        if self.categories is None:
+            return None
+        return [c.strip() for c in self.categories.split(",") if c.strip()]
 
     def sampler_params(self) -> dict:
         """Keyword arguments of :func:`pipeline.samplers.get_sampler` besides name and backend."""

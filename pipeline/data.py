@@ -10,11 +10,14 @@ Where data comes from:
   prepare the stream, e.g. leave audio undecoded). Before streaming, one metadata request
   (:data:`HUB_PROBE_TIMEOUT_S`) checks that the Hub answers and pins the dataset commit, so that no network
   fails in seconds with one line, not in a retry loop.
+* a published file (a task's ``url``, e.g. Spec-Bench's question.jsonl pinned at a commit): one GET
+  (:data:`URL_TIMEOUT_S`), read as a ``--source`` file; no network fails in seconds with one line.
 * a local file (``--source``): a JSONL file of the task's ``source_fields`` (``id`` optional in each line).
 
 :func:`fetch` writes ``<out>/data.parquet`` (the records) and ``<out>/manifest.json`` (task, origin, selection
 rule, chosen ids), both atomically. :func:`load_task_data` reads such a folder, the Parquet file itself, or a
-``--source`` file directly (a task without Hub data, such as ``prompts``, reads its JSONL file only).
+``--source`` file directly (a task without Hub data, such as ``prompts``, reads its JSONL file only); a task with
+categories (``spec_bench``) keeps the ones asked for, and the first N of each, before any ``limit``.
 
 Deterministic subsets (``limit`` with ``seed``): every candidate row gets the key
 ``sha256(f"{seed}:{id}")`` (first 8 bytes, big-endian); the ``limit`` rows with the smallest keys are kept
@@ -33,6 +36,7 @@ import hashlib
 import heapq
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +49,9 @@ from pipeline.tasks import Task, get_task
 
 HUB_PROBE_TIMEOUT_S = 5.0
 """Timeout of the one metadata request made before streaming from the Hub."""
+
+URL_TIMEOUT_S = 10.0
+"""Timeout of the connection to (and of each read from) a task's published file."""
 
 DATA_FILE = "data.parquet"
 MANIFEST_FILE = "manifest.json"
@@ -207,6 +214,36 @@ def _hub_rows(task: Task, rows: Iterable[dict]) -> Iterator[tuple[str, dict]]:
         yield row["id"], row
 
 
+# ------------------------------------------------------------------------------------------ published file
+
+def download(url: str, *, timeout: float = URL_TIMEOUT_S) -> bytes:
+    """The bytes at ``url`` (one GET, no retries), or a one-line :class:`SpecsweepError` naming ``--source`` as the
+    offline alternative."""
+    import urllib.error
+    import urllib.request
+
+    hint = "use --source PATH (a local copy) instead"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read()
+    except urllib.error.HTTPError as e:
+        raise SpecsweepError(f"{url} answered HTTP {e.code} ({_one_line(e.reason)}); {hint}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise SpecsweepError(f"cannot download {url} ({type(e).__name__}: {_one_line(reason)}); no network? "
+                             f"{hint}") from None
+
+
+def _url_candidates(task: Task, folder: Path) -> tuple[Iterator[tuple[str, dict]], dict]:
+    """The task's published file, downloaded into ``folder`` -> (its candidates, as a --source file's; its origin
+    record for the manifest)."""
+    data = download(task.url)
+    path = folder / Path(task.url.split("?")[0]).name
+    path.write_bytes(data)
+    return _source_candidates(task, path), {"kind": "url", "url": task.url,
+                                            "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
 # ----------------------------------------------------------------------------------------------- fetch
 
 def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: int | None = None,
@@ -220,15 +257,26 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
     See the module docstring for the subset rule.
     """
     spec = get_task(task)
-    if spec.hub is None:
+    if not spec.fetchable:
         raise SpecsweepError(f"task {task!r} has no data to fetch: it reads {spec.source_hint} directly")
     out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory(prefix="specsweep-fetch-") as scratch:
+        return _fetch(spec, out_dir, split, limit, seed, pool, source, progress, Path(scratch))
+
+
+def _fetch(spec: Task, out_dir: Path, split: str, limit: int | None, seed: int | None, pool: int | None,
+           source: str | os.PathLike | None, progress: bool, scratch: Path) -> dict:
+    """:func:`fetch` of the task ``spec``; ``scratch``: a folder for a downloaded file."""
+    task = spec.name
     if source is not None:
         source = Path(source)
         if not source.is_file():
             raise SpecsweepError(f"--source {source} does not exist (or is not a file)")
         origin = {"kind": "local", "path": str(source.resolve()), "sha256": _sha256_file(source)}
         candidates, total = _source_candidates(spec, source), None
+    elif spec.hub is None:
+        candidates, origin = _url_candidates(spec, scratch)
+        total = None
     else:
         revision = hub_probe(spec.hub.repo_id)
         origin = {"kind": "hub", "repo_id": spec.hub.repo_id, "config": spec.hub.config, "split": split,
@@ -243,7 +291,8 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
     kept, seen = select_subset(bar, limit, seed, pool)
     bar.close()
     if not kept:
-        raise SpecsweepError(f"{source or spec.hub.repo_id}: no examples found (empty data file?)")
+        where = source or (spec.hub.repo_id if spec.hub is not None else spec.url)
+        raise SpecsweepError(f"{where}: no examples found (empty data file?)")
     records = spec.finish([row for _, _, row in kept], progress)
     _write_parquet_atomic(out_dir / DATA_FILE, spec.to_table(records))
     manifest = {
@@ -270,21 +319,24 @@ def fetch(task: str, out_dir: str | os.PathLike, *, split: str = "test", limit: 
 # ------------------------------------------------------------------------------------------------ load
 
 def load_task_data(task: str, path: str | os.PathLike, limit: int | None = None, seed: int | None = None,
-                   *, progress: bool = False) -> list[dict]:
+                   *, progress: bool = False, categories: list[str] | None = None,
+                   per_category: int | None = None) -> list[dict]:
     """The records of ``task`` (its module in pipeline/tasks/ documents their fields) read without a network from:
 
     * a folder written by :func:`fetch` (its ``data.parquet``; its ``manifest.json`` must name ``task``),
     * a ``.parquet`` file written by :func:`fetch`,
     * a ``--source`` JSONL file / manifest (``.jsonl`` or ``.json``), the only input of a task without Hub data.
 
-    ``limit``/``seed`` pick a subset by the same rule as :func:`fetch` (``seed=None``: the first ``limit``).
-    Records come in the file's order. Bad or empty input is a one-line :class:`SpecsweepError`.
+    ``categories``/``per_category`` keep those categories and the first N records of each (a task with categories,
+    :meth:`pipeline.tasks.base.Task.select`); then ``limit``/``seed`` pick a subset by the same rule as
+    :func:`fetch` (``seed=None``: the first ``limit``). Records come in the file's order. Bad or empty input is a
+    one-line :class:`SpecsweepError`.
     """
     spec = get_task(task)
     path = Path(path)
     if not path.exists():
         raise SpecsweepError(f"{path} does not exist")
-    if spec.hub is None and (path.is_dir() or path.suffix not in (".jsonl", ".json")):
+    if not spec.fetchable and (path.is_dir() or path.suffix not in (".jsonl", ".json")):
         raise SpecsweepError(f"--task {task} reads {spec.source_hint}; got {path}")
     if path.is_dir():
         manifest_path = path / MANIFEST_FILE
@@ -302,10 +354,15 @@ def load_task_data(task: str, path: str | os.PathLike, limit: int | None = None,
         records = _read_parquet(spec, path)
         if not records:
             raise SpecsweepError(f"{path}: no examples (empty data file)")
+        records = spec.select(records, categories, per_category)
         kept, _ = select_subset(((r["id"], r) for r in records), limit, seed)
         return [r for _, _, r in kept]
     if path.suffix in (".jsonl", ".json"):
-        kept, _ = select_subset(_source_candidates(spec, path), limit, seed)
+        candidates: Iterable[tuple[str, dict]] = _source_candidates(spec, path)
+        if categories is not None or per_category is not None:
+            rows = [row for _, row in candidates]
+            candidates = ((row["id"], row) for row in spec.select(rows, categories, per_category))
+        kept, _ = select_subset(candidates, limit, seed)
         if not kept:
             raise SpecsweepError(f"{path}: no examples (empty data file)")
         return spec.finish([row for _, _, row in kept], progress)

@@ -9,6 +9,10 @@ variation of the acceptance is not mixed into the spread (the quality pass over 
 load change between repeats cancels out of each repeat's ratio; one that lands inside a repeat shows up as
 spread, which the checks in :mod:`pipeline.measure` flag. A γ = 0 run times only its own loop.
 
+A task with categories (``spec_bench``) times them apart (:func:`time_groups`): in every repeat, category by category,
+both loops decode that category's samples back to back, so each category's ratio is paired within moments and the
+run's overall figures are the sums over the categories.
+
 The record (``results["measurement"]``) holds the per-repeat seconds and tokens, the median speedup with its
 interval, tokens/s medians and spread, the machine's load around the repeats, the thread settings in force, and
 the flags with their reasons.
@@ -47,23 +51,70 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
     ("draft_forwards"), from which the run's per-forward costs are read (:func:`forward_costs`).
     """
     names = list(loops)
-    out = {name: {"seconds": [], "tokens": [], "phases": {"time_s": {}, "calls": {}, "draft_forwards": 0}}
-           for name in names}
+    out = _empty(names)
     bar = tqdm(range(repeats), desc="timed repeats", unit="repeat", disable=not progress)
     for rep in bar:
         for name in (names if rep % 2 == 0 else names[::-1]):
-            generator = torch.Generator(device=device).manual_seed(seed + REPEAT_SEED)
-            seconds, tokens = 0.0, 0
-            for batch in batches:
-                result = loops[name].generate(batch["input_ids"], batch["attention_mask"], max_new_tokens, generator,
-                                              encoder_inputs=batch.get("encoder_inputs"), **prompt_texts(loops[name],
-                                                                                                       batch))
-                seconds += result.wall_time_s
-                tokens += sum(s["new_tokens"] for s in result.row_stats)
-                _add_phases(out[name]["phases"], result)
-            out[name]["seconds"].append(seconds)
-            out[name]["tokens"].append(tokens)
+            decoded = _decode(loops[name], batches, max_new_tokens, seed, device, out[name]["phases"])
+            out[name]["seconds"].append(sum(seconds for seconds, _ in decoded))
+            out[name]["tokens"].append(sum(sum(tokens) for _, tokens in decoded))
     bar.close()
+    return out
+
+
+def time_groups(loops: dict, groups: dict[str, list[tuple[list[str], dict]]], max_new_tokens: int, repeats: int,
+                seed: int, device: str, progress: bool = True) -> tuple[dict[str, dict[str, list]], dict]:
+    """:func:`time_repeats` over groups of samples (a task's categories), each group's loops back to back: in every
+    repeat, group by group, A then B (B then A in odd repeats), so each group's ratio is paired within moments.
+
+    groups  {group: [(sample ids [B], encoded batch), ...]}
+    Returns (timings, by_group): ``timings`` as :func:`time_repeats` returns them, summed over the groups (the run's
+    overall figures), and ``by_group`` {group: {"ids": [sample ids, U], name: {"seconds": float [R], "tokens": int
+    [R], "unit_seconds": float [R][U], "unit_tokens": int [R][U]}}}, where a sample's seconds are its batch's (at
+    batch 1, its own).
+    """
+    names = list(loops)
+    out = _empty(names)
+    by_group = {g: {"ids": [i for ids, _ in batches for i in ids],
+                    **{name: {"seconds": [], "tokens": [], "unit_seconds": [], "unit_tokens": []} for name in names}}
+                for g, batches in groups.items()}
+    bar = tqdm(range(repeats), desc="timed repeats", unit="repeat", disable=not progress)
+    for rep in bar:
+        totals = {name: [0.0, 0] for name in names}
+        for g, batches in groups.items():
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                decoded = _decode(loops[name], [b for _, b in batches], max_new_tokens, seed, device,
+                                  out[name]["phases"])
+                record = by_group[g][name]
+                record["unit_seconds"].append([seconds for seconds, tokens in decoded for _ in tokens])
+                record["unit_tokens"].append([t for _, tokens in decoded for t in tokens])
+                record["seconds"].append(sum(seconds for seconds, _ in decoded))
+                record["tokens"].append(sum(record["unit_tokens"][-1]))
+                totals[name][0] += record["seconds"][-1]
+                totals[name][1] += record["tokens"][-1]
+        for name in names:
+            out[name]["seconds"].append(totals[name][0])
+            out[name]["tokens"].append(totals[name][1])
+    bar.close()
+    return out, by_group
+
+
+def _empty(names: list[str]) -> dict:
+    return {name: {"seconds": [], "tokens": [], "phases": {"time_s": {}, "calls": {}, "draft_forwards": 0}}
+            for name in names}
+
+
+def _decode(loop, batches: list[dict], max_new_tokens: int, seed: int, device: str,
+            phases: dict) -> list[tuple[float, list[int]]]:
+    """One timed pass of ``loop`` over ``batches``, its generator seeded alike in every repeat -> per batch (seconds
+    inside generate, new tokens per row); the phases are added to ``phases``."""
+    generator = torch.Generator(device=device).manual_seed(seed + REPEAT_SEED)
+    out = []
+    for batch in batches:
+        result = loop.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens, generator,
+                               encoder_inputs=batch.get("encoder_inputs"), **prompt_texts(loop, batch))
+        out.append((result.wall_time_s, [s["new_tokens"] for s in result.row_stats]))
+        _add_phases(phases, result)
     return out
 
 

@@ -18,7 +18,10 @@ Version history (``specsweep_results``):
      ``resolved.draft_tokenizer_mode``, ``metrics.cross_tokenizer`` and the acceptance in characters
      (``metrics.accepted_chars``, ``drafted_chars``, ``acceptance_rate_chars``, ``chars_per_step``;
      ``samples[].accepted_chars``, ``drafted_chars``) (pipeline/decoding/drafters/cross_tokenizer.py; absent: one
-     tokenizer).
+     tokenizer); for a task with categories (spec_bench), ``metrics.by_category`` and ``metrics.by_group``
+     (pipeline/categories.py), ``measurement.groups`` (each category's timing, pipeline/paired.py ``time_groups``),
+     ``resolved.ar_outputs`` (whose outputs the quality compares with) and ``config.categories`` /
+     ``config.per_category`` (absent: every category).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Resolved(TypedDict, total=False):
     rank_wall_time_s: list[float]    # with processes > 1: each rank's seconds inside generate (wall_time_s: the most)
     speed_measured_on: str           # with processes > 1: where the paired speed measurement ran, "rank 0 (cpu)"
     draft_tokenizer_mode: str        # shared, intersection or string (pipeline/decoding/drafters/cross_tokenizer.py)
+    ar_outputs: str | None           # spec_bench: the γ = 0 outputs its quality compares with (None at T > 0)
     # and the task's record of inputs it cut to fit (pipeline/tasks: e.g. truncated, long_inputs)
 
 
@@ -108,6 +112,10 @@ class Metrics(TypedDict, total=False):
     # draft_vocab, target_share_in_intersection, and in intersection mode target_mass_on_intersection and
     # draft_mass_on_intersection (with the sums they come from); None with one tokenizer
     cross_tokenizer: dict | None
+    # a task with categories (spec_bench): {category: figures} and {group: figures, "overall": figures}, the figures
+    # of pipeline/categories.py (tokens, steps, mean accepted tokens, agreement with AR, paired speedup)
+    by_category: dict
+    by_group: dict
 
 
 class Sample(TypedDict, total=False):

@@ -18,9 +18,9 @@ from pipeline.rules import param_names
 
 # Config columns first (what was run; every acceptance rule's parameters by name), then the metrics (what it
 # measured), then quality scores.
-CONFIG_COLUMNS = ("task", "target", "draft", "sampler", "backend", "gamma", "draft_schedule", "draft_confidence",
-                  "gamma_max", "dtype", "temperature", *param_names(), "preset", "engine", "batch_size",
-                  "max_new_tokens", "limit", "seed", "device")
+CONFIG_COLUMNS = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_schedule",
+                  "draft_confidence", "gamma_max", "dtype", "temperature", *param_names(), "preset", "engine",
+                  "batch_size", "max_new_tokens", "limit", "categories", "per_category", "seed", "device")
 METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",
                   "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
                   "theoretical_speedup", "predicted_speedup", "cost_ratio", "verify_cost_ratio", "wall_time_s",
@@ -30,8 +30,9 @@ METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_
 # for a run with one tokenizer. The mode itself is the ``draft_tokenizer_mode`` column (resolved; "shared" for a
 # results file written before drafts could have another tokenizer).
 CROSS_TOKENIZER_COLUMNS = ("intersection_size", "target_share_in_intersection", "target_mass_on_intersection")
-# Per-step detail, kept as JSON text so the table stays flat (and survives CSV).
-LIST_COLUMNS = ("accepted_histogram", "position_acceptance")
+# Per-step detail, kept as JSON text so the table stays flat (and survives CSV); for a task with categories
+# (spec_bench) the figures per category and per group of them (pipeline/categories.py), None for other tasks.
+LIST_COLUMNS = ("accepted_histogram", "position_acceptance", "by_category", "by_group")
 
 
 def device_label(device: dict | None, fallback: str | None = None) -> str:
@@ -62,6 +63,7 @@ def result_row(result: dict, source: str | os.PathLike, name: str | None = None)
         row["draft"] = row["drafter"]
     row["resolved_device"] = result.get("resolved", {}).get("device")
     row["draft_tokenizer_mode"] = result.get("resolved", {}).get("draft_tokenizer_mode") or "shared"
+    row["ar_outputs"] = result.get("resolved", {}).get("ar_outputs")   # spec_bench: whose outputs it was compared with
     row.update({k: metrics.get(k) for k in METRIC_COLUMNS})
     cross = metrics.get("cross_tokenizer") or {}
     row.update({k: cross.get(k) for k in CROSS_TOKENIZER_COLUMNS})
@@ -87,14 +89,21 @@ def result_row(result: dict, source: str | os.PathLike, name: str | None = None)
 
 def load_runs(folder: str | os.PathLike):
     """A DataFrame with one row per ``*.json`` specsweep results file in ``folder`` or its subfolders (sorted by
-    path; the DVC pipeline writes one subfolder per task and dtype)."""
+    path; the DVC pipeline writes one subfolder per task and dtype), or of the one results file ``folder`` names."""
     import pandas as pd
 
     folder = Path(folder)
-    if not folder.is_dir():
-        raise SpecsweepError(f"--runs {folder} is not a folder: run `dvc repro` or `specsweep run --out` first")
+    if folder.is_file() and folder.suffix == ".json":
+        if read_result(folder) is None:
+            raise SpecsweepError(f"--runs {folder} is not a specsweep results file (`specsweep run --out` writes one)")
+        paths = [folder]
+    elif folder.is_dir():
+        paths = sorted(folder.rglob("*.json"))
+    else:
+        raise SpecsweepError(f"--runs {folder} is not a folder or a results JSON file: run `dvc repro` or "
+                             "`specsweep run --out` first")
     rows = []
-    for path in sorted(folder.rglob("*.json")):
+    for path in paths:
         result = read_result(path)
         if result is not None:  # else another kind of JSON in the folder
             rows.append(result_row(result, path))

@@ -51,7 +51,8 @@ from pipeline.tasks.base import Cuts
 
 # Settings that must match between a run and the AR baseline its speedup is measured against.
 BASELINE_KEYS = ("target", "task", "data", "dtype", "max_new_tokens", "max_prompt_tokens", "limit", "seed",
-                 "temperature", "batch_size", "ignore_eos", "chat_template", "long_inputs")
+                 "temperature", "batch_size", "ignore_eos", "chat_template", "long_inputs", "categories",
+                 "per_category")
 
 
 def _load_baseline(path: str, config: RunConfig, device: str) -> dict:
@@ -118,11 +119,15 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
         distributed.rank_device(distributed.World(0, world.size, 0), config.device), dtype)
     baseline = _load_baseline(config.baseline, config, main_device) if config.baseline else None
     sampler = stack.build_sampler(config)  # before loading models: a bad sampler request fails fast
+    task = get_task(config.task)
+    task.check_target(config)  # e.g. a target without the chat template the task needs: refused before loading it
     if not progress:
         from transformers.utils import logging as hf_logging  # kept local: imports transformers
 
         hf_logging.disable_progress_bar()
-    records = load_task_data(config.task, config.data, config.limit, config.seed if config.limit else None)
+    records = load_task_data(config.task, config.data, config.limit, config.seed if config.limit else None,
+                             categories=config.categories_list(), per_category=config.per_category)
+    records = task.decode_units(records)  # what the run decodes: one prompt each (spec_bench: a question's turns)
     if world is not None and len(records) < world.size:
         raise SpecsweepError(f"{len(records)} examples for {world.size} processes: use at most {len(records)} "
                              "processes (or more data, --limit)")
@@ -140,22 +145,27 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     target, draft, tokenizer, _ = loaded
     metrics = _summarize(samples, totals)
     metrics["roofline"] = _roofline(config, target, draft, samples, totals, device)
-    measurement = _measure(config, loops, records, encode, device, metrics, threads, progress)
+    measurement = _measure(config, loops, records, encode, device, metrics, threads, progress, task)
     metrics.update(paired.metrics_of(measurement))
     if baseline is not None:
         metrics["baseline_tokens_per_second"] = baseline["tokens_per_second"]
         metrics["unpaired_speedup"] = metrics["tokens_per_second"] / baseline["tokens_per_second"]
     paired.warn_if_flagged(measurement, config.out)
 
-    quality, per_sample = get_task(config.task).score([s["text"] for s in samples], records, tokenizer, config.seed)
+    ar_samples, ar_source = _ar_outputs(config, task, loops, lambda: task.encoder(target, tokenizer, loaded[3], config),
+                                        records, samples, baseline, tokenizer, device, progress)
+    quality, per_sample = task.score_run(samples, records, tokenizer, config.seed, ar_samples)
     for s, q in zip(samples, per_sample):
         s["quality"] = q
+    metrics.update(task.run_metrics(records, samples, measurement))  # e.g. per category (spec_bench)
     resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
                 "baseline_quality": baseline["quality"] if baseline else None,
                 "forward": stack.forwards_used(engine), **encode.record(totals["cuts"]),
                 "processes": 1 if world is None else world.size, "seed_per_example": decoding.per_example,
                 "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer),
                 "drafter": engine.drafter.settings if getattr(engine, "drafter", None) is not None else None}
+    if task.wants_ar_outputs:
+        resolved["ar_outputs"] = ar_source
     if world is not None:
         # the quality pass ran on every rank; the paired speed measurement (a per-device property) on rank 0 alone
         resolved["rank_wall_time_s"] = totals["rank_wall"]
@@ -222,8 +232,9 @@ class _Decoding:
         initialisation, kernel loading on a GPU) stay out of the measured tokens/s. Its own generator leaves the
         run's random stream, and so its tokens, unchanged."""
         config = self.config
-        where.on(share[: config.batch_size])
-        first, _ = encode(share[: config.batch_size])
+        first_batch = get_task(config.task).batches(share, config.batch_size)[0]
+        where.on(first_batch)
+        first, _ = encode(first_batch)
         for loop in loops.values():
             loop.generate(first["input_ids"], first["attention_mask"], min(4, config.max_new_tokens),
                           torch.Generator(device=self.device).manual_seed(config.seed + 1),
@@ -247,16 +258,16 @@ def _generators(config: RunConfig, device: str, per_example: bool):
 
 def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokenizer, task, generators,
                   progress: bool, where=None) -> tuple[list[dict], dict]:
-    """Decode every record once, in batches, with the run's randomness (``generators``: batch -> generator, see
-    :func:`_generators`) -> (per-sample results, totals: engine seconds, phase times and calls, draft forwards,
-    accepted-count histogram, peak memory, and the task's Cuts of inputs too long for the model, about which it
-    warns once). ``where`` (pipeline/distributed.py Where) is told which examples each batch holds."""
+    """Decode every record once, in the task's batches, with the run's randomness (``generators``: batch ->
+    generator, see :func:`_generators`) -> (per-sample results, totals: engine seconds, phase times and calls, draft
+    forwards, accepted-count histogram, peak memory, and the task's Cuts of inputs too long for the model, about
+    which it warns once). ``where`` (pipeline/distributed.py Where) is told which examples each batch holds; the
+    encoder is told each batch's output texts (a conversation's later turns read them)."""
 
     samples, cuts = [], Cuts()
     totals = {"wall": 0.0, "phase_time": {}, "phase_calls": {}, "draft_forwards": 0, "peak": 0.0}
     bar = tqdm(total=len(records), desc=f"{config.sampler} γ={config.gamma}", unit="sample", disable=not progress)
-    for start in range(0, len(records), config.batch_size):
-        batch = records[start: start + config.batch_size]
+    for batch in task.batches(records, config.batch_size):
         if where is not None:
             where.on(batch)
         inputs, cut = encode(batch)
@@ -285,6 +296,7 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
                             "reference": task.reference(batch[i])})
             if result.origins is not None:  # None from --engine hf, which cannot know them
                 _add_origins(samples[-1], result.origins[i], result.origin_steps[i], tokenizer, config.gamma, totals)
+        encode.answered(batch, [s["text"] for s in samples[-len(batch):]])
         bar.update(len(batch))
     bar.close()
     if cuts.too_long:
@@ -323,18 +335,50 @@ def _roofline(config: RunConfig, target, draft, samples: list[dict], totals: dic
 
 
 def _measure(config: RunConfig, loops: dict, records: list[dict], encode, device: str, metrics: dict, threads: dict,
-             progress: bool) -> dict:
+             progress: bool, task) -> dict:
     """The paired timing (pipeline/paired.py) on the first ``samples_per_repeat`` samples (encoded by the run's
-    ``encode``), with the machine's load recorded around it; returns the measurement record."""
-    subset = records[: config.samples_per_repeat]
-    batches = [encode(subset[i: i + config.batch_size])[0]
-               for i in range(0, len(subset), config.batch_size)]
+    ``encode``), or where the task times groups apart (spec_bench: categories) on each group's, with the machine's
+    load recorded around it; returns the measurement record (with ``groups``: each group's timing)."""
+    groups = task.timing_groups(records, config.samples_per_repeat)
+    if groups is None:
+        subset = records[: config.samples_per_repeat]
+        batches = [encode(subset[i: i + config.batch_size])[0]
+                   for i in range(0, len(subset), config.batch_size)]
+    else:
+        subset = [u for units in groups.values() for u in units]
+        grouped = {g: [([u["id"] for u in b], encode(b)[0]) for b in task.batches(units, config.batch_size)]
+                   for g, units in groups.items()}
     load = LoadProbe(device)
-    timings = paired.time_repeats(loops, batches, config.max_new_tokens, config.repeats, config.seed, device,
-                                  progress)
+    if groups is None:
+        timings, by_group = paired.time_repeats(loops, batches, config.max_new_tokens, config.repeats, config.seed,
+                                                device, progress), None
+    else:
+        timings, by_group = paired.time_groups(loops, grouped, config.max_new_tokens, config.repeats, config.seed,
+                                               device, progress)
     metrics.update(_theory(metrics, paired.forward_costs(timings), config.gamma))
-    return paired.summarize(timings, metrics["predicted_speedup"], load.finish(), threads, len(subset),
-                            config.max_spread, config.max_cpu_wait)
+    record = paired.summarize(timings, metrics["predicted_speedup"], load.finish(), threads, len(subset),
+                              config.max_spread, config.max_cpu_wait)
+    if by_group is not None:
+        record["groups"] = by_group
+    return record
+
+
+def _ar_outputs(config: RunConfig, task, loops: dict, fresh_encoder, records: list[dict], samples: list[dict],
+                baseline: dict | None, tokenizer, device: str, progress: bool) -> tuple[list[dict] | None, str | None]:
+    """For a task that scores against the γ = 0 loop's own outputs (spec_bench), at T = 0 (sampled outputs are not
+    compared token by token): those outputs and where they came from, the run's own at γ = 0, else the --baseline
+    file's samples, else one more pass of the γ = 0 loop over every record with a fresh encoder (``fresh_encoder()``:
+    a conversation then follows the γ = 0 loop's own answers). (None, None) otherwise."""
+    if not task.wants_ar_outputs or config.temperature > 0:
+        return None, None
+    if config.gamma == 0:
+        return samples, "this run (γ = 0)"
+    if baseline is not None:
+        return read_result(baseline["path"])["samples"], baseline["path"]
+    ar = dataclasses.replace(config, gamma=0, sampler="exact")
+    decoded, _ = _quality_pass(ar, loops[paired.AUTOREGRESSIVE], fresh_encoder(), records, tokenizer, task,
+                               _generators(ar, device, False), progress)
+    return decoded, "a pass of the γ = 0 loop in this run"
 
 
 def _theory(metrics: dict, costs: dict, gamma: int) -> dict:

@@ -26,8 +26,8 @@ HEAVY = ("torch", "numpy", "transformers", "datasets", "pyarrow", "soundfile", "
 
 
 def test_registry_names_fetchable_tasks_and_metrics():
-    assert TASK_NAMES == ("prompts", "cnn_dailymail", "librispeech")
-    assert FETCHABLE == ("cnn_dailymail", "librispeech")
+    assert TASK_NAMES == ("prompts", "cnn_dailymail", "librispeech", "spec_bench")
+    assert FETCHABLE == ("cnn_dailymail", "librispeech", "spec_bench")
     assert LONG_INPUTS == ("truncate", "error")
     with pytest.raises(SpecsweepError, match=r"unknown task 'nope'.*prompts.*cnn_dailymail.*librispeech"):
         get_task("nope")
@@ -35,7 +35,8 @@ def test_registry_names_fetchable_tasks_and_metrics():
     assert (rouge.key, rouge.sign, rouge.display, rouge.error_rate) == ("rougeL", 1.0, "ROUGE-L", False)
     assert (wer.key, wer.sign, wer.display, wer.error_rate) == ("wer", -1.0, "WER", True)
     assert quality_metric("prompts") is None and quality_metric("nope") is None
-    assert QUALITY == {"cnn_dailymail": ("rougeL", 1.0), "librispeech": ("wer", -1.0)}
+    assert QUALITY == {"cnn_dailymail": ("rougeL", 1.0), "librispeech": ("wer", -1.0),
+                       "spec_bench": ("token_agreement", 1.0)}
 
 
 @pytest.mark.parametrize("name", TASK_NAMES)
@@ -46,6 +47,7 @@ def test_every_task_describes_itself(name):
     assert task.columns[0] == "id" and task.source_fields
     if task.hub is not None:
         assert "id" in task.hub.columns and task.hub.repo_id and task.hub.config
+    assert task.fetchable == (task.hub is not None or task.url is not None)
     if task.metric is not None:
         assert task.metric.sign in (1.0, -1.0) and task.metric.display
 

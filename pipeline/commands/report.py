@@ -10,7 +10,8 @@ HELP = ("collect results/runs, the Optuna studies and the benchmarks into one ta
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", default="results/runs", help="folder of results JSON files (default: results/runs)")
+    p.add_argument("--runs", default="results/runs",
+                   help="folder of results JSON files, or one results file (default: results/runs)")
     p.add_argument("--tune", default="results/tune",
                    help="folder of Optuna studies: <task>-pareto.json and <task>/study.db (default: results/tune; "
                         "missing = none)")

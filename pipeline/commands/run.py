@@ -182,6 +182,10 @@ def _report(config: RunConfig, result: dict, verbose: bool = False) -> None:
     if m["flagged"]:
         parts.append("FLAGGED (see the warnings above)")
     print("; ".join(parts))
+    if m.get("by_group"):  # a task with categories (spec_bench): speedup and tokens/step per group
+        from pipeline.categories import summary_lines
+
+        print("per group (paired speedup [interval], mean accepted tokens):", *summary_lines(m["by_group"]), sep="\n")
     print(f"wrote {config.out}")
     from pipeline.tracking import log_run
 

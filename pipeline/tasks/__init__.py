@@ -3,6 +3,7 @@
     prompts        pipeline/tasks/prompts.py        JSONL of {"id", "prompt"}; no quality metric
     cnn_dailymail  pipeline/tasks/cnn_dailymail.py  article + " Summary:", ROUGE against the highlights
     librispeech    pipeline/tasks/librispeech.py    Whisper ASR of 16 kHz audio, corpus WER
+    spec_bench     pipeline/tasks/spec_bench.py     Spec-Bench's questions as chat conversations, per category
 
 What a task is (its interface, its quality metric, the long-inputs rule) is :mod:`pipeline.tasks.base`.
 ``RunConfig``'s task choices, `specsweep fetch`'s ``--task`` choices (:data:`FETCHABLE`), pipeline/data.py,
@@ -18,16 +19,18 @@ from pipeline.tasks.base import LONG_INPUTS, QualityMetric, Task
 from pipeline.tasks.cnn_dailymail import CnnDailyMailTask
 from pipeline.tasks.librispeech import LibriSpeechTask
 from pipeline.tasks.prompts import PromptsTask
+from pipeline.tasks.spec_bench import SpecBenchTask
 
 __all__ = ["FETCHABLE", "LONG_INPUTS", "TASK_NAMES", "get_task", "quality_metric"]
 
-_TASKS: dict[str, Task] = {task.name: task for task in (PromptsTask(), CnnDailyMailTask(), LibriSpeechTask())}
+_TASKS: dict[str, Task] = {task.name: task for task in (PromptsTask(), CnnDailyMailTask(), LibriSpeechTask(),
+                                                         SpecBenchTask())}
 
 TASK_NAMES: tuple[str, ...] = tuple(_TASKS)
 """Every task's name, in the order --help lists them."""
 
-FETCHABLE: tuple[str, ...] = tuple(name for name, task in _TASKS.items() if task.hub is not None)
-"""The tasks with data on the Hub: `specsweep fetch`'s choices."""
+FETCHABLE: tuple[str, ...] = tuple(name for name, task in _TASKS.items() if task.fetchable)
+"""The tasks with data on the Hub or a published file: `specsweep fetch`'s choices."""
 
 
 def get_task(name: str) -> Task:

@@ -13,6 +13,14 @@ max_new_tokens + γ + 2 exceeds the target's positions, a clip longer than Whisp
 (``"truncate"``, the default: the run warns once, and its results count the cut inputs and how much was cut)
 or stops the run with a one-line error (``"error"``). The run's setting is ``RunConfig.long_inputs``.
 
+A task whose prompts depend on what the run decoded (a conversation, each turn built from the model's own earlier
+answers: ``spec_bench``) splits its records into decode units (:meth:`Task.decode_units`), batches them so that
+no unit shares a batch with a unit it depends on (:meth:`Task.batches`), and reads the answers through
+:meth:`Encoder.answered`. A task with categories may time them apart (:meth:`Task.timing_groups`), score against
+the γ = 0 loop's own outputs (:attr:`Task.wants_ar_outputs`, :meth:`Task.score_run`) and add per-category
+metrics to a run's results (:meth:`Task.run_metrics`). Every hook has a default that leaves a task without them
+as it was.
+
 Nothing here imports torch, numpy, transformers, datasets or pyarrow at import time (``specsweep --help`` reads
 the registry): a task imports what it needs inside the method that needs it.
 """
@@ -21,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.errors import SpecsweepError
 
 LONG_INPUTS = ("truncate", "error")
 """The long-inputs rule's choices: cut an input to fit the model, or stop the run."""
@@ -75,6 +85,10 @@ class Encoder:
     def __call__(self, records: list[dict]) -> tuple[dict, Cuts]:
         raise NotImplementedError
 
+    def answered(self, records: list[dict], texts: list[str]) -> None:
+        """What the run decoded for ``records`` (their output texts, in order). A conversation task builds later turns
+        from it; the default ignores it."""
+
     def warning(self, cuts: Cuts) -> str:
         """The one line a run prints when it cut inputs to fit the model (``cuts.too_long > 0``)."""
         raise NotImplementedError
@@ -96,6 +110,7 @@ class Task:
     speech = False                      # True: a speech-to-text target (processor + encoder-decoder model)
     metric: QualityMetric | None = None
     hub: HubDataset | None = None       # None: the task reads local files only (`specsweep fetch` cannot fetch it)
+    url: str | None = None              # or one published JSONL file in the --source schema (`specsweep fetch`)
     columns: tuple[str, ...]            # the fields of a record, and the Parquet columns `specsweep fetch` writes
     source_fields: tuple[str, ...]      # required (string) keys of a --source JSONL line
     source_hint: str                    # the --source shape, for help and error messages
@@ -138,7 +153,45 @@ class Task:
         """What `specsweep fetch` adds to its one-line summary (", ..." or "")."""
         return ""
 
+    @property
+    def fetchable(self) -> bool:
+        """`specsweep fetch` can fetch the task's data (from the Hub, or its published file)."""
+        return self.hub is not None or self.url is not None
+
+    def select(self, records: list[dict], categories: list[str] | None, per_category: int | None) -> list[dict]:
+        """The records of ``categories`` (None: all), the first ``per_category`` of each (None: all), in order. Only
+        a task whose records have categories selects by them."""
+        if categories is None and per_category is None:
+            return records
+        raise SpecsweepError(f"--categories and --per-category select categories of a task that has them; --task "
+                             f"{self.name} has none")
+
     # ------------------------------------------------------------------------------- runs (pipeline/runner.py)
+
+    def check_config(self, config) -> None:
+        """Settings this task cannot run with (``RunConfig.validate`` asks, before anything loads): a one-line
+        :class:`SpecsweepError`."""
+        if getattr(config, "categories", None) is not None or getattr(config, "per_category", None) is not None:
+            self.select([], config.categories_list(), config.per_category)
+
+    def check_target(self, config) -> None:
+        """A target this task cannot run with, refused before the models load (a one-line
+        :class:`SpecsweepError`); the default checks nothing."""
+
+    def decode_units(self, records: list[dict]) -> list[dict]:
+        """Records -> what a run decodes, one prompt each (the default: the records themselves)."""
+        return records
+
+    def batches(self, units: list[dict], size: int) -> list[list[dict]]:
+        """Decode units -> batches of at most ``size``, in order; a unit never shares a batch with one whose output
+        its prompt reads (the default: consecutive units)."""
+        return [units[i: i + size] for i in range(0, len(units), size)]
+
+    def timing_groups(self, units: list[dict], per_group: int) -> dict[str, list[dict]] | None:
+        """The units a run's paired timing decodes, by group, each group's loops timed back to back in every repeat
+        (pipeline/paired.py ``time_groups``); None: the first ``per_group`` units, as one."""
+        return None
+
 
     def encoder(self, target, tokenizer, processor, config) -> Encoder:
         """The run's :class:`Encoder` for ``target`` (its tokenizer and, for speech, its processor)."""
@@ -151,3 +204,18 @@ class Task:
     def score(self, predictions: list[str], records: list[dict], tokenizer, seed: int) -> tuple[dict, list[dict]]:
         """-> (corpus-level quality, per-sample quality)."""
         return {}, [{} for _ in predictions]
+
+    wants_ar_outputs = False
+    """True: the run scores against the γ = 0 loop's own outputs (:meth:`score_run`'s ``ar_samples``)."""
+
+    def score_run(self, samples: list[dict], records: list[dict], tokenizer, seed: int,
+                  ar_samples: list[dict] | None) -> tuple[dict, list[dict]]:
+        """A run's quality from its samples (pipeline/result.py ``Sample``) -> (corpus-level, per sample). The
+        default scores the output texts (:meth:`score`); ``ar_samples``: the γ = 0 loop's samples of the same
+        records, with :attr:`wants_ar_outputs` (None where they are not compared: T > 0)."""
+        return self.score([s["text"] for s in samples], records, tokenizer, seed)
+
+    def run_metrics(self, records: list[dict], samples: list[dict], measurement: dict) -> dict:
+        """Metrics a run adds to its results beyond the common ones (e.g. per category), from its decode units, its
+        scored samples and its measurement record; the default adds none."""
+        return {}

@@ -243,8 +243,9 @@ def _range(spec) -> Range:
 def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
     """``space`` for the run's pair. A draft with another tokenizer than the target's
     (pipeline/decoding/drafters/cross_tokenizer.py)
-    drafts a fixed γ (an adaptive trial could only fail), and its trials choose how to bridge the tokenizers
-    (intersection or string; which is faster depends on the pair) unless ``--draft-tokenizer-mode`` fixes it."""
+    drafts a fixed γ (an adaptive trial could only fail), its trials choose how to bridge the tokenizers
+    (intersection or string; which is faster depends on the pair) unless ``--draft-tokenizer-mode`` fixes it, and
+    they all use that draft."""
 
     if not base.draft or get_task(base.task).speech \
             or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
@@ -252,4 +253,5 @@ def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
     modes = ("intersection", "string") if base.draft_tokenizer_mode == "auto" else ()
     print(f"the draft {base.draft} has another tokenizer than the target's: trials draft a fixed γ"
           + (f" and choose the draft-tokenizer mode from {list(modes)}" if modes else ""), file=sys.stderr)
-    return dataclasses.replace(space, drafts=("fixed",), tokenizer_modes=modes)
+    # its study is about that draft: the drafters without a model are searched in the matched pair's study
+    return dataclasses.replace(space, drafts=("fixed",), tokenizer_modes=modes, drafters=("model",))
