@@ -11,7 +11,7 @@
   lossless   one (rule, dtype) of the losslessness benchmark, ``specsweep bench lossless``
              (results/bench/lossless-*.json): greedy match rate against the target alone, sampled p-values
 
-Optuna studies are read from their files only: ``<task>-pareto.json`` beside the study folder, and the SQLite
+Optuna studies are read from their files only: ``<pair>-pareto.json`` beside the study folder, and the SQLite
 ``<task>/study.db`` opened read-only when present. Every row records its ``source`` file, ``date``, ``host``,
 ``device_name`` and whether it was measured on a CPU only (``cpu_only``).
 """
@@ -59,7 +59,7 @@ def load_all(runs_table, tune: str | os.PathLike | None = None, kernels: str | o
 # ---------------------------------------------------------------------------------------------- Optuna studies
 
 def load_trials(tune_dir: str | os.PathLike):
-    """Rows for every trial of every study under ``tune_dir`` (``<task>-pareto.json`` + ``<task>/``)."""
+    """Rows for every trial of every study under ``tune_dir`` (``<pair>-pareto.json`` + ``<task>/``)."""
     import pandas as pd
 
     tune_dir = Path(tune_dir)
