@@ -118,7 +118,8 @@ class RunConfig:
     engine: str = setting("specsweep", "specsweep: our loop; hf: transformers' generate(assistant_model=...) with "
                                        "our sampler", choices=ENGINES)
     draft_tokenizer_mode: str = setting("auto", "a draft with another tokenizer than the target's "
-                                                "(pipeline/decoding/drafters/cross_tokenizer.py): "
+                                                "(pipeline/decoding/drafters/cross_tokenizer.py; for Whisper, a "
+                                                "full Whisper draft): "
                                                 "intersection = propose only tokens "
                                                 "both vocabularies share, lossless at any temperature; string = "
                                                 "re-tokenise the draft's text for the target (greedy, or exact-match "
@@ -186,9 +187,10 @@ class RunConfig:
         if self.verify_graphs and (self.backend != "cupy" or self.engine != "specsweep" or self.device == "cpu"):
             raise bad("--verify-graphs replays the CUDA kernels' verify step from CUDA graphs: use it with "
                       "--backend cupy, --engine specsweep and a CUDA device")
-        if self.draft_tokenizer_mode in ("intersection", "string") and get_task(self.task).speech:
-            raise bad(f"--draft-tokenizer-mode {self.draft_tokenizer_mode} runs on causal LMs: use a text task (a "
-                      "Whisper pair shares one tokenizer)")
+        if self.draft_tokenizer_mode in ("intersection", "string") and get_task(self.task).speech \
+                and (self.draft_decoder_only or self.engine != "specsweep"):
+            raise bad(f"--draft-tokenizer-mode {self.draft_tokenizer_mode} on a speech task runs a full Whisper draft "
+                      "(its own encoder) in our engine: drop --draft-decoder-only and use --engine specsweep")
         if self.draft_tokenizer_mode == "intersection" and self.engine != "specsweep":
             raise bad("--draft-tokenizer-mode intersection runs in our engine: use --engine specsweep (--engine hf "
                       "offers transformers' string-level drafting, at --temperature 0)")

@@ -7,7 +7,8 @@ build through here, so a setting means the same thing everywhere.
     engine = build_engine(config, sampler, pair.target, pair.draft, pair.tokenizer, device)
 
 :func:`build_drafter` is the one place that decides which drafter a run has (the loop never asks): a draft model
-with the target's tokenizer, or one with another tokenizer (pipeline/decoding/drafters/cross_tokenizer.py).
+with the target's tokenizer, or one with another tokenizer (pipeline/decoding/drafters/cross_tokenizer.py; a Whisper
+draft of a Whisper target: pipeline/decoding/drafters/whisper_text.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pipeline.decoding.drafters.cross_tokenizer import (
 )
 from pipeline.decoding.drafters.lookup import prompt_lookup, suffix_decoding
 from pipeline.decoding.drafters.model import ModelDrafter
+from pipeline.decoding.drafters.whisper_text import WhisperTextDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import HFEngine
 from pipeline.errors import SpecsweepError
@@ -64,16 +66,16 @@ def build_sampler(config: RunConfig):
 
 
 def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
-    """Refuses a pair with different vocabularies where they must match (speech; ``--draft-tokenizer-mode shared``)
-    before loading the models. With --device auto and several GPUs the target is spread over all of them; the draft
-    stays on ``device``."""
+    """Refuses a pair with different vocabularies where they must match (``--draft-tokenizer-mode shared``; a speech
+    pair without a full Whisper draft in our engine, :func:`check_speech_pair`) before loading the models. With
+    --device auto and several GPUs the target is spread over all of them; the draft stays on ``device``."""
     spread = spreads_target(config.device)
     use_draft = bool(config.draft) and config.gamma > 0 and config.drafter == "model"
     if task.speech:
         processor = load_processor(config.target)
         tokenizer = processor.tokenizer
         if use_draft:
-            check_same_tokenizer(tokenizer, load_processor(config.draft).tokenizer, config.target, config.draft)
+            check_speech_pair(config, processor, load_processor(config.draft))
         target = load_speech_seq2seq(config.target, dtype, device, spread=spread)
         draft = None
         if use_draft:
@@ -88,6 +90,37 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return Pair(target, draft, tokenizer, None)
+
+
+def check_speech_pair(config: RunConfig, target_processor, draft_processor) -> None:
+    """A Whisper pair may have two tokenizers only where a draft with another tokenizer can run: a full Whisper draft
+    (its own encoder; not --draft-decoder-only), in our engine, not in shared mode, and computing the target's
+    features (the same feature extractor settings: it encodes the target's log-mel input). One-line SpecsweepError
+    otherwise."""
+    target_tok, draft_tok = target_processor.tokenizer, draft_processor.tokenizer
+    if same_vocabulary(target_tok, draft_tok):
+        return
+    if config.draft_tokenizer_mode == "shared" or config.draft_decoder_only or config.engine != "specsweep":
+        how = ("--draft-tokenizer-mode shared" if config.draft_tokenizer_mode == "shared" else
+               "--draft-decoder-only" if config.draft_decoder_only else f"--engine {config.engine}")
+        raise SpecsweepError(f"draft {config.draft!r} and target {config.target!r} use different tokenizers, which a "
+                             f"Whisper pair with {how} cannot bridge: give a full Whisper draft in our engine "
+                             "(--engine specsweep, --draft-tokenizer-mode auto, intersection or string), or a draft "
+                             "from the target's tokenizer family")
+    ours, theirs = _features(target_processor), _features(draft_processor)
+    if ours != theirs:
+        differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        raise SpecsweepError(f"draft {config.draft!r} computes other audio features than target {config.target!r} "
+                             f"({', '.join(differ)} differ), and a Whisper draft with another tokenizer encodes the "
+                             "target's features: pick a draft with the target's feature extractor")
+
+
+def _features(processor) -> dict:
+    """A processor's feature extractor settings (its type, mel bins, window, hop, sampling rate, ...: the mel filters
+    follow from them), without the name of its processor class."""
+    out = processor.feature_extractor.to_dict()
+    out.pop("processor_class", None)
+    return out
 
 
 def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: str):
@@ -137,6 +170,9 @@ def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: 
         _BRIDGES[key] = build_bridge(tokenizer, draft_tokenizer(config.draft),
                                      target.get_output_embeddings().weight.shape[0],
                                      draft.get_output_embeddings().weight.shape[0], device)
+    if getattr(draft.config, "is_encoder_decoder", False):       # a Whisper draft: its own decoder prompt
+        prefix = get_task(config.task).decoder_prompt(draft, draft_tokenizer(config.draft))
+        return WhisperTextDrafter(draft, _BRIDGES[key], mode, prefix)
     return TextDrafter(draft, _BRIDGES[key], mode)
 
 
@@ -150,9 +186,9 @@ def autoregressive_engine(config: RunConfig, target, tokenizer, device: str):
 
 def draft_tokenizer_mode(config: RunConfig, sampler, draft, tokenizer) -> str:
     """The run's draft-tokenizer mode, ``--draft-tokenizer-mode`` resolved
-    (pipeline/decoding/drafters/cross_tokenizer.py): shared for a speech pair (checked when loaded) or without a
-    draft."""
-    if draft is None or config.gamma == 0 or get_task(config.task).speech:
+    (pipeline/decoding/drafters/cross_tokenizer.py): shared without a draft and for a decoder-only draft of a speech
+    target (which reads the target's tokens; the pair is checked when loaded)."""
+    if draft is None or config.gamma == 0 or (config.draft_decoder_only and get_task(config.task).speech):
         return "shared"
     return resolve_mode(config.draft_tokenizer_mode, same_vocabulary(tokenizer, draft_tokenizer(config.draft)),
                         sampler.verifies_by_argmax)

@@ -28,6 +28,8 @@ after it separately, as a chat template separates turns. The price is host work 
 encode of the generated text), which the run's timings include.
 
 ``shared`` (the same token -> id map) is the plain engine; :func:`resolve_mode` picks the mode when none is given.
+:class:`TextDrafter` drafts for causal LMs; a Whisper draft of a Whisper target (its own encoder, decoder prompt and
+suppressed ids) is its subclass in pipeline/decoding/drafters/whisper_text.py.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class TokenText:
 
     surfaces   dict id -> the text the token adds after a word (" fox"), for every non-special token whose text is
                whole characters (a byte-level token that is part of a UTF-8 character has none)
+    special    the tokenizer's special ids (Whisper's <|startoftranscript|>, <|en|>, <|notimestamps|>, EOS, ...)
+    unknown    the id the tokenizer gives text it cannot encode, or None: a byte-level BPE (GPT-2, Whisper) encodes
+               any text and names EOS as its unknown token, which is no sign of unknown text there
     """
 
     def __init__(self, tokenizer) -> None:
@@ -90,6 +95,7 @@ class TokenText:
         self.anchor = _anchor(tokenizer)
         self._prefix = tokenizer.decode([self.anchor], clean_up_tokenization_spaces=False)
         special = set(tokenizer.all_special_ids)
+        self.special = frozenset(special)
         ids = [i for i in range(len(tokenizer)) if i not in special]
         texts = tokenizer.batch_decode([[self.anchor, i] for i in ids], clean_up_tokenization_spaces=False)
         self.surfaces: dict[int, str] = {}
@@ -98,7 +104,8 @@ class TokenText:
                 s = text[len(self._prefix):]
                 if s and "\ufffd" not in s:
                     self.surfaces[i] = s
-        self.unknown = tokenizer.unk_token_id
+        unknown = tokenizer.unk_token_id
+        self.unknown = None if unknown is not None and unknown == tokenizer.eos_token_id else unknown
 
     def decode(self, ids: list[int]) -> str:
         """The text ``ids`` add after a word (a leading space kept)."""
@@ -204,6 +211,11 @@ class TextDrafter(Drafter):
 
     Host mirror, per active row: ``ids`` the draft ids in its cache (real positions, in order), ``pos`` their cache
     positions, ``generated`` the target ids emitted so far, ``prompt`` its draft prompt ids.
+
+    The target's suppressed ids (Whisper's suppress lists, the engine's ``setup.mask_logits``) are about the target's
+    vocabulary: the draft's own logits are left as they are (:meth:`own_logits`), and a proposal of an id the target
+    suppresses is rejected by the verify step, which reads the target's masked logits (lossless). A Whisper draft
+    (pipeline/decoding/drafters/whisper_text.py) masks its own suppressed ids instead.
     """
 
     reads_emitted = True
@@ -236,11 +248,20 @@ class TextDrafter(Drafter):
         self.target_positions = self.draft_positions = 0
 
     def bind(self, setup: DraftSetup) -> None:
-        if setup.target_kind != "causal" or setup.mask_logits is not None or setup.adaptive:
-            raise SpecsweepError("a draft with another tokenizer works with causal LMs, without suppressed tokens "
-                                 "and with a fixed γ: use a draft with the target's tokenizer here")
+        if setup.target_kind != "causal":
+            raise SpecsweepError("a draft with another tokenizer for an encoder-decoder target must be a full "
+                                 "encoder-decoder (a Whisper draft with its own encoder): drop --draft-decoder-only, "
+                                 "or use a draft with the target's tokenizer")
+        self.attach(setup, "causal")
+
+    def attach(self, setup: DraftSetup, kind: str) -> None:
+        """What :meth:`bind` sets up once the setup is accepted: the draft's cache (``kind``: how the draft is
+        driven, pipeline/decoding/cache.py) and the settings it reads. Refuses an adaptive draft length."""
+        if setup.adaptive:
+            raise SpecsweepError("a draft with another tokenizer drafts a fixed γ: drop --draft-schedule and "
+                                 "--draft-confidence, or use a draft with the target's tokenizer")
         super().bind(setup)
-        self.model = CachedModel(self.lm, "causal", setup.static)
+        self.model = CachedModel(self.lm, kind, setup.static)
         self.vocab_size = self.bridge.target_in.shape[0]        # proposals arrive in target ids
         self.temperature = setup.draft_temperature
 
@@ -275,8 +296,10 @@ class TextDrafter(Drafter):
         with prompt.timer.phase("prefill"):
             self._read_prompts(prompts, prompt.input_ids.device, max(len(p) for p in prompts) + room + 2)
 
-    def _read_prompts(self, prompts: list[list[int]], device, capacity: int) -> None:
-        """prompts: per row, the draft's prompt ids (:meth:`prompt_ids`)."""
+    def _read_prompts(self, prompts: list[list[int]], device, capacity: int,
+                      encoder_hidden: torch.Tensor | None = None) -> None:
+        """prompts: per row, the draft's prompt ids (:meth:`prompt_ids`); encoder_hidden [B, S, D]: the draft's own
+        encoder output, for an encoder-decoder draft (else None)."""
         B = len(prompts)
         width = max(len(p) for p in prompts)
         ids = torch.full((B, width), self.pad, dtype=torch.int64)
@@ -285,7 +308,7 @@ class TextDrafter(Drafter):
             ids[b, width - len(p):] = torch.tensor(p)
             valid[b, width - len(p):] = True
         padded = any(len(p) < width for p in prompts)
-        self.model.reset(B, device, None, capacity)
+        self.model.reset(B, device, encoder_hidden, capacity)
         self.carry = self.model.forward(ids.to(device), valid.to(device), last=1, holes=padded)[:, 0]
         self.prompt = [list(p) for p in prompts]
         self.ids = [list(p) for p in prompts]
@@ -321,6 +344,7 @@ class TextDrafter(Drafter):
             if i > 0:
                 logits = self.model.forward(drafted[-1][:, None], last=1)[:, 0]
                 self.forwards += 1
+            logits = self.own_logits(logits, ask.first_step and i == 0)
             if self.mode == "intersection":
                 mass = _probability_on(logits, self.bridge.draft_in, self.temperature)        # [b]
                 self.draft_mass = self.draft_mass + (mass if ask.limits is None else mass * (ask.limits > i)).sum()
@@ -335,6 +359,11 @@ class TextDrafter(Drafter):
             return Proposal(self.bridge.d2t[drafted_d], self._scatter(torch.stack(kept_logits, dim=1)), ask.limits,
                             ask.wants if ask.limits is not None else None)
         return self._through_text(drafted_d, gamma, ask.wants)
+
+    def own_logits(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
+        """The draft's logits [b, V_d] before it samples a proposal (``first_position``: the first token the draft
+        proposes after its prompt): as they are here (see the class on suppressed ids)."""
+        return logits
 
     def _scatter(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [b, γ, V_d] (already -inf outside the intersection) -> [b, γ, V_t], -inf where no draft
@@ -402,7 +431,7 @@ class TextDrafter(Drafter):
                 self.ids[b].extend(fed[b][:n_fed])
                 self.pos[b].extend(range(start, start + n_fed))
             self.generated[b].extend(new)
-            canonical = self.prompt[b] + self.bridge.draft.encode(self.bridge.target.decode(self.generated[b]))
+            canonical = self.context_ids(b)
             k = _lcp(self.ids[b], canonical)
             if k == len(canonical):           # always read at least one token: its logits give the next proposal
                 k -= 1
@@ -421,6 +450,11 @@ class TextDrafter(Drafter):
         self.backlog, self.backlog_valid = ids.to(dev), valid.to(dev)
         self.backlog_holes = any(len(q) < width for q in self._backlog_host)
         self.carry = None
+
+    def context_ids(self, b: int) -> list[int]:
+        """Active row b's context as the draft reads it: its draft prompt, then the text generated so far (the target's
+        emitted tokens, decoded) tokenised by the draft's tokenizer."""
+        return self.prompt[b] + self.bridge.draft.encode(self.bridge.target.decode(self.generated[b]))
 
     def select(self, rows: torch.Tensor, keep: list[int]) -> None:
         self.model.select(rows)
