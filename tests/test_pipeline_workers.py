@@ -79,10 +79,10 @@ def _load(name: str, storage: str):
 def test_a_trial_that_raises_is_recorded_as_failed_and_the_study_goes_on(tiny, tmp_path, monkeypatch):
     import optuna
 
-    import pipeline.runner as runner
+    import pipeline.tuning.study as study_module
 
     _, base = tiny
-    real_run, calls = runner.run, []
+    real_run, calls = study_module.run, []
 
     def flaky(config, progress=True):
         calls.append(config.gamma)
@@ -90,7 +90,7 @@ def test_a_trial_that_raises_is_recorded_as_failed_and_the_study_goes_on(tiny, t
             raise RuntimeError("boom")
         return real_run(config, progress=progress)
 
-    monkeypatch.setattr(runner, "run", flaky)
+    monkeypatch.setattr(study_module, "run", flaky)  # where the study calls it
     out = tmp_path / "front.json"
     assert main(["tune", *base, "--study-dir", str(tmp_path), "--n-trials", "3", "--out", str(out)]) == 0
     study = _load("specsweep-cnn_dailymail", f"sqlite:///{tmp_path / 'study.db'}")

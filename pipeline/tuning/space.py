@@ -22,7 +22,6 @@ from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.models import load_tokenizer
 from pipeline.rules import get_rule, param_names, tunable
-from pipeline.tasks import get_task
 
 OBJECTIVES = ("speedup", "quality")
 
@@ -247,7 +246,7 @@ def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
     (intersection or string; which is faster depends on the pair) unless ``--draft-tokenizer-mode`` fixes it, and
     they all use that draft."""
 
-    if not base.draft or get_task(base.task).speech \
+    if not base.draft or base.drafter != "model" \
             or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
         return space
     modes = ("intersection", "string") if base.draft_tokenizer_mode == "auto" else ()
