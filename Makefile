@@ -4,13 +4,36 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test lint bench constraints
+.PHONY: all setup test lint bench constraints real real-setup
 
 # The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 setup: $(VENV)/.installed
+
+# The real profile (params.real.yaml; docs/pipeline.md, "Profiles"): real models on real data, offline on a CPU, in
+# a workspace of its own, $(REAL)/: a DVC repository (no git) holding copies of dvc.yaml, params.real.yaml (as its
+# params.yaml) and the profile's search space, with its own data, models, results and reports. The data stages read
+# the test fixtures in $(SPECSWEEP_FIXTURES) (relative to this folder) when they are there, else the Hub. The time it
+# takes: README.
+REAL ?= real
+SPECSWEEP_FIXTURES ?= ../shared/fixtures
+
+real: real-setup
+	@if [ -d "$(SPECSWEEP_FIXTURES)" ]; then echo "make real: data from the fixtures in $(SPECSWEEP_FIXTURES)"; \
+	else echo "make real: no fixtures in $(SPECSWEEP_FIXTURES): data from the Hugging Face Hub"; fi
+	cd $(REAL) && SPECSWEEP_FIXTURES="$(abspath $(SPECSWEEP_FIXTURES))" PATH="$(abspath $(BIN)):$$PATH" \
+		$(abspath $(BIN))/dvc repro
+	@echo "make real: the report is $(REAL)/reports/report.md (and report.html); what the profile does not run yet is its first section"
+
+# The workspace only (no stage runs): `cd $(REAL) && dvc status` then lists the profile's stages.
+real-setup: setup
+	mkdir -p $(REAL)/sweeps
+	cp dvc.yaml .dvcignore $(REAL)/
+	cp params.real.yaml $(REAL)/params.yaml
+	cp sweeps/optuna_space.real.yaml $(REAL)/sweeps/
+	test -d $(REAL)/.dvc || (cd $(REAL) && $(abspath $(BIN))/dvc init --no-scm --quiet)
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

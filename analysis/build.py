@@ -42,8 +42,11 @@ TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against
 METRIC_NAME = {m.key: m.display for m in map(quality_metric, TASK_NAMES) if m is not None}  # metric key -> name
 
 
-def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.01) -> dict[str, Path]:
-    """Write results.csv, report.md, report.html and figures/ into ``out_dir``; returns the written paths."""
+def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.01,
+                 missing: list[dict] | None = None) -> dict[str, Path]:
+    """Write results.csv, report.md, report.html and figures/ into ``out_dir``; returns the written paths.
+    ``missing``: the profile's list of what it does not run yet (``{"what", "why"}`` each), a section after the
+    header."""
     if not (isinstance(max_quality_loss, (int, float)) and math.isfinite(max_quality_loss)
             and 0 <= max_quality_loss < 1):
         raise SpecsweepError(f"--max-quality-loss must be a fraction in [0, 1), e.g. 0.01 for 1 %; "
@@ -53,6 +56,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     table = add_effective_params(table)
     written: dict[str, Path] = {"results.csv": write_text_atomic(out_dir / "results.csv", table.to_csv(index=False))}
     blocks = _header(table, max_quality_loss)
+    blocks += _missing(missing or [])
     blocks += _recommendations(table, max_quality_loss)
     blocks += _flagged(table)
     blocks += _per_pair(table, fig_dir, max_quality_loss, written)
@@ -124,6 +128,13 @@ def _header(table, max_quality_loss: float) -> list:
                        f"the allowed loss is {max_quality_loss:.1%} (`--max-quality-loss`). Lossless: exact, and "
                        "greedy at temperature 0."))
     return blocks
+
+
+def _missing(items: list[dict]) -> list:
+    if not items:
+        return []
+    return [Heading(2, "What this profile does not run yet"),
+            Bullets([f"**{m['what']}**: {m['why']}" for m in items])]
 
 
 def _recommendations(table, max_quality_loss: float) -> list:

@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
+
 from pipeline.analysis.build import build_report
 from pipeline.analysis.tables import load_all
+from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
 from pipeline.results_table import load_runs
 
@@ -31,18 +34,35 @@ def summary_markdown(table) -> str:
 
 def write_report(runs: str | os.PathLike, out_dir: str | os.PathLike, *, tune: str | os.PathLike | None = None,
                  kernels: str | os.PathLike | None = None, bench: str | os.PathLike | None = None,
-                 max_quality_loss: float = 0.01, analysis: bool = True) -> tuple[Path, Path, int]:
+                 max_quality_loss: float = 0.01, analysis: bool = True,
+                 profile: str | os.PathLike | None = None) -> tuple[Path, Path, int]:
     """Write ``runs.csv`` and ``summary.md`` (atomically) into ``out_dir`` and, with ``analysis``, the full report
-    (results.csv, report.md, report.html, figures/); returns the runs table's two paths and its row count."""
+    (results.csv, report.md, report.html, figures/); returns the runs table's two paths and its row count.
+    ``profile``: the pipeline's params file, whose ``missing:`` list the report states (:func:`profile_missing`)."""
+    missing = profile_missing(profile) if profile is not None else []
     table = load_runs(runs)
     out_dir = Path(out_dir)
     csv_path = write_text_atomic(out_dir / "runs.csv", table.to_csv(index=False))
     md_path = write_text_atomic(out_dir / "summary.md", summary_markdown(table))
     if analysis:
-
         full = load_all(table, tune=tune, kernels=kernels, bench=bench)
-        build_report(full, out_dir, max_quality_loss=max_quality_loss)
+        build_report(full, out_dir, max_quality_loss=max_quality_loss, missing=missing)
     return csv_path, md_path, len(table)
+
+
+def profile_missing(path: str | os.PathLike) -> list[dict]:
+    """A profile's ``missing:`` list (what it does not run yet: ``[{"what": ..., "why": ...}]``; none when absent).
+    A missing file or a malformed list is a one-line error."""
+    path = Path(path)
+    try:
+        params = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecsweepError(f"--profile {path}: cannot read it as YAML ({e.__class__.__name__}): give the "
+                             "pipeline's params file") from None
+    items = params.get("missing") or [] if isinstance(params, dict) else None
+    if not isinstance(items, list) or not all(isinstance(m, dict) and {"what", "why"} <= set(m) for m in items):
+        raise SpecsweepError(f"--profile {path}: `missing:` must be a list of {{what, why}} entries")
+    return [{"what": str(m["what"]), "why": str(m["why"]).strip()} for m in items]
 
 
 def _fmt(value) -> str:

@@ -164,3 +164,32 @@ def test_empty_audio(tmp_path, capsys):
 def test_bad_limit(tmp_path, capsys):
     code, _, err = run(["fetch", "--task", "cnn_dailymail", "--limit", "0", "--out", str(tmp_path / "o")], capsys)
     assert_one_line_error(code, err, "--limit")
+
+
+def test_prefer_source_reads_the_file_when_it_exists_else_goes_to_the_usual_origin(offline_hub, tmp_path, capsys):
+    """The real profile's data stage: the fixtures when present, else the Hub (here unreachable: its one line)."""
+    src = tmp_path / "cnn.jsonl"
+    src.write_text("".join(json.dumps({"id": f"n{i}", "article": f"a {i}", "highlights": f"h {i}"}) + "\n"
+                           for i in range(6)), encoding="utf-8")
+    code, stdout, err = run(["fetch", "--task", "cnn_dailymail", "--prefer-source", str(src), "--limit", "4",
+                             "--out", str(tmp_path / "local"), "--no-progress"], capsys)
+    assert code == 0 and "4 of 6 examples" in stdout and f"reading the local file {src}" in err
+    origin = json.loads((tmp_path / "local" / "manifest.json").read_text())["origin"]
+    assert origin["kind"] == "local" and origin["path"].endswith("cnn.jsonl"), origin
+    missing = tmp_path / "absent.jsonl"
+    code, _, err = run(["fetch", "--task", "cnn_dailymail", "--prefer-source", str(missing), "--limit", "4",
+                        "--out", str(tmp_path / "hub")], capsys)
+    first, *rest = err.strip().splitlines()
+    assert first == f"--prefer-source: {missing} does not exist; fetching from abisee/cnn_dailymail 3.0.0"
+    assert_one_line_error(code, "\n".join(rest), "cannot reach the Hugging Face Hub")
+    assert not (tmp_path / "hub").exists()
+
+
+@pytest.mark.parametrize("extra, needle", [(["--source", "x.jsonl"], "exclude each other"),
+                                           (["--prefer-source", "."], "is not a file")])
+def test_prefer_source_refusals_are_one_line(tmp_path, capsys, extra, needle):
+    argv = ["fetch", "--task", "cnn_dailymail", "--out", str(tmp_path / "o"), *extra]
+    if "--source" in extra:
+        argv += ["--prefer-source", str(tmp_path)]
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, needle)

@@ -275,3 +275,16 @@ def test_the_report_compares_a_targets_drafters(tmp_path):
     assert "| models/draft | exact | 4 | 1.56x" in section and "| prompt-lookup | exact | 4 | 1.22x" in section
     assert "sigmoid" not in section                        # the fastest *lossless* setting of each drafter
     assert any(name.startswith("drafters-") for name in written)
+
+
+def test_a_pair_without_a_draft_model_searches_the_drafters_that_need_none():
+    from pipeline.tuning.space import SearchSpace, space_for_pair
+
+    both = SearchSpace(drafters=("model", "prompt-lookup", "suffix")).check()
+    no_draft = RunConfig(target="t", data="d", drafter="prompt-lookup")
+    assert space_for_pair(both, no_draft).drafters == ("prompt-lookup", "suffix")
+    assert space_for_pair(both, no_draft).first_point()["drafter"] == "prompt-lookup"
+    lookup = SearchSpace(drafters=("prompt-lookup",)).check()
+    assert space_for_pair(lookup, no_draft) is lookup
+    with pytest.raises(SpecsweepError, match="this pair has no --draft"):
+        space_for_pair(SearchSpace().check(), RunConfig(target="t", data="d"))

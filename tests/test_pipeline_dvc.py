@@ -161,3 +161,26 @@ def test_queued_profile_variants_run_side_by_side_in_dvc_queue_workers(repo):
                 params = rev.get("data", {}).get("params", {}).get("params.yaml", {}).get("data", {})
                 runs[exp.get("name")] = params["grids"][0]["config"]["gamma"]
     assert runs == {"gamma3": 3, "gamma4": 4}, runs     # each experiment ran the profile with its own γ
+
+
+@pytest.mark.parametrize("profile, stages", [
+    ("params.yaml", ["data@toy", "models@toy", "baseline@pair0-float32", "tune@0", "report"]),
+    ("params.paper.yaml", ["downloads@", "report"]),
+    ("params.real.yaml", ["data@cnn_dailymail", "data@librispeech", "downloads@smollm2", "downloads@whisper-base",
+                          "downloads@whisper-tiny.en", "baseline@pair1-float32", "run@pair1-grid1-float32",
+                          "tune@1", "report"]),
+])
+def test_every_profile_resolves_with_the_shared_dvc_yaml(tmp_path, profile, stages):
+    """`dvc stage list` of dvc.yaml with each profile as its params.yaml (as `make real` lays out the real one):
+    every stage resolves, and the stages each profile needs are there."""
+    for name in ("dvc.yaml", ".dvcignore"):
+        shutil.copy(REPO / name, tmp_path / name)
+    shutil.copy(REPO / profile, tmp_path / "params.yaml")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    _dvc(tmp_path, "init", "--no-scm", "-q", env=env)
+    listed = [line.split()[0] for line in _dvc(tmp_path, "stage", "list", env=env).splitlines() if line.strip()]
+    for stage in stages:
+        assert any(name.startswith(stage) for name in listed), (stage, listed)
+    if profile == "params.real.yaml":       # each pair runs each grid
+        params = yaml.safe_load((REPO / profile).read_text())
+        assert sum(name.startswith("run@") for name in listed) == len(params["pairs"]) * len(params["grids"])

@@ -569,3 +569,20 @@ def test_no_section_without_a_draft_of_another_tokenizer(tree, capsys):
     md = (out / "report.md").read_text()
     assert "Drafts with another tokenizer" not in md and "draft tokenizer" not in md
     assert not list((out / "figures").glob("tokenizers-*.png"))
+
+
+def test_the_profiles_missing_list_is_the_reports_section_and_a_bad_one_is_one_line(tree, tmp_path, capsys):
+    profile = tmp_path / "params.yaml"
+    profile.write_text("pairs: []\nmissing:\n  - what: A pair with a draft\n    why: >-\n      no draft yet\n")
+    out = tmp_path / "reports"
+    args = ["report", "--runs", str(tree / "runs"), "--tune", str(tree / "tune"), "--out", str(out)]
+    assert main([*args, "--profile", str(profile)]) == 0
+    md = (out / "report.md").read_text()
+    assert "## What this profile does not run yet" in md and "**A pair with a draft**: no draft yet" in md
+    assert md.index("does not run yet") < md.index("Recommend")      # stated before the recommendation
+    assert main(args) == 0 and "does not run yet" not in (out / "report.md").read_text()
+    capsys.readouterr()
+    profile.write_text("missing:\n  - nothing here\n")
+    assert main([*args, "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "`missing:` must be a list of {what, why} entries" in err

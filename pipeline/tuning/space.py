@@ -237,17 +237,19 @@ def _range(spec) -> Range:
     return float(lo), float(hi), False
 
 
-
-
 def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
-    """``space`` for the run's pair. A draft with another tokenizer than the target's
-    (pipeline/decoding/drafters/cross_tokenizer.py)
-    drafts a fixed γ (an adaptive trial could only fail), its trials choose how to bridge the tokenizers
-    (intersection or string; which is faster depends on the pair) unless ``--draft-tokenizer-mode`` fixes it, and
-    they all use that draft."""
-
-    if not base.draft or base.drafter != "model" \
-            or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
+    """``space`` for the run's pair. A pair without a draft model searches the drafters that need none (a space of
+    the model drafter alone is refused in one line). A draft with another tokenizer than the target's
+    (pipeline/decoding/drafters/cross_tokenizer.py) drafts a fixed γ (an adaptive trial could only fail), its trials
+    choose how to bridge the tokenizers (intersection or string; which is faster depends on the pair) unless
+    ``--draft-tokenizer-mode`` fixes it, and they all use that draft."""
+    if not base.draft:
+        without = tuple(d for d in space.drafters if d != "model")
+        if not without:
+            raise SpecsweepError("the search space's drafters are ['model'] and this pair has no --draft: give a "
+                                 "draft or add prompt-lookup or suffix to the space's drafter list")
+        return space if without == space.drafters else dataclasses.replace(space, drafters=without)
+    if base.drafter != "model" or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
         return space
     modes = ("intersection", "string") if base.draft_tokenizer_mode == "auto" else ()
     print(f"the draft {base.draft} has another tokenizer than the target's: trials draft a fixed γ"
