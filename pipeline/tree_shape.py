@@ -14,6 +14,7 @@ position n + 1 is draft node n (the target's logits [B, N+1, V] and the uniforms
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -21,6 +22,8 @@ import torch
 
 from pipeline.errors import SpecsweepError
 
+# how a drafter chooses a node's children (pipeline/decoding/drafters/tree.py)
+TREE_CHILDREN = ("without-replacement", "with-replacement", "top-k")
 MAX_TREE_NODES = 256     # tokens scored per step: beyond this a tree costs more than any step it could save
 
 
@@ -98,10 +101,9 @@ class TokenTree:
         return max((len(c) for c in self.children), default=0)
 
     def children_table(self, device) -> torch.Tensor:
-        """int64 [N+1, K]: per position, its children's node indices in order, -1 after (K the widest node)."""
-        K = max(self.max_width, 1)
-        rows = [list(c) + [-1] * (K - len(c)) for c in self.children]
-        return torch.tensor(rows, dtype=torch.int64, device=device)
+        """int64 [N+1, K]: per position, its children's node indices in order, -1 after (K the widest node). Made
+        once per tree and device (a verify step reads it every step)."""
+        return _children_table(self, str(device))
 
     def ancestor_mask(self, device) -> torch.Tensor:
         """bool [N, N]: [i, j] True where node j is node i or one of its ancestors (what node i attends to among
@@ -115,3 +117,52 @@ class TokenTree:
     def depth_tensor(self, device) -> torch.Tensor:
         """int64 [N]: each node's depth (its position offset from the root)."""
         return torch.tensor(self.depths, dtype=torch.int64, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _children_table(tree: TokenTree, device: str) -> torch.Tensor:
+    K = max(tree.max_width, 1)
+    rows = [list(c) + [-1] * (K - len(c)) for c in tree.children]
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+@dataclass(frozen=True)
+class TreeSpan:
+    """How the last ``rows`` tokens of a forward attend within the last S cache positions (the root first, then
+    tree nodes; every position before the span is attended as in a chain), and their position ids.
+
+    attend  bool  [rows, S]  True where the token attends that span position (the root, its ancestors, itself)
+    depth   int64 [rows]     its position id minus the root's
+    """
+
+    attend: torch.Tensor
+    depth: torch.Tensor
+
+    @classmethod
+    def whole(cls, tree: TokenTree, device) -> TreeSpan:
+        """The root and all N nodes in one forward (the target scoring a tree): rows = S = N + 1."""
+        n = tree.n_nodes
+        attend = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        attend[:, 0] = True
+        attend[1:, 1:] = tree.ancestor_mask("cpu")
+        attend[0, 0] = True
+        return cls(attend.to(device), torch.tensor((0, *tree.depths), dtype=torch.int64, device=device))
+
+    @classmethod
+    def level(cls, tree: TokenTree, depth: int, device) -> TreeSpan:
+        """The nodes of one depth, appended after the root and the shallower nodes (a draft growing a tree one
+        level per forward): rows = the level's nodes, S = 1 + the nodes down to this depth."""
+        nodes = [n for n, d in enumerate(tree.depths) if d == depth]
+        end = nodes[-1] + 1
+        attend = torch.zeros(len(nodes), end + 1, dtype=torch.bool)
+        attend[:, 0] = True
+        attend[:, 1:] = tree.ancestor_mask("cpu")[nodes[0]:end, :end]
+        return cls(attend.to(device), torch.full((len(nodes),), depth, dtype=torch.int64, device=device))
+
+    @property
+    def rows(self) -> int:
+        return self.attend.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.attend.shape[1]

@@ -55,14 +55,6 @@ from pipeline.samplers.torch_ref import drafted_ok, finite_max_ok, softmax_fp32
 from pipeline.tree_shape import TokenTree
 
 
-@dataclass
-class TreeResult(SamplerResult):
-    """A tree step's result: :class:`SamplerResult` over the accepted path (tokens int64 [B, D+1], D the depth),
-    and path int64 [B, D], the accepted path's node indices (-1 after ``accepted``)."""
-
-    path: torch.Tensor
-
-
 def normalised(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """weights float32 [B, V] scaled to sum 1; rows whose mass is rounding noise (at most RESIDUAL_ZERO_TOL) take
     ``fallback`` [B, V] instead (a residual of p = q is reached only by a rounding-noise rejection)."""
@@ -193,7 +185,9 @@ class TreeVerifier:
     replacement  how the stochastic children of a node were drawn: independently (True) or without replacement
 
     ``verifier(tree, draft_tokens [B, N], draft_logits [B, N, V_d] or None, target_logits [B, N+1, V_t],
-    generator)`` -> :class:`TreeResult`. Shapes, dtypes and devices are checked as the chain samplers check them
+    generator)`` -> :class:`SamplerResult` over the
+    accepted path (tokens int64 [B, D+1], D the depth) with ``path`` int64 [B, D], its node indices (-1 after
+    ``accepted``). Shapes, dtypes and devices are checked as the chain samplers check them
     (γ = N), plus N against the tree; a bad call raises SamplerInputError (one line).
     """
 
@@ -205,7 +199,7 @@ class TreeVerifier:
         self.temperature, self.replacement, self.residual_fn = temperature, bool(replacement), residual_fn
 
     def __call__(self, tree: TokenTree, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
-                 target_logits: torch.Tensor, generator=None) -> TreeResult:
+                 target_logits: torch.Tensor, generator=None) -> SamplerResult:
         validate_inputs(draft_tokens, draft_logits, target_logits)
         if draft_tokens.shape[1] != tree.n_nodes:
             raise SamplerInputError(f"draft_tokens has {draft_tokens.shape[1]} nodes but the tree has "
@@ -225,5 +219,29 @@ class TreeVerifier:
             target_ok = ~p[:, :, 0].isnan().any(dim=1)
             draft_ok = torch.ones_like(target_ok) if q is None else ~q[:, :, 0].isnan().any(dim=1)
         path_tokens = draft_tokens.gather(1, path.clamp_min(0))
-        return TreeResult(accepted=accepted, tokens=assemble_tokens(path_tokens, accepted, nxt),
+        return SamplerResult(accepted=accepted, tokens=assemble_tokens(path_tokens, accepted, nxt),
                           draft_ok=draft_ok, target_ok=target_ok, path=path)
+
+
+class TreeSampler:
+    """A chain sampler that also verifies token trees: the engine's sampler where a drafter proposes trees.
+
+    A call without ``tree`` is the chain sampler's (a drafter falls back to a chain near the end of a row); with
+    ``tree`` (a :class:`pipeline.tree_shape.TokenTree`) and ``replacement`` (how its stochastic children were
+    drawn) it is :class:`TreeVerifier` at the chain rule's temperature (0 where the rule verifies by argmax).
+    Every other attribute is the chain sampler's.
+    """
+
+    def __init__(self, sampler) -> None:
+        self.inner = sampler
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __call__(self, draft_tokens, draft_logits, target_logits, generator=None, lengths=None, tree=None,
+                 replacement: bool = True) -> SamplerResult:
+        if tree is None:
+            extra = {} if lengths is None else {"lengths": lengths}
+            return self.inner(draft_tokens, draft_logits, target_logits, generator=generator, **extra)
+        temperature = 0.0 if self.inner.verifies_by_argmax else self.inner.temperature
+        return TreeVerifier(temperature, replacement)(tree, draft_tokens, draft_logits, target_logits, generator)
