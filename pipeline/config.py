@@ -16,7 +16,7 @@ from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
-from pipeline.tree_shape import TREE_CHILDREN, TokenTree
+from pipeline.tree_shape import TREE_CHILDREN, TREE_RULES, TokenTree
 from pipeline.tuning.export import apply_settings
 
 ENGINES = ("specsweep", "hf")
@@ -92,7 +92,8 @@ class RunConfig:
                                            "draft proposes it one level per forward, the target scores every node "
                                            "in one forward, and --gamma becomes the node count (tokens scored per "
                                            "step); with --sampler exact or greedy on the static-cache forward "
-                                           "(docs/trees.md)")
+                                           "(docs/trees.md). A grid lists trees with / (chain: none), e.g. "
+                                           "chain/2,2,1/3,1,1")
     tree_children: str = setting("without-replacement", "with --draft-tree: a node's children sampled without "
                                                         "replacement, sampled independently (with-replacement), or "
                                                         "the draft's top-k (deterministic); the top-k at "
@@ -270,8 +271,8 @@ class RunConfig:
         if self.draft_tree is None:
             return
         tree = TokenTree.from_widths(self.draft_tree)
-        needs = {"--drafter model": self.drafter == "model", "--sampler exact or greedy": self.sampler in (
-                 "exact", "greedy"), "--backend torch": self.backend == "torch",
+        needs = {"--drafter model": self.drafter == "model", "--sampler exact or greedy": self.sampler in TREE_RULES,
+                 "--backend torch": self.backend == "torch",
                  "--engine specsweep": self.engine == "specsweep", "the static-cache forward": self.static_cache,
                  "a constant draft length": self.draft_schedule == "constant" and self.draft_confidence == 0,
                  "a draft with the target's tokenizer": self.draft_tokenizer_mode in ("auto", "shared")}

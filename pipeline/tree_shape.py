@@ -24,6 +24,10 @@ from pipeline.errors import SpecsweepError
 
 # how a drafter chooses a node's children (pipeline/decoding/drafters/tree.py)
 TREE_CHILDREN = ("without-replacement", "with-replacement", "top-k")
+# the acceptance rules that verify a tree (pipeline/samplers/tree.py: exact, and greedy at any temperature)
+TREE_RULES = ("exact", "greedy")
+# a grid's or a search space's name for "no tree" (a chain of γ tokens)
+CHAIN = "chain"
 MAX_TREE_NODES = 256     # tokens scored per step: beyond this a tree costs more than any step it could save
 
 

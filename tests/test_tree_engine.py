@@ -207,3 +207,75 @@ def test_accepted_characters_count_the_accepted_path(pair):
         assert stats["accepted_chars"] == sum(int(chars[t]) for t, o in zip(tokens, origins) if o == ACCEPTED)
         assert stats["drafted_chars"] > 0
     assert any(o == ACCEPTED for row in res.origins for o in row)
+
+
+def test_a_grid_lists_trees_with_slashes_and_chain_for_none(tmp_path):
+    from pipeline.commands.run import expand_grid
+
+    values = {"sampler": "exact", "backend": "torch", "gamma": "3", "dtype": "float32", "drafter": "model",
+              "draft_tree": "chain/2,2,1/3,1,1", "out": str(tmp_path / "r-{draft_tree}.json")}
+    points = expand_grid(values)
+    assert [p["draft_tree"] for p in points] == [None, "2,2,1", "3,1,1"]
+    assert [p["out"] for p in points] == [str(tmp_path / f"r-{t}.json") for t in ("None", "2,2,1", "3,1,1")]
+    assert [p["draft_tree"] for p in expand_grid({**values, "draft_tree": None})] == [None]
+    with pytest.raises(SpecsweepError, match=r"must name \{draft_tree\}"):
+        expand_grid({**values, "out": "r.json"})
+
+
+def test_the_search_space_searches_tree_shapes_and_prunes_rules_that_cannot_verify_them(tmp_path):
+    import optuna
+
+    from pipeline.tuning.space import SearchSpace
+
+    path = tmp_path / "space.yaml"
+    path.write_text("gamma: {low: 1, high: 4}\nsampler: [exact, sigmoid]\ndraft: [fixed, heuristic]\n"
+                    "draft_tree: [chain, '2,2,1', '3,1,1']\n")
+    space = SearchSpace.load(path)
+    assert space.first_point()["draft_tree"] == "chain" and space.recorded()["trees"] == ["chain", "2,2,1", "3,1,1"]
+    fixed = {"gamma": 2, "dtype": "float32", "draft": "heuristic", "gamma_max": 4}
+    tree = space.suggest(optuna.trial.FixedTrial({**fixed, "sampler": "exact", "draft_tree": "2,2,1"}))
+    assert tree["draft_tree"] == "2,2,1" and "draft_schedule" not in tree
+    config = RunConfig.from_dict({"target": "t", "draft": "d", "data": str(path), **tree}).validate_decoding()
+    assert config.gamma == 10
+    chain = space.suggest(optuna.trial.FixedTrial({**fixed, "sampler": "exact", "draft_tree": "chain"}))
+    assert "draft_tree" not in chain and chain["draft_schedule"] == "heuristic"
+    with pytest.raises(optuna.TrialPruned):
+        space.suggest(optuna.trial.FixedTrial({**fixed, "sampler": "sigmoid", "alpha": 1.0, "beta": 0.0,
+                                               "draft_tree": "3,1,1"}))
+    assert "trees" not in SearchSpace().recorded()             # a study made before trees continues
+    for bad, words in (("draft_tree: ['2,0']\n", "widths must be >= 1"),
+                       ("sampler: [sigmoid]\ndraft_tree: ['2,2']\n", "draft_tree needs a rule")):
+        path.write_text("gamma: {low: 1, high: 4}\n" + bad)
+        with pytest.raises(SpecsweepError, match=words):
+            SearchSpace.load(path)
+
+
+def test_the_report_sets_each_tree_beside_the_chains_of_its_cost_and_depth(tmp_path):
+    from test_schedule import fake_result
+
+    from pipeline.analysis.build import build_report
+    from pipeline.results_table import load_runs
+
+    runs = tmp_path / "runs"
+
+    def run(name: str, gamma: int, tree: str | None, tokens: float, ratios: list[float]):
+        path = fake_result(runs / f"{name}.json", gamma=gamma, ratios=ratios)
+        result = json.loads(path.read_text())
+        result["config"]["draft_tree"] = tree
+        result["metrics"]["mean_accepted_tokens"] = tokens
+        path.write_text(json.dumps(result))
+
+    run("tree-221", 10, "2,2,1", 3.55, [1.5, 1.52, 1.51, 1.5, 1.53, 1.52])
+    run("chain-3", 3, None, 3.45, [1.8, 1.85, 1.84, 1.82, 1.86, 1.85])
+    run("chain-10", 10, None, 4.64, [1.6, 1.62, 1.61, 1.63, 1.62, 1.6])
+    run("chain-4", 4, None, 3.9, [1.9, 1.9, 1.91, 1.92, 1.9, 1.89])
+    report = (tmp_path / "report").resolve()
+    build_report(load_runs(runs), report)
+    text = (report / "report.md").read_text()
+    section = text[text.index("## Token trees"):]
+    section = section[: section.index("\n## ", 4)] if "\n## " in section[4:] else section
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    assert lines[1].startswith("| tree 2,2,1 | 10 | 3 | 3.55 |")
+    assert lines[2].startswith("| chain (as many tokens scored) | 10 | 10 | 4.64 |")
+    assert lines[3].startswith("| chain (the tree's depth) | 3 | 3 | 3.45 |")
+    assert len(lines) == 4 and "chain-4" not in section          # the header, the tree and its two chains
