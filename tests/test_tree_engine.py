@@ -279,3 +279,51 @@ def test_the_report_sets_each_tree_beside_the_chains_of_its_cost_and_depth(tmp_p
     assert lines[2].startswith("| chain (as many tokens scored) | 10 | 10 | 4.64 |")
     assert lines[3].startswith("| chain (the tree's depth) | 3 | 3 | 3.45 |")
     assert len(lines) == 4 and "chain-4" not in section          # the header, the tree and its two chains
+
+
+def test_a_step_with_fewer_uniforms_than_nodes_proposes_the_top_k(pairs):
+    """Near the end of a row the step draws fewer uniforms than the tree has nodes (for the batch, or for one row with
+    per-row generators, whose later columns are zeros): sampled children would not follow the draft there, so the
+    tree's children are the draft's top-k, a deterministic draft the verify step treats exactly."""
+    from pipeline.decoding.drafters.base import DraftAsk, DraftPrompt, DraftSetup
+    from pipeline.decoding.timing import PhaseTimer
+
+    target, draft, tok = pairs("gpt2")
+    tree = TokenTree.from_widths((2, 2))
+    drafter = TreeDrafter(draft, tree)
+    drafter.bind(DraftSetup(torch.device("cpu"), tree.n_nodes, 1.0, 1.0, "causal", None, 0, False, True,
+                            target.config.vocab_size))
+    enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
+    prompt = DraftPrompt(enc.input_ids, enc.attention_mask.bool(), True, None, {}, None, 64, 8, PhaseTimer("cpu"))
+    u = torch.rand(2, tree.n_nodes, generator=torch.Generator().manual_seed(0))
+    for ask, sampled in ((DraftAsk(6, u, True), True), (DraftAsk(6, u, True, None, [6, 4]), False),
+                         (DraftAsk(4, u[:, :4], True), False)):
+        drafter.start(prompt)
+        root = drafter.carry.clone()                                  # the draft's logits at the root [2, V]
+        proposal = drafter.propose(ask)
+        assert proposal.tree == tree and proposal.width == tree.n_nodes
+        assert (proposal.logits is not None) is sampled
+        if not sampled:
+            assert torch.equal(proposal.tokens[:, :2], root.topk(2, dim=-1).indices)
+
+
+def test_per_row_generators_near_the_end_keep_the_target_distribution(pairs):
+    """Per-row generators and little room: a 2,2 tree (6 nodes) with 4 tokens to go draws uniforms for 3 positions
+    per row, so its children are the top-k; the first two tokens still follow the target (chi-square)."""
+    from pipeline.rng import RowGenerators
+
+    target, draft, tok = pairs("gpt2")
+    n = 4000
+    enc = tok([PROMPTS[1]] * n, return_tensors="pt", padding=True)
+    engine = tree_engine(target, draft, (2, 2), 1.0, eos=())
+    res = engine.generate(enc.input_ids, enc.attention_mask, 4, RowGenerators(5, range(n), "cpu"))
+    out = np.array([row[:2] for row in res.tokens])
+    V = target.config.vocab_size
+    with torch.no_grad():
+        prompt = enc.input_ids[:1]
+        p1 = torch.softmax(target(prompt).logits[0, -1].double(), -1)
+        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
+        p2_given = torch.softmax(target(seqs).logits[:, -1].double(), -1)
+    assert_fits(counts(out[:, 0], V), p1.numpy(), "tree first token, per-row generators")
+    assert_fits(counts(out[:, 1], V), (p1[:, None] * p2_given).sum(0).numpy(), "tree second token, per-row generators")
+    assert 0 < sum(s["accepted"] for s in res.row_stats)

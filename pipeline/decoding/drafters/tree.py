@@ -56,12 +56,13 @@ class TreeDrafter(ModelDrafter):
 
     def propose(self, ask: DraftAsk) -> Proposal:
         """The tree where every row may still emit its depth + 1 tokens, else a chain. Near the end of a row the
-        step draws fewer uniforms than the tree has nodes: the children are then the draft's top-k (deterministic,
-        verified as exactly)."""
-        depth = self.tree.depth
+        step draws fewer uniforms than the tree has nodes (for the batch, or with per-row generators for that row,
+        whose later columns are then zeros): the children are then the draft's top-k (deterministic, verified as
+        exactly)."""
+        depth, n = self.tree.depth, self.tree.n_nodes
         if ask.gamma < depth or min(ask.wants or [depth]) < depth or ask.confidence is not None:
             return super().propose(ask)
-        deterministic = self.deterministic or ask.u.shape[1] < self.tree.n_nodes
+        deterministic = self.deterministic or ask.u.shape[1] < n or min(ask.wants or [n]) < n
         logits = self.first_logits()[:, None]                                  # [b, 1, V_d]: the root's
         b = logits.shape[0]
         tokens, node_logits, start = [], [], 0
