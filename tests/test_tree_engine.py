@@ -121,6 +121,16 @@ def test_the_tree_forward_scores_each_branch_and_compaction_keeps_the_accepted_p
     assert model.length == ids.shape[1] + 1 + 3 + 1
 
 
+def first_two_laws(target, prompt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The target's laws (float64 [V] each) of its first and second sampled tokens at T = 1 after prompt [1, L]."""
+    V = target.config.vocab_size
+    with torch.no_grad():
+        p1 = torch.softmax(target(prompt).logits[0, -1].double(), -1)
+        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
+        p2_given = torch.softmax(target(seqs).logits[:, -1].double(), -1)
+    return p1.numpy(), (p1[:, None] * p2_given).sum(0).numpy()
+
+
 @pytest.mark.parametrize("kind,children", [("gpt2", "without-replacement"), ("gpt2", "with-replacement"),
                                            ("gpt2", "top-k"), ("llama", "without-replacement")])
 def test_tree_sampling_follows_the_target_distribution(pairs, kind, children):
@@ -135,13 +145,9 @@ def test_tree_sampling_follows_the_target_distribution(pairs, kind, children):
     stats = res.row_stats
     assert 0 < sum(s["accepted"] for s in stats) < sum(s["verify_steps"] for s in stats) * 3
     V = target.config.vocab_size
-    with torch.no_grad():
-        prompt = enc.input_ids[:1]
-        p1 = torch.softmax(target(prompt).logits[0, -1].double(), -1)
-        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
-        p2_given = torch.softmax(target(seqs).logits[:, -1].double(), -1)
-    assert_fits(counts(out[:, 0], V), p1.numpy(), f"tree first token ({children})")
-    assert_fits(counts(out[:, 1], V), (p1[:, None] * p2_given).sum(0).numpy(), f"tree second token ({children})")
+    p1, p2 = first_two_laws(target, enc.input_ids[:1])
+    assert_fits(counts(out[:, 0], V), p1, f"tree first token ({children})")
+    assert_fits(counts(out[:, 1], V), p2, f"tree second token ({children})")
 
 
 def test_a_tree_run_adds_no_host_sync(pair):
@@ -319,11 +325,7 @@ def test_per_row_generators_near_the_end_keep_the_target_distribution(pairs):
     res = engine.generate(enc.input_ids, enc.attention_mask, 4, RowGenerators(5, range(n), "cpu"))
     out = np.array([row[:2] for row in res.tokens])
     V = target.config.vocab_size
-    with torch.no_grad():
-        prompt = enc.input_ids[:1]
-        p1 = torch.softmax(target(prompt).logits[0, -1].double(), -1)
-        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
-        p2_given = torch.softmax(target(seqs).logits[:, -1].double(), -1)
-    assert_fits(counts(out[:, 0], V), p1.numpy(), "tree first token, per-row generators")
-    assert_fits(counts(out[:, 1], V), (p1[:, None] * p2_given).sum(0).numpy(), "tree second token, per-row generators")
+    p1, p2 = first_two_laws(target, enc.input_ids[:1])
+    assert_fits(counts(out[:, 0], V), p1, "tree first token, per-row generators")
+    assert_fits(counts(out[:, 1], V), p2, "tree second token, per-row generators")
     assert 0 < sum(s["accepted"] for s in res.row_stats)
