@@ -195,6 +195,12 @@ def test_specsweep_run_with_a_tree_at_t0_equals_the_target_alone(tmp_path):
     assert [s["token_ids"] for s in tree["samples"]] == [s["token_ids"] for s in alone["samples"]]
     assert tree["config"]["gamma"] == 10 and tree["config"]["draft_tree"] == "2,2,1"
     assert sum(s["accepted"] for s in tree["samples"]) > 0
+    # a step accepts at most the tree's depth: the histogram, the per-depth acceptance and α count up to 3, not 10
+    metrics = tree["metrics"]
+    assert len(metrics["accepted_histogram"]) == 4 and len(metrics["position_acceptance"]) == 3
+    hist = metrics["accepted_histogram"]
+    accepted = sum(k * n for k, n in enumerate(hist))
+    assert metrics["iid_alpha"] == pytest.approx(accepted / (accepted + sum(hist[:3])))
 
 
 def test_accepted_characters_count_the_accepted_path(pair):
