@@ -32,7 +32,16 @@ from pipeline.objectives import QUALITY, expected_tokens_iid, expected_tokens_po
 from pipeline.rules import RULES, param_names
 from pipeline.tasks import TASK_NAMES, quality_metric
 
-from . import drafters_view, figures, origins_view, schedule_view, serving, spec_bench_view, tokenizers_view
+from . import (
+    drafters_view,
+    figures,
+    origins_view,
+    schedule_view,
+    serving,
+    spec_bench_view,
+    tokenizers_view,
+    trees_view,
+)
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
 from .recommend import GROUP, baselines, flagged, is_lossless, of_kind, recommend, to_number, with_loss
@@ -61,6 +70,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
     blocks += _flagged(table)
     blocks += _per_pair(table, fig_dir, max_quality_loss, written)
     blocks += drafters_view.section(table, fig_dir, written)     # every drafter of a target side by side
+    blocks += trees_view.section(table)      # token trees against chains at equal tokens scored per step
     blocks += spec_bench_view.section(table, fig_dir, written)   # Spec-Bench's leaderboard table, per group
     blocks += tokenizers_view.section(table, fig_dir, written)   # drafts with another tokenizer than the target's
     blocks += schedule_view.section(table)   # tuned schedules per batch size and bucket; fixed vs adaptive γ

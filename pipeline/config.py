@@ -16,6 +16,7 @@ from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
+from pipeline.tree_shape import TREE_CHILDREN, TREE_RULES, TokenTree
 from pipeline.tuning.export import apply_settings
 
 ENGINES = ("specsweep", "hf")
@@ -86,6 +87,17 @@ class RunConfig:
     gamma_max: int | None = setting(None, "with an adaptive draft length (--draft-schedule heuristic or "
                                           "--draft-confidence > 0): the most draft tokens a step may propose "
                                           "(default: --gamma)")
+    draft_tree: str | None = setting(None, "a token tree per step instead of a chain: children per node at each "
+                                           "depth, e.g. 2,2,1 (2 below the root, 2 below each, 1 below those); the "
+                                           "draft proposes it one level per forward, the target scores every node "
+                                           "in one forward, and --gamma becomes the node count (tokens scored per "
+                                           "step); with --sampler exact or greedy on the static-cache forward "
+                                           "(docs/trees.md). A grid lists trees with / (chain: none), e.g. "
+                                           "chain/2,2,1/3,1,1")
+    tree_children: str = setting("without-replacement", "with --draft-tree: a node's children sampled without "
+                                                        "replacement, sampled independently (with-replacement), or "
+                                                        "the draft's top-k (deterministic); the top-k at "
+                                                        "--temperature 0", choices=TREE_CHILDREN)
     from_config: str | None = setting(None, "settings JSON written by `specsweep export --format json`: its tuned "
                                             "settings for this run's batch size (γ, rule and parameters, draft "
                                             "schedule, temperature) replace those flags' defaults; a flag set to "
@@ -215,6 +227,7 @@ class RunConfig:
             value = getattr(self, f.name)
             if allowed and value is not None and value not in allowed:
                 raise bad(f"--{f.name.replace('_', '-')} {value!r} is not one of {list(allowed)}")
+        self._validate_tree()
         if self.gamma < 0:
             raise bad(f"--gamma must be >= 0 (0 = autoregressive decoding); got {self.gamma}")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -251,6 +264,22 @@ class RunConfig:
         if self.suffix_depth < 1 or not self.suffix_factor > 0 or not 0 <= self.suffix_min_prob <= 1:
             raise SpecsweepError(f"need --suffix-depth >= 1, --suffix-factor > 0 and --suffix-min-prob in [0, 1]; got "
                                  f"{self.suffix_depth}, {self.suffix_factor}, {self.suffix_min_prob}")
+
+    def _validate_tree(self) -> None:
+        """--draft-tree: what a token tree runs with (one-line SpecsweepError otherwise); --gamma becomes its node
+        count."""
+        if self.draft_tree is None:
+            return
+        tree = TokenTree.from_widths(self.draft_tree)
+        needs = {"--drafter model": self.drafter == "model", "--sampler exact or greedy": self.sampler in TREE_RULES,
+                 "--backend torch": self.backend == "torch",
+                 "--engine specsweep": self.engine == "specsweep", "the static-cache forward": self.static_cache,
+                 "a constant draft length": self.draft_schedule == "constant" and self.draft_confidence == 0,
+                 "a draft with the target's tokenizer": self.draft_tokenizer_mode in ("auto", "shared")}
+        missing = [what for what, ok in needs.items() if not ok]
+        if missing:
+            raise SpecsweepError(f"--draft-tree runs with {', '.join(missing)}")
+        self.gamma = tree.n_nodes
 
     def _validate_draft_length(self) -> None:
         """The adaptive draft length's settings (pipeline/decoding/draft_policy.py): one-line SpecsweepError on a

@@ -18,7 +18,7 @@ from pipeline.rules import param_names
 
 # Config columns first (what was run; every acceptance rule's parameters by name), then the metrics (what it
 # measured), then quality scores.
-CONFIG_COLUMNS = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_schedule",
+CONFIG_COLUMNS = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_tree", "draft_schedule",
                   "draft_confidence", "gamma_max", "dtype", "temperature", *param_names(), "preset", "engine",
                   "batch_size", "max_new_tokens", "limit", "categories", "per_category", "seed", "device")
 METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",

@@ -48,6 +48,7 @@ from pipeline.result import make_result, read_result, write_result
 from pipeline.rng import RowGenerators
 from pipeline.tasks import get_task
 from pipeline.tasks.base import Cuts
+from pipeline.tree_shape import TokenTree
 
 # Settings that must match between a run and the AR baseline its speedup is measured against.
 BASELINE_KEYS = ("target", "task", "data", "dtype", "max_new_tokens", "max_prompt_tokens", "limit", "seed",
@@ -279,6 +280,7 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
         totals["draft_forwards"] += result.extra.get("draft_forwards", 0)
         hist = result.extra.get("accepted_histogram")
         if hist:
+            hist = hist[: accepted_at_most(config) + 1]   # a tree's step accepts at most its depth
             totals["hist"] = [a + b for a, b in zip(totals.get("hist", [0] * len(hist)), hist)]
         totals["peak"] = max(totals["peak"], result.peak_memory_mb)
         if "cross_tokenizer" in result.extra:
@@ -355,7 +357,7 @@ def _measure(config: RunConfig, loops: dict, records: list[dict], encode, device
     else:
         timings, by_group = paired.time_groups(loops, grouped, config.max_new_tokens, config.repeats, config.seed,
                                                device, progress)
-    metrics.update(_theory(metrics, paired.forward_costs(timings), config.gamma))
+    metrics.update(_theory(metrics, paired.forward_costs(timings), accepted_at_most(config)))
     record = paired.summarize(timings, metrics["predicted_speedup"], load.finish(), threads, len(subset),
                               config.max_spread, config.max_cpu_wait)
     if by_group is not None:
@@ -381,9 +383,17 @@ def _ar_outputs(config: RunConfig, task, loops: dict, fresh_encoder, records: li
     return decoded, "a pass of the γ = 0 loop in this run"
 
 
+def accepted_at_most(config: RunConfig) -> int:
+    """The most draft tokens a step accepts, and the draft forwards it costs: γ, or a token tree's depth (its γ is its
+    node count, what the target scores; its draft reads one level per forward, docs/trees.md)."""
+    return TokenTree.from_widths(config.draft_tree).depth if config.draft_tree else config.gamma
+
+
 def _theory(metrics: dict, costs: dict, gamma: int) -> dict:
     """The per-forward costs of the paired repeats, and the theoretical and predicted speedups they give with the
-    quality pass's acceptance (α) and tokens per step. Where the timed samples all ended within their first step
+    quality pass's acceptance (α) and tokens per step, for a draft of ``gamma`` tokens per step (a tree's depth: a
+    tree then counts as the chain of its depth with its own, higher, α; r is the measured cost of its target
+    forward). Where the timed samples all ended within their first step
     (whose target forward is timed as prefill), the speculative target forward's cost comes from the quality pass,
     which timed it over every sample in the same process."""
     if costs["verify_forward_s"] is None and metrics.get("target_forwards") and costs["target_forward_s"]:

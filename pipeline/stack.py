@@ -29,6 +29,7 @@ from pipeline.decoding.drafters.cross_tokenizer import (
 )
 from pipeline.decoding.drafters.lookup import prompt_lookup, suffix_decoding
 from pipeline.decoding.drafters.model import ModelDrafter
+from pipeline.decoding.drafters.tree import TreeDrafter
 from pipeline.decoding.drafters.whisper_text import WhisperTextDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import HFEngine
@@ -44,7 +45,9 @@ from pipeline.models import (
 )
 from pipeline.samplers import get_sampler
 from pipeline.samplers.cuda_graphs import GraphedVerify  # imports CuPy's launch code: a GPU run only
+from pipeline.samplers.tree import TreeSampler
 from pipeline.tasks import get_task
+from pipeline.tree_shape import TokenTree
 
 
 class Pair(NamedTuple):
@@ -62,7 +65,8 @@ def build_sampler(config: RunConfig):
     params = config.sampler_params()
     if config.engine == "hf" and config.temperature > 0 and "temperature" in params:
         params["temperature"] = 1.0  # HF divides the logits by T before its verify step
-    return get_sampler(config.sampler, backend=config.backend, **params)
+    sampler = get_sampler(config.sampler, backend=config.backend, **params)
+    return TreeSampler(sampler) if config.draft_tree is not None else sampler
 
 
 def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
@@ -164,7 +168,11 @@ def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: 
         return None
     mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)
     if mode == "shared":
+        if config.draft_tree is not None:
+            return TreeDrafter(draft, TokenTree.from_widths(config.draft_tree), config.tree_children)
         return ModelDrafter(draft)
+    if config.draft_tree is not None:
+        raise SpecsweepError("--draft-tree needs a draft with the target's tokenizer")
     key = (config.target, config.draft, str(device))
     if key not in _BRIDGES:
         _BRIDGES[key] = build_bridge(tokenizer, draft_tokenizer(config.draft),
@@ -180,7 +188,7 @@ def autoregressive_engine(config: RunConfig, target, tokenizer, device: str):
     """The γ = 0 loop of the run's engine around the same loaded target, sampling exactly from it (the AR
     baseline's sampler), for the paired timing."""
     ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", rule_params={}, preset=None,
-                             verify_graphs=False)
+                             verify_graphs=False, draft_tree=None)
     return build_engine(ar, build_sampler(ar), target, None, tokenizer, device)
 
 

@@ -9,12 +9,16 @@ import itertools
 from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
 from pipeline.rules import param_help, param_is_integer, param_names
+from pipeline.tree_shape import CHAIN
 
 HELP = "run speculative (or, with --gamma 0, autoregressive) decoding over a dataset and write results JSON"
 
 _TYPES = {"int": int, "float": float, "str": str}
 # Settings that take a comma-separated list: `specsweep run` then runs every combination in one process.
-GRID = ("sampler", "backend", "gamma", "dtype", "drafter")
+GRID = ("sampler", "backend", "gamma", "dtype", "drafter", "draft_tree")
+# A grid lists values with commas; a token tree's widths are comma-separated themselves, so trees are listed with "/"
+# ("--draft-tree chain/2,2,1/3,1,1": a chain, then two trees).
+LIST_SEPARATORS = {"draft_tree": "/"}
 
 
 _GRID_HELP = ("; a comma-separated list runs every combination of the listed settings in this process (--out then "
@@ -65,7 +69,9 @@ def expand_grid(values: dict) -> list[dict]:
     (``--sampler exact,block --gamma 2,4``), and the points are every combination, in order. ``--out`` (and
     ``--baseline``) may name any setting as ``{name}`` (``results/runs/text-{sampler}-g{gamma}.json``); it must
     name every setting that takes several values, so no two runs write one file."""
-    axes = {name: [_grid_value(name, item) for item in str(values[name]).split(",")] for name in GRID}
+    axes = {name: [None] if values.get(name) is None else
+            [_grid_value(name, item) for item in str(values[name]).split(LIST_SEPARATORS.get(name, ","))]
+            for name in GRID}
     several = [name for name, items in axes.items() if len(items) > 1]
     missing = [name for name in several if "{" + name + "}" not in (values.get("out") or "")]
     if missing:
@@ -89,6 +95,8 @@ def expand_grid(values: dict) -> list[dict]:
 
 
 def _grid_value(name: str, item: str):
+    if name == "draft_tree" and item.strip() == CHAIN:
+        return None
     kind = _TYPES[next(f.type for f in dataclasses.fields(RunConfig) if f.name == name).split("|")[0].strip()]
     try:
         return kind(item.strip())

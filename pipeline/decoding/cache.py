@@ -19,6 +19,8 @@ import inspect
 import torch
 
 from pipeline.decoding.static import static_forward_for
+from pipeline.errors import SpecsweepError
+from pipeline.tree_shape import TreeSpan
 
 # How each kind of model is called: (token ids, attention mask, position ids) keyword names.
 _CALL_NAMES = {
@@ -139,11 +141,14 @@ class CachedModel:
             self.n_real = torch.full((self.batch,), self.length, dtype=torch.int64, device=device)
 
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, last: int = 0,
-                holes: bool = False) -> torch.Tensor:
+                holes: bool = False, span: TreeSpan | None = None) -> torch.Tensor:
         """Append input_ids [B, k] and return logits [B, k, V] (or only the last ``last`` positions, [B, last, V]).
 
         valid  bool [B, k] or None (all real): False marks a hole (padding, or a slot a row does not use). The
                caller says whether it holds any False (``holes``): the host knows without a sync.
+        span   a token tree's nodes among the last inputs (pipeline/tree_shape.py): they attend to the context,
+               the root and their own ancestors only, at the root's position id plus their depth (static
+               forwards only); None: a chain
         """
         if holes:
             self._track_holes(input_ids.device)
@@ -153,7 +158,10 @@ class CachedModel:
                 valid = torch.ones_like(input_ids, dtype=torch.bool)
             mask = torch.cat([self.mask, valid], dim=1)                           # [B, length + k]
             positions = (self.n_real[:, None] + valid.long().cumsum(dim=1) - 1).clamp_min(0)
-        if self.static is not None:
+        if span is not None:
+            attend, positions = self._tree_attention(input_ids, mask, positions, span)
+            logits = self.static(input_ids, self.length, attend, positions, last)
+        elif self.static is not None:
             attend = None if mask is None else attention_mask_4d(mask, input_ids.shape[1], "bool", self._dtype)
             logits = self.static(input_ids, self.length, attend, positions, last)
         else:
@@ -163,6 +171,30 @@ class CachedModel:
             self.mask = mask
             self.n_real = self.n_real + valid.sum(dim=1)
         return logits
+
+    def _tree_attention(self, input_ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None,
+                        span: TreeSpan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention (bool [B or 1, 1, k, length + k]) and position ids (int64 [B, k]) of a forward whose last
+        ``span.rows`` inputs are tree nodes: causal (and real positions only) before the span, the span's own
+        pattern inside it; a node's position is the root's plus its depth."""
+        if self.static is None:
+            raise SpecsweepError("token trees run on the static-cache forward (GPT-2, Llama): this model's family "
+                                 "has none, or --no-static-cache is set")
+        B, k = input_ids.shape
+        end = self.length + k
+        root = end - span.size                                         # the root's cache position
+        if mask is None:
+            key = torch.arange(end, device=input_ids.device)
+            attend = (key <= torch.arange(self.length, end, device=input_ids.device)[:, None])[None, None]
+            positions = torch.arange(self.length, end, device=input_ids.device).expand(B, k)
+            root_position = torch.full((B, 1), root, dtype=torch.int64, device=input_ids.device)
+        else:
+            attend = attention_mask_4d(mask, k, "bool", self._dtype)
+            root_position = mask[:, :root].sum(dim=1, keepdim=True)
+        attend = attend.clone()
+        attend[:, :, k - span.rows:, root:] = span.attend
+        positions = torch.cat([positions[:, : k - span.rows], root_position + span.depth], dim=1)
+        return attend, positions
 
     def _hf_forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None,
                     last: int) -> torch.Tensor:
@@ -184,10 +216,16 @@ class CachedModel:
                 del m.warn_if_padding_and_no_attention_mask
         return out.logits[:, -last:] if last else out.logits
 
-    def retain(self, k: int, keep: torch.Tensor, max_keep: int, min_keep: int) -> None:
+    def retain(self, k: int, keep: torch.Tensor, max_keep: int, min_keep: int, path: torch.Tensor | None = None,
+               nodes: int = 0) -> None:
         """Of the last k cache positions, row b keeps the first keep[b] (int64 [B]); the cache is cropped to
         the longest kept prefix. ``max_keep``/``min_keep`` = keep.max()/min(), passed in because the caller
-        has them on the host already; rows that keep fewer than the longest leave holes."""
+        has them on the host already; rows that keep fewer than the longest leave holes.
+
+        A token tree's step: the last ``nodes`` positions are its nodes, and path int64 [B, P] the accepted path's
+        node indices (-1 after); their entries move to the first P node positions first (in place, static cache)."""
+        if path is not None and path.shape[1] and k:
+            self.static.keep_path(self.length - nodes, path)
         if k == 0 or min_keep == k:  # every row keeps all k: nothing to roll back
             return
         start = self.length - k

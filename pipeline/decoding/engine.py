@@ -180,7 +180,7 @@ class SpeculativeEngine:
             state.steps += 1
             gamma, wants = self._step_lengths(state, max_new_tokens, per_row=isinstance(generator, RowGenerators))
             proposal = self._draft(state, gamma, wants, generator, timer)
-            target_logits, scored = self._score(state, proposal.tokens, timer)
+            target_logits, scored = self._score(state, proposal, timer)
             if self.drafter is not None:
                 self.drafter.observe_target(target_logits, proposal)
             draft_logits = proposal.logits
@@ -188,9 +188,9 @@ class SpeculativeEngine:
                 draft_logits = target_logits[:, :0]
             with timer.phase("verify"):
                 res = self.sampler(proposal.tokens, draft_logits, target_logits, generator=generator,
-                                   **({} if proposal.lengths is None else {"lengths": proposal.lengths}))
+                                   **proposal.verify_args())
             guard.update(res)
-            finished = self._emit(state, res, proposal.width, max_new_tokens, proposal.lengths)
+            finished = self._emit(state, res, res.tokens.shape[1] - 1, max_new_tokens, proposal.lengths)
             host = self._sync(state, res, finished, proposal, time.perf_counter() - t_start, on_step)
             self._roll_back(state, res, proposal, scored, host)
             self._drop_finished(state, host["finished"])
@@ -264,20 +264,22 @@ class SpeculativeEngine:
             generator.set_step(proposal.width, proposal.lengths_host)   # the verify step draws for what was proposed
         return proposal
 
-    def _score(self, state: _Decoding, drafted: torch.Tensor, timer: PhaseTimer):
+    def _score(self, state: _Decoding, proposal: Proposal, timer: PhaseTimer):
         """The target's logits [b, K+1, V_t] for the pending token and the K proposals (in the first step: for the
-        prompt and the proposals, timed as prefill), and how many positions the target appended."""
-        width = drafted.shape[1]
+        prompt and the proposals, timed as prefill; a tree's nodes attend along their branches, ``proposal.span``),
+        and how many positions the target appended."""
+        drafted, width = proposal.tokens, proposal.width
         if state.prompt is not None:  # first step: the prompt and the drafts in one forward
             target_in = torch.cat([state.prompt, drafted], dim=1)
             valid = torch.cat([state.prompt_valid, torch.ones_like(drafted, dtype=torch.bool)], dim=1)
             with timer.phase("prefill"):
-                logits = self.target.forward(target_in, valid, last=width + 1, holes=state.padded)
+                logits = self.target.forward(target_in, valid, last=width + 1, holes=state.padded,
+                                             span=proposal.span)
             state.prompt = state.prompt_valid = None
         else:
             target_in = torch.cat([state.pending[:, None], drafted], dim=1) if width else state.pending[:, None]
             with timer.phase("target"):
-                logits = self.target.forward(target_in)
+                logits = self.target.forward(target_in, span=proposal.span)
         if self.mask.active:
             self.mask(logits, first_position=False)
             if state.steps == 1:
@@ -358,18 +360,21 @@ class SpeculativeEngine:
         return host
 
     def _step_chars(self, res, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
-        """int64 [b] each: characters of the accepted proposals and of all proposals (no sync)."""
+        """int64 [b] each: characters of the accepted proposals (the step's tokens before the emitted one: a tree's
+        accepted path) and of all proposals (no sync)."""
         gamma = proposal.width
         if not gamma:
             zero = torch.zeros_like(res.accepted)
             return zero, zero
-        chars = self.char_lengths[proposal.tokens.clamp(0, self.char_lengths.shape[0] - 1)]   # [b, K]
-        j = torch.arange(gamma, device=self.device)
+        top = self.char_lengths.shape[0] - 1
+        chars = self.char_lengths[proposal.tokens.clamp(0, top)]                               # [b, K]
+        kept = self.char_lengths[res.tokens[:, :-1].clamp(0, top)]                             # [b, K or D]
         limit = proposal.lengths
         if limit is None:                       # every row proposed K: a fill on the device, no copy
             limit = torch.full((res.accepted.shape[0],), gamma, dtype=torch.int64, device=self.device)
-        accepted = (chars * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
-        return accepted, (chars * (j < limit[:, None])).sum(dim=1)
+        j = torch.arange(kept.shape[1], device=self.device)
+        accepted = (kept * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
+        return accepted, (chars * (torch.arange(gamma, device=self.device) < limit[:, None])).sum(dim=1)
 
     def _roll_back(self, state: _Decoding, res, proposal: Proposal, scored: int, host: dict) -> None:
         """The target's cache back to the accepted prefix, the drafter told what the step decided; the emitted token
@@ -378,10 +383,10 @@ class SpeculativeEngine:
         max_acc, min_acc = max(accepted_h), min(accepted_h)
         next_token = res.tokens.gather(1, res.accepted[:, None]).squeeze(1)
         fed = scored - proposal.width  # the target keeps the pending token (if it was fed) and the accepted drafts
-        self.target.retain(scored, res.accepted + fed, max_acc + fed, min_acc + fed)
+        self.target.retain(scored, res.accepted + fed, max_acc + fed, min_acc + fed, res.path, proposal.width)
         if self.drafter is not None:
             self.drafter.commit(StepOutcome(proposal, res.accepted, accepted_h, next_token, host.get("emitted"),
-                                            host.get("drafter")))
+                                            host.get("drafter"), res.path))
         state.pending = next_token
 
     def _drop_finished(self, state: _Decoding, finished_h: list[int]) -> None:

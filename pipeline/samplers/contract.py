@@ -81,12 +81,15 @@ class SamplerResult:
     tokens     int64 [B, γ+1]   accepted draft tokens, the corrected/bonus token, then -1 padding
     draft_ok   bool  [B]        False where a draft logit the step read was NaN/+inf or a row was all -inf
     target_ok  bool  [B]        the same for the target logits
+    path       int64 [B, D]     a token tree's step (pipeline/samplers/tree.py): the accepted path's node indices,
+                                -1 after ``accepted`` (tokens then [B, D+1]); None for a chain
     """
 
     accepted: torch.Tensor
     tokens: torch.Tensor
     draft_ok: torch.Tensor
     target_ok: torch.Tensor
+    path: torch.Tensor | None = None
 
     @property
     def emitted(self) -> torch.Tensor:

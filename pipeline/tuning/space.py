@@ -22,6 +22,7 @@ from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.models import load_tokenizer
 from pipeline.rules import get_rule, param_names, tunable
+from pipeline.tree_shape import CHAIN, TREE_RULES, parse_widths
 
 OBJECTIVES = ("speedup", "quality")
 
@@ -69,6 +70,7 @@ class SearchSpace:
     drafters: tuple[str, ...] = ("model",)
     lookup_max: tuple[int, int] = (1, 4)
     suffix_factor: Range = (0.5, 4.0, True)
+    trees: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SearchSpace:
@@ -80,7 +82,7 @@ class SearchSpace:
         if not isinstance(raw, dict):
             raise SpecsweepError(f"search space {path}: expected a mapping of settings")
         known = {"gamma", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence", "gamma_max",
-                 "drafter", "lookup_max", "suffix_factor"}
+                 "drafter", "lookup_max", "suffix_factor", "draft_tree"}
         if set(raw) - known:
             moved = sorted(set(raw) & set(param_names()))
             hint = (f" (rule parameters go under params: <rule>:, e.g. params: {{sigmoid: {{{moved[0]}: ...}}}})"
@@ -101,6 +103,7 @@ class SearchSpace:
                 drafters=tuple(raw.get("drafter", ("model",))),
                 lookup_max=tuple(int(v) for v in _range(raw.get("lookup_max", {"low": 1, "high": 4}))[:2]),
                 suffix_factor=_range(raw.get("suffix_factor", {"low": 0.5, "high": 4.0, "log": True})),
+                trees=tuple(str(t) for t in raw.get("draft_tree", ())),
             )
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise SpecsweepError(f"search space {path}: {e}") from None
@@ -126,6 +129,12 @@ class SearchSpace:
         if not 1 <= self.lookup_max[0] <= self.lookup_max[1] or not 0 < self.suffix_factor[0] <= self.suffix_factor[1]:
             raise SpecsweepError(f"{where}: lookup_max needs 1 <= low <= high and suffix_factor 0 < low <= high; got "
                                  f"{list(self.lookup_max)}, {list(self.suffix_factor[:2])}")
+        for tree in self.trees:
+            if tree != CHAIN:
+                parse_widths(tree)
+        if self.trees and not set(self.samplers) & set(TREE_RULES):
+            raise SpecsweepError(f"{where}: draft_tree needs a rule that verifies trees in sampler "
+                                 f"({list(TREE_RULES)})")
         for rule, ranges in self.params.items():
             if rule not in self.samplers:
                 raise SpecsweepError(f"{where}: params for {rule!r}, which is not in sampler {list(self.samplers)}")
@@ -158,6 +167,8 @@ class SearchSpace:
             point["draft"] = "fixed" if "fixed" in self.drafts else self.drafts[0]
         if self.tokenizer_modes:
             point["draft_tokenizer_mode"] = self.tokenizer_modes[0]
+        if self.trees:
+            point["draft_tree"] = CHAIN if CHAIN in self.trees else self.trees[0]
         return point
 
     @property
@@ -177,6 +188,8 @@ class SearchSpace:
         if self.drafters == ("model",):
             for key in ("drafters", "lookup_max", "suffix_factor"):
                 space.pop(key)
+        if not self.trees:
+            space.pop("trees")
         return space
 
     def suggest(self, trial, temperature: float = 1.0) -> dict:
@@ -198,7 +211,9 @@ class SearchSpace:
                 params[name] = trial.suggest_int(name, math.ceil(lo), math.floor(hi), log=log)
             else:
                 params[name] = trial.suggest_float(name, lo, hi, log=log)
-        if self.searches_drafts and drafter == "model":
+        if self.trees and drafter == "model":
+            params.update(self._suggest_tree(trial, params["sampler"]))
+        if self.searches_drafts and drafter == "model" and "draft_tree" not in params:
             params.update(self._suggest_draft(trial, params["gamma"]))
         if self.tokenizer_modes and drafter == "model":
             params["draft_tokenizer_mode"] = trial.suggest_categorical("draft_tokenizer_mode",
@@ -214,6 +229,16 @@ class SearchSpace:
             lo, hi, log = self.suffix_factor
             return {"drafter": drafter, "suffix_factor": trial.suggest_float("suffix_factor", lo, hi, log=log)}
         return {"drafter": drafter}
+
+    def _suggest_tree(self, trial, sampler: str) -> dict:
+        """The trial's token tree (pipeline/tree_shape.py) as run settings: {} for a chain, else draft_tree (its
+        node count replaces γ). A tree with a rule that cannot verify one is pruned before it runs."""
+        tree = trial.suggest_categorical("draft_tree", list(self.trees))
+        if tree == CHAIN:
+            return {}
+        if sampler not in TREE_RULES:
+            raise optuna.TrialPruned(f"{sampler} cannot verify a token tree (draft_tree {tree})")
+        return {"draft_tree": tree}
 
     def _suggest_draft(self, trial, gamma: int) -> dict:
         """The trial's draft length as run settings (draft_schedule, draft_confidence, gamma_max)."""
@@ -255,4 +280,4 @@ def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
     print(f"the draft {base.draft} has another tokenizer than the target's: trials draft a fixed γ"
           + (f" and choose the draft-tokenizer mode from {list(modes)}" if modes else ""), file=sys.stderr)
     # its study is about that draft: the drafters without a model are searched in the matched pair's study
-    return dataclasses.replace(space, drafts=("fixed",), tokenizer_modes=modes, drafters=("model",))
+    return dataclasses.replace(space, drafts=("fixed",), tokenizer_modes=modes, drafters=("model",), trees=())

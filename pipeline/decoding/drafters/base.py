@@ -29,6 +29,7 @@ import torch
 
 from pipeline.decoding.cache import CachedModel
 from pipeline.decoding.timing import PhaseTimer
+from pipeline.tree_shape import TokenTree, TreeSpan
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,11 @@ class Proposal:
     lengths       int64 [b] on the device: each row's own count where some row proposed fewer than K; else None
     lengths_host  the same as host ints (None likewise)
     confident     int64 [b]: positions each row proposed for itself (an adaptive draft length), else None
+    tree          a token tree (pipeline/tree_shape.py): tokens [b, N] and logits [b, N, V] are its nodes (each
+                  node's logits those of its parent, the distribution it was drawn from); None: a chain
+    replacement   how a tree's stochastic siblings were drawn: independently (True) or without replacement
+    span          how the target attends over the tree (:class:`~pipeline.tree_shape.TreeSpan` of the root and
+                  its N nodes, on the device), None for a chain
     """
 
     tokens: torch.Tensor
@@ -125,10 +131,21 @@ class Proposal:
     lengths: torch.Tensor | None = None
     lengths_host: list[int] | None = None
     confident: torch.Tensor | None = None
+    tree: TokenTree | None = None
+    replacement: bool = True
+    span: TreeSpan | None = None
 
     @property
     def width(self) -> int:
+        """Tokens proposed per row: the target scores each (a tree's nodes)."""
         return self.tokens.shape[1]
+
+    def verify_args(self) -> dict:
+        """The verify step's keyword arguments besides the tensors: per-row lengths, a tree and its sibling rule."""
+        args = {} if self.lengths is None else {"lengths": self.lengths}
+        if self.tree is not None:
+            args.update(tree=self.tree, replacement=self.replacement)
+        return args
 
 
 @dataclass
@@ -142,6 +159,7 @@ class StepOutcome:
     emitted        per row, the target ids the step emitted (host), when the drafter reads them
                    (``reads_emitted``); else None
     host_rows      :meth:`Drafter.host_rows` on the host, one list per row (None when it gave none)
+    path           int64 [b, D]: a tree's accepted path, node indices (-1 after ``accepted``); None for a chain
     """
 
     proposal: Proposal
@@ -150,6 +168,7 @@ class StepOutcome:
     next_token: torch.Tensor
     emitted: list[list[int]] | None = None
     host_rows: list[list[int]] | None = None
+    path: torch.Tensor | None = None
 
 
 class Drafter:

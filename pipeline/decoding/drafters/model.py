@@ -66,11 +66,7 @@ class ModelDrafter(Drafter):
         probability of its distribution) is below ``ask.confidence`` (0: never), that position included; at its other
         positions it pads with the draft's argmax and one-hot logits. ``confident`` is then int64 [b], the positions
         each row proposed for itself. No host sync."""
-        if self.carry is not None:
-            logits, self.carry = self.carry, None
-        else:
-            logits = self.model.forward(self.backlog, self.backlog_valid, 1, self.backlog_holes)[:, 0]
-            self.forwards += 1
+        logits = self.first_logits()
         gamma, u, limits = ask.gamma, ask.u, ask.limits
         adaptive = ask.confidence is not None or limits is not None
         proposals, proposal_logits = [], []
@@ -101,6 +97,15 @@ class ModelDrafter(Drafter):
         return Proposal(torch.stack(proposals, dim=1), torch.stack(proposal_logits, dim=1), limits,
                         ask.wants if limits is not None else None, confident if ask.confidence is not None else None)
 
+    def first_logits(self) -> torch.Tensor:
+        """The draft's logits [b, V_d] for the step's first proposal: carried from the prompt's forward, or from a
+        forward over the backlog (the tokens the draft has not read yet)."""
+        if self.carry is not None:
+            logits, self.carry = self.carry, None
+            return logits
+        self.forwards += 1
+        return self.model.forward(self.backlog, self.backlog_valid, 1, self.backlog_holes)[:, 0]
+
     def _sample_with_probs(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The proposal of :func:`draft_sample` (the same token for the same uniforms u [b]) and the draft's
         distribution float32 [b, V_d] it was drawn from (softmax of the logits at T = 0, where it proposes the
@@ -123,11 +128,17 @@ class ModelDrafter(Drafter):
         accepted, max_acc, min_acc = outcome.accepted, max(outcome.accepted_host), min(outcome.accepted_host)
         # the draft appended its backlog, then x_1..x_{γ-1}; it never saw x_γ
         self.model.retain(gamma - 1, accepted.clamp_max(gamma - 1), min(max_acc, gamma - 1), min(min_acc, gamma - 1))
-        self.backlog_holes = min_acc < gamma <= max_acc   # some rows feed [x_γ, y], others [hole, y]
-        if max_acc == gamma:
-            all_accepted = accepted == gamma
-            self.backlog = torch.stack([torch.where(all_accepted, outcome.proposal.tokens[:, -1], self.pad),
-                                        readable], 1)
+        self.queue(outcome, gamma, outcome.proposal.tokens[:, -1])
+
+    def queue(self, outcome: StepOutcome, depth: int, last: torch.Tensor) -> None:
+        """The backlog the next proposal reads first: ``last`` int64 [b] (the deepest proposal, which the draft never
+        read) where a row accepted all ``depth`` of its path, then the emitted token."""
+        accepted, max_acc, min_acc = outcome.accepted, max(outcome.accepted_host), min(outcome.accepted_host)
+        readable = self._readable(outcome.next_token)
+        self.backlog_holes = min_acc < depth <= max_acc   # some rows feed [x_γ, y], others [hole, y]
+        if max_acc == depth:
+            all_accepted = accepted == depth
+            self.backlog = torch.stack([torch.where(all_accepted, last, self.pad), readable], 1)
             self.backlog_valid = torch.stack([all_accepted, torch.ones_like(all_accepted)], dim=1)
         else:
             self.backlog, self.backlog_valid = readable[:, None], _ones(readable.shape[0], readable.device)

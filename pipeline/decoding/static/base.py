@@ -65,6 +65,17 @@ class StaticForward:
             buf[:, :, :, : old.shape[3]] = old
             setattr(self, name, buf)
 
+    def keep_path(self, first: int, path: torch.Tensor) -> None:
+        """Compact a token tree's accepted path in place: the entries of node path[b, d] (cache position first +
+        path[b, d]) move to position first + d, for path int64 [B, P] (-1 entries: any node's entries land there,
+        past what the row keeps). Nodes sit at or after their depth's slot, so no entry is read after it is
+        overwritten (the gather reads before the write)."""
+        B, P = path.shape
+        index = (first + path.clamp_min(0))[None, :, None, :, None].expand(
+            self.n_layer, B, self.kv_heads, P, self.head_dim)
+        for buf in (self.keys, self.values):
+            buf[:, :, :, first: first + P] = buf.gather(3, index)
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (int64 indices on the cache's device)."""
         self.keys, self.values = self.keys[:, rows], self.values[:, rows]

@@ -1,0 +1,172 @@
+"""The shape of a token tree: which draft node hangs below which, the same for every row of a step.
+
+A tree of N draft nodes below a root (the last token the target has not read yet, or the prompt's last token) is
+given by its parent indices, in breadth-first order with each node's children contiguous and in the order the verify
+step tries them (their rank: the draft's first choice first)::
+
+    TokenTree.from_widths([3, 2, 1])    # `--draft-tree 3,2,1`: 3 children of the root, 2 below each, 1 below those
+    tree.parents    # (-1, -1, -1, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8): -1 is the root
+    tree.n_nodes    # 15 = 3 + 3*2 + 3*2*1 (tokens the target scores per step, besides the root)
+
+A chain of γ tokens is the tree of widths (1, ..., 1). Positions are counted from the root: position 0 is the root,
+position n + 1 is draft node n (the target's logits [B, N+1, V] and the uniforms [B, N+1] follow that order).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from pipeline.errors import SpecsweepError
+
+# how a drafter chooses a node's children (pipeline/decoding/drafters/tree.py)
+TREE_CHILDREN = ("without-replacement", "with-replacement", "top-k")
+# the acceptance rules that verify a tree (pipeline/samplers/tree.py: exact, and greedy at any temperature)
+TREE_RULES = ("exact", "greedy")
+# a grid's or a search space's name for "no tree" (a chain of γ tokens)
+CHAIN = "chain"
+MAX_TREE_NODES = 256     # tokens scored per step: beyond this a tree costs more than any step it could save
+
+
+def parse_widths(text: str) -> tuple[int, ...]:
+    """'3,2,1' -> (3, 2, 1): children per node at each depth. Bad input raises SpecsweepError (one line)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise SpecsweepError(f"--draft-tree takes widths per depth such as 3,2,1 (positive integers); got {text!r}")
+    widths = tuple(int(p) for p in parts)
+    if min(widths) < 1:
+        raise SpecsweepError(f"--draft-tree widths must be >= 1 (each depth has children); got {text!r}")
+    return widths
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """parents: int per draft node, its parent's node index (-1: the root); breadth-first, siblings contiguous."""
+
+    parents: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for n, parent in enumerate(self.parents):
+            if not -1 <= parent < n or (n and parent < self.parents[n - 1]):
+                raise SpecsweepError(f"a token tree lists parents before children, siblings together; node {n} has "
+                                     f"parent {parent} in {list(self.parents)}")
+        if len(self.parents) > MAX_TREE_NODES:
+            raise SpecsweepError(f"a token tree of {len(self.parents)} nodes scores more than {MAX_TREE_NODES} tokens "
+                                 "per step: choose smaller widths")
+
+    @classmethod
+    def from_widths(cls, widths) -> TokenTree:
+        """Every node at depth d (the root at 0) has widths[d] children."""
+        widths = parse_widths(widths) if isinstance(widths, str) else tuple(int(w) for w in widths)
+        if not widths or min(widths) < 1:
+            raise SpecsweepError(f"a token tree needs widths >= 1 per depth; got {list(widths)}")
+        parents, level = [], [-1]
+        for width in widths:
+            start = len(parents)
+            parents += [p for p in level for _ in range(width)]
+            level = list(range(start, len(parents)))
+        return cls(tuple(parents))
+
+    @classmethod
+    def chain(cls, gamma: int) -> TokenTree:
+        """γ nodes, each the only child of the one before (an ordinary draft)."""
+        return cls(tuple(range(-1, gamma - 1)))
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Per node, its depth (1 for a child of the root)."""
+        out: list[int] = []
+        for parent in self.parents:
+            out.append(1 if parent < 0 else out[parent] + 1)
+        return tuple(out)
+
+    @property
+    def depth(self) -> int:
+        """The longest path's node count: the most draft tokens a step accepts."""
+        return max(self.depths, default=0)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """Per position (0: the root, n + 1: node n), its children's node indices in order."""
+        out: list[list[int]] = [[] for _ in range(self.n_nodes + 1)]
+        for n, parent in enumerate(self.parents):
+            out[parent + 1].append(n)
+        return tuple(tuple(c) for c in out)
+
+    @property
+    def max_width(self) -> int:
+        return max((len(c) for c in self.children), default=0)
+
+    def children_table(self, device) -> torch.Tensor:
+        """int64 [N+1, K]: per position, its children's node indices in order, -1 after (K the widest node). Made
+        once per tree and device (a verify step reads it every step)."""
+        return _children_table(self, str(device))
+
+    def ancestor_mask(self, device) -> torch.Tensor:
+        """bool [N, N]: [i, j] True where node j is node i or one of its ancestors (what node i attends to among
+        the draft nodes; every node also attends to the root and the context before it)."""
+        mask = torch.eye(self.n_nodes, dtype=torch.bool)
+        for n, parent in enumerate(self.parents):
+            if parent >= 0:
+                mask[n] |= mask[parent]
+        return mask.to(device)
+
+    def depth_tensor(self, device) -> torch.Tensor:
+        """int64 [N]: each node's depth (its position offset from the root)."""
+        return torch.tensor(self.depths, dtype=torch.int64, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _children_table(tree: TokenTree, device: str) -> torch.Tensor:
+    K = max(tree.max_width, 1)
+    rows = [list(c) + [-1] * (K - len(c)) for c in tree.children]
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+@dataclass(frozen=True)
+class TreeSpan:
+    """How the last ``rows`` tokens of a forward attend within the last S cache positions (the root first, then
+    tree nodes; every position before the span is attended as in a chain), and their position ids.
+
+    attend  bool  [rows, S]  True where the token attends that span position (the root, its ancestors, itself)
+    depth   int64 [rows]     its position id minus the root's
+    """
+
+    attend: torch.Tensor
+    depth: torch.Tensor
+
+    @classmethod
+    def whole(cls, tree: TokenTree, device) -> TreeSpan:
+        """The root and all N nodes in one forward (the target scoring a tree): rows = S = N + 1."""
+        n = tree.n_nodes
+        attend = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        attend[:, 0] = True
+        attend[1:, 1:] = tree.ancestor_mask("cpu")
+        attend[0, 0] = True
+        return cls(attend.to(device), torch.tensor((0, *tree.depths), dtype=torch.int64, device=device))
+
+    @classmethod
+    def level(cls, tree: TokenTree, depth: int, device) -> TreeSpan:
+        """The nodes of one depth, appended after the root and the shallower nodes (a draft growing a tree one
+        level per forward): rows = the level's nodes, S = 1 + the nodes down to this depth."""
+        nodes = [n for n, d in enumerate(tree.depths) if d == depth]
+        end = nodes[-1] + 1
+        attend = torch.zeros(len(nodes), end + 1, dtype=torch.bool)
+        attend[:, 0] = True
+        attend[:, 1:] = tree.ancestor_mask("cpu")[nodes[0]:end, :end]
+        return cls(attend.to(device), torch.full((len(nodes),), depth, dtype=torch.int64, device=device))
+
+    @property
+    def rows(self) -> int:
+        return self.attend.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.attend.shape[1]
