@@ -138,14 +138,17 @@ def test_a_failed_distillation_leaves_nothing(tmp_path, monkeypatch):
     (["--steps", "3", "--draft-vocab", "1"], "--draft-vocab K must be >= 2"),
     (["--steps", "3", "--draft-vocab", "100000"], "more than the target's"),
     (["--steps", "3", "--init-layers", "0,7"], "--init-layers must name 1 target layers"),
+    (["--steps", "3", "--layers", "3"], "--layers 3 is more than the target's 2"),
     (["--steps", "3", "--width", "48"], "drop --width or use --init fresh"),
     (["--steps", "3", "--holdout", "50"], "leaves no training record"),
+    (["--steps", "3", "--chat-template"], "the target's tokenizer has no chat template"),
 ])
 def test_bad_settings_fail_in_one_line(tmp_path, capsys, extra, words):
     target, _ = save_pair(tmp_path / "pair", kind="gpt2")
     out = tmp_path / "draft"
     argv = ["distill", "--target", str(target), "--data", str(_word_prompts(tmp_path / "w.jsonl", 12)),
             "--out", str(out), "--layers", "1", "--threads", "1", "--no-progress", *extra]
+    capsys.readouterr()                                                # the pair's saving, not the command's
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("specsweep distill: error: ") and words in err and "\n" not in err, err
@@ -155,6 +158,7 @@ def test_bad_settings_fail_in_one_line(tmp_path, capsys, extra, words):
 def test_a_target_without_a_tokenizer_fails_in_one_line(tmp_path, capsys):
     model = load_saved_pair(tmp_path / "pair", kind="gpt2")[0]
     model.save_pretrained(tmp_path / "bare")                          # weights only, no tokenizer
+    capsys.readouterr()
     assert main(["distill", "--target", str(tmp_path / "bare"), "--data", str(_word_prompts(tmp_path / "w.jsonl", 8)),
                  "--out", str(tmp_path / "draft"), "--steps", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()

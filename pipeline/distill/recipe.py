@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from pipeline.config import RunConfig
 from pipeline.data import load_task_data
@@ -46,12 +47,16 @@ def split_records(records: list[dict], holdout: int, seed: int) -> tuple[list[di
     return [r for i, r in enumerate(records) if i not in out], [r for i, r in enumerate(records) if i in out]
 
 
+def run_config(settings: DistillSettings) -> RunConfig:
+    """The `specsweep run` settings whose prompts the draft is trained on (the task's encoder reads them)."""
+    return RunConfig(target=settings.target, data=settings.data, task=settings.task,
+                     max_new_tokens=settings.max_new_tokens, max_prompt_tokens=settings.max_prompt_tokens,
+                     chat_template=settings.chat_template)
+
+
 def prompt_tokens(settings: DistillSettings, target, tokenizer, records: list[dict]) -> list[list[int]]:
     """Each record's prompt as ``specsweep run`` encodes it for the target (token ids, no padding)."""
-    config = RunConfig(target=settings.target, data=settings.data, task=settings.task,
-                       max_new_tokens=settings.max_new_tokens, max_prompt_tokens=settings.max_prompt_tokens,
-                       chat_template=settings.chat_template)
-    encode = get_task(settings.task).encoder(target, tokenizer, None, config)
+    encode = get_task(settings.task).encoder(target, tokenizer, None, run_config(settings))
     out = []
     for r in records:
         batch, _ = encode([r])
@@ -85,6 +90,9 @@ def distill(settings: DistillSettings) -> dict:
 def _distill(settings: DistillSettings, threads: dict) -> dict:
     t0 = time.perf_counter()
     device = resolve_device(settings.device)
+    get_task(settings.task).check_target(run_config(settings))   # e.g. --chat-template without one: before loading
+    if not settings.progress:
+        hf_logging.disable_progress_bar()
     tokenizer = target_tokenizer(settings.target)
     records = load_task_data(settings.task, settings.data, settings.limit, settings.seed if settings.limit else None)
     train_records, heldout_records = split_records(records, settings.holdout, settings.seed)

@@ -37,7 +37,7 @@ class DistillSettings:
                                  "embedding and head then kept frozen; fresh: random weights, all trained",
                        choices=INITS)
     init_layers: str | None = option(None, "which target layers the draft's start from, comma-separated (default: "
-                                           "evenly spaced from the first to the last)")
+                                           "the first --layers, an early exit of the target)")
     draft_vocab: int | None = option(None, "K: the draft predicts only the K most frequent target tokens on the data "
                                            "(a vocabulary map saved with the draft; lossless verification)")
     divergence: str = option("fkl", "what the draft minimises against the target's next-token law: fkl (forward KL), "
@@ -112,12 +112,14 @@ class DistillSettings:
             raise SpecsweepError(f"--out {self.out} exists and is not an empty folder: give a new folder")
 
     def layer_choice(self, target_layers: int) -> list[int]:
-        """The target layers the draft's layers start from: ``--init-layers``, else ``layers`` evenly spaced from the
-        first to the last (one layer: the first)."""
+        """The target layers the draft's layers start from: ``--init-layers``, else the first ``layers`` (an early
+        exit: the final norm and head then read a residual stream that consecutive layers built; SmolLM2's first
+        and last layer start far from the target, docs/distill.md)."""
         if self.init_layers is None:
-            if self.layers == 1:
-                return [0]
-            return [round(i * (target_layers - 1) / (self.layers - 1)) for i in range(self.layers)]
+            if self.layers > target_layers:
+                raise SpecsweepError(f"--layers {self.layers} is more than the target's {target_layers}: a draft has "
+                                     "fewer layers than its target")
+            return list(range(self.layers))
         try:
             chosen = [int(x) for x in self.init_layers.split(",") if x.strip()]
         except ValueError:

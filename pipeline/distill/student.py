@@ -1,8 +1,8 @@
 """The draft being distilled: its shape, its initial weights, its vocabulary, and its logits at chosen positions.
 
 The draft is the target's architecture (its config, copied) with fewer layers and optionally another width. With
-``init="target"`` it starts from the target: the embedding, final norm and head, and the layers ``chosen`` (evenly
-spaced from the first to the last by default, the layer-skipping draft of LayerSkip and Draft & Verify); the
+``init="target"`` it starts from the target: the embedding, final norm and head, and the layers ``chosen`` (the
+first ones by default, an early exit of the target as in LayerSkip; any others with ``--init-layers``); the
 embedding and head are then frozen, so training only moves the layers (and norms) and the draft keeps writing into
 the target's own output space. ``init="fresh"`` is random weights, all trained.
 
