@@ -234,3 +234,17 @@ def test_on_policy_steps_run_and_are_recorded(tmp_path):
                  "--divergence", "tv", "--threads", "1", "--no-progress"]) == 0
     training = json.loads((out / "distill.json").read_text())["training"]
     assert training["on_policy_steps"] == 6 and training["on_policy_seconds"] > 0     # after the first quarter
+
+
+def test_excluded_records_are_never_used(tmp_path):
+    target, _ = save_pair(tmp_path / "pair", kind="gpt2")
+    data = _word_prompts(tmp_path / "w.jsonl", 12)
+    lines = data.read_text().splitlines()
+    (tmp_path / "measured.jsonl").write_text("\n".join(lines[:3]) + "\n")        # w0, w1, w2: what run measures
+    out = tmp_path / "draft"
+    assert main(["distill", "--target", str(target), "--data", str(data), "--out", str(out), "--steps", "2",
+                 "--holdout", "3", "--layers", "1", "--exclude", str(tmp_path / "measured.jsonl"), "--threads", "1",
+                 "--no-progress"]) == 0
+    record = json.loads((out / "distill.json").read_text())["data"]
+    assert (record["records"], record["excluded"], record["train"], record["heldout"]) == (9, 3, 6, 3)
+    assert not {"w0", "w1", "w2"} & set(record["heldout_ids"])

@@ -47,6 +47,17 @@ def split_records(records: list[dict], holdout: int, seed: int) -> tuple[list[di
     return [r for i, r in enumerate(records) if i not in out], [r for i, r in enumerate(records) if i in out]
 
 
+def task_records(settings: DistillSettings) -> tuple[list[dict], int]:
+    """The records distilled on (``--limit``: a seeded subset, taken before ``--exclude`` removes its ids) and how
+    many ``--exclude`` removed."""
+    records = load_task_data(settings.task, settings.data, settings.limit, settings.seed if settings.limit else None)
+    if settings.exclude is None:
+        return records, 0
+    ids = {str(r.get("id")) for r in load_task_data(settings.task, settings.exclude, None, None)}
+    kept = [r for r in records if str(r.get("id")) not in ids]
+    return kept, len(records) - len(kept)
+
+
 def run_config(settings: DistillSettings) -> RunConfig:
     """The `specsweep run` settings whose prompts the draft is trained on (the task's encoder reads them)."""
     return RunConfig(target=settings.target, data=settings.data, task=settings.task,
@@ -94,7 +105,7 @@ def _distill(settings: DistillSettings, threads: dict) -> dict:
     if not settings.progress:
         hf_logging.disable_progress_bar()
     tokenizer = target_tokenizer(settings.target)
-    records = load_task_data(settings.task, settings.data, settings.limit, settings.seed if settings.limit else None)
+    records, excluded = task_records(settings)
     train_records, heldout_records = split_records(records, settings.holdout, settings.seed)
     target = load_causal_lm(settings.target, torch.float32, device)
     draft = build_student(target, settings)                # a shape or target distill cannot take: before the pass
@@ -115,7 +126,8 @@ def _distill(settings: DistillSettings, threads: dict) -> dict:
         log = train(draft, target, train_seqs, heldout_seqs, vocab, settings, eos, pad,
                     on_point=lambda curve: write_curve(folder, curve, meta))
         record = {"settings": settings.to_dict(), "threads": threads, "provenance": provenance(device),
-                  "data": {"records": len(records), "train": len(train_records), "heldout": len(heldout_records),
+                  "data": {"records": len(records), "excluded": excluded, "train": len(train_records),
+                           "heldout": len(heldout_records),
                            "heldout_ids": [r.get("id") for r in heldout_records]},
                   "teacher": teacher_summary(train_seqs, heldout_seqs, teacher_s),
                   "draft": draft_summary(draft, target, settings, vocab, heldout_seqs),

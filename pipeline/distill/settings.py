@@ -52,6 +52,8 @@ class DistillSettings:
     max_prompt_tokens: int | None = option(None, "cut longer prompts (articles) to this many tokens (as in `run`)")
     chat_template: bool = option(False, "wrap prompts in the target tokenizer's chat template (as in `run`)")
     limit: int | None = option(None, "use N records of the data (a seeded subset)")
+    exclude: str | None = option(None, "data of the same task whose records (by id) are never used, e.g. what "
+                                       "`specsweep run` measures the draft on")
     holdout: int = option(4, "records kept out of training, written to <out>/heldout.jsonl for `specsweep run`; "
                              "their teacher sequences measure the curve's held-out agreement")
     top_k: int = option(32, "the target's most probable tokens kept per position (the rest is one bin)")
@@ -106,6 +108,9 @@ class DistillSettings:
             raise SpecsweepError("--target, --data and --out are required")
         if not Path(self.data).exists():
             raise SpecsweepError(f"--data {self.data} does not exist: give a JSONL file or a folder written by "
+                                 "specsweep fetch")
+        if self.exclude is not None and not Path(self.exclude).exists():
+            raise SpecsweepError(f"--exclude {self.exclude} does not exist: give a JSONL file or a folder written by "
                                  "specsweep fetch")
         out = Path(self.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
