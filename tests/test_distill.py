@@ -67,7 +67,6 @@ def _acceptance(target, draft, tok, prompts: list[str]) -> float:
 
 def test_distilling_a_tiny_target_raises_its_held_out_acceptance(distilled):
     target_dir, data, out = distilled
-    torch.set_num_threads(1)
     target, tok = load_causal_lm(str(target_dir), torch.float32, "cpu"), load_tokenizer(str(target_dir))
     settings = DistillSettings(target=str(target_dir), data=str(data), out=str(out.with_name("unused")), steps=STEPS,
                                layers=1)
