@@ -30,6 +30,7 @@ from pipeline.decoding.drafters.cross_tokenizer import (
 from pipeline.decoding.drafters.lookup import prompt_lookup, suffix_decoding
 from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.decoding.drafters.tree import TreeDrafter
+from pipeline.decoding.drafters.vocab_map import VocabMapDrafter, draft_vocab
 from pipeline.decoding.drafters.whisper_text import WhisperTextDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import HFEngine
@@ -156,7 +157,7 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
 
 def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: str) -> Drafter | None:
     """The run's drafter (None at γ = 0): prompt lookup or suffix decoding (no draft model), or the draft model,
-    bridged when its tokenizer is not the target's."""
+    bridged when its tokenizer is not the target's, or restricted to its vocabulary map (vocab_map.py)."""
     if config.gamma == 0:
         return None
     if config.drafter == "prompt-lookup":
@@ -168,9 +169,14 @@ def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: 
         return None
     mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)
     if mode == "shared":
+        ids = draft_vocab(draft)        # a draft that predicts only K of the target's tokens (specsweep distill)
         if config.draft_tree is not None:
+            if ids is not None:
+                raise SpecsweepError(f"--draft-tree needs a draft over the target's whole vocabulary; {config.draft} "
+                                     f"predicts {len(ids)} of its tokens (specsweep distill --draft-vocab): leave "
+                                     "--draft-tree out or give another draft")
             return TreeDrafter(draft, TokenTree.from_widths(config.draft_tree), config.tree_children)
-        return ModelDrafter(draft)
+        return ModelDrafter(draft) if ids is None else VocabMapDrafter(draft, ids)
     if config.draft_tree is not None:
         raise SpecsweepError("--draft-tree needs a draft with the target's tokenizer")
     key = (config.target, config.draft, str(device))

@@ -74,7 +74,7 @@ class ModelDrafter(Drafter):
         confident = torch.zeros(u.shape[0], dtype=torch.int64, device=u.device) if adaptive else None
         for i in range(gamma):
             if i > 0:
-                logits = self.model.forward(proposals[-1][:, None], last=1)[:, 0]
+                logits = self.model.forward(self.target_ids(proposals[-1])[:, None], last=1)[:, 0]
                 self.forwards += 1
             if self.mask_logits is not None:
                 logits = self.mask_logits(logits, first_position=False)
@@ -94,8 +94,18 @@ class ModelDrafter(Drafter):
             stopped = ~own
             if ask.confidence:
                 stopped |= probs.amax(dim=-1) < ask.confidence
-        return Proposal(torch.stack(proposals, dim=1), torch.stack(proposal_logits, dim=1), limits,
-                        ask.wants if limits is not None else None, confident if ask.confidence is not None else None)
+        return Proposal(self.target_ids(torch.stack(proposals, dim=1)), self.target_logits(torch.stack(proposal_logits,
+                        dim=1)), limits, ask.wants if limits is not None else None,
+                        confident if ask.confidence is not None else None)
+
+    def target_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """The draft's output rows int64 [...] as target ids (the draft reads target ids and proposes them): the same
+        here, where the draft's head is the target's vocabulary (a reduced head maps them, vocab_map.py)."""
+        return rows
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The proposals' logits [b, γ, V_d] over the target's vocabulary [b, γ, V]: the same here."""
+        return logits
 
     def first_logits(self) -> torch.Tensor:
         """The draft's logits [b, V_d] for the step's first proposal: carried from the prompt's forward, or from a
