@@ -113,6 +113,7 @@ async def _choice_texts(state, pending):
     decoder = state.decoder
     shown = {job.index: "" for job in pending.jobs}
     sent = dict.fromkeys(shown, 0)
+    upto = dict.fromkeys(shown, 0)  # the job's tokens as of its latest event (the worker may be further on)
     jobs = {job.index: job for job in pending.jobs}
     left = len(jobs)
     try:
@@ -124,7 +125,8 @@ async def _choice_texts(state, pending):
                 return
             job = jobs[index]
             if kind == "tokens":
-                tokens = list(job.tokens)
+                upto[index] += len(payload)   # one chunk per decoding step, however far the worker has got
+                tokens = list(job.tokens[:upto[index]])
                 text = stops.shown(decoder.text(tokens), job.stop, final=False)
                 if text.startswith(shown[index]) and len(text) > len(shown[index]) and not text.endswith("\ufffd"):
                     delta, shown[index] = text[len(shown[index]):], text
