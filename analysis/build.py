@@ -360,10 +360,11 @@ def _acceptance_section(group, name, slug, fig_dir, written, other: bool = False
 
 
 def _sigmoid_section(group, metric, name, slug, fig_dir, written) -> list:
+    """The sigmoid's alpha/beta landscape; nothing for a pair without a sigmoid run or trial."""
     blocks = [Heading(3, "Sigmoid: alpha/beta landscape")]
     path = figures.sigmoid_landscape(group, metric, f"{name}: sigmoid settings", fig_dir / f"sigmoid-{slug}.png")
     if path is None:
-        return [*blocks, Para("No sigmoid run or trial.")]
+        return []
     written[path.name] = path
     blocks.append(Figure(f"figures/{path.name}",
                          "Each sigmoid run (circles) and Optuna trial (triangles) at its (alpha, beta), coloured by "

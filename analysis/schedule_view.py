@@ -64,7 +64,7 @@ def section(table) -> list:
 
 
 def _schedule_blocks(schedule: dict, path: Path) -> list:
-    title = f"{schedule.get('task')}: {schedule.get('target')} ← {schedule.get('draft')}"
+    title = f"{schedule.get('task')}: {schedule.get('target')} ← {schedule.get('draft') or 'no draft model'}"
     blocks = [Heading(3, f"{title} (study {schedule.get('study')})"),
               Para(f"From `{path}`: penalty {schedule.get('penalty'):g} × MAD; lossy rules within "
                    f"{schedule.get('max_quality_loss'):.1%} quality loss of the cell's AR baseline; temperature "

@@ -586,3 +586,11 @@ def test_the_profiles_missing_list_is_the_reports_section_and_a_bad_one_is_one_l
     assert main([*args, "--profile", str(profile)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "`missing:` must be a list of {what, why} entries" in err
+
+
+def test_a_pair_without_a_sigmoid_run_has_no_sigmoid_section(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    write(runs / "a.json", result(sampler="exact", gamma=4, speedup=1.3, score=0.5))
+    assert main(["report", "--runs", str(runs), "--tune", str(tmp_path / "none"), "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "Acceptance against theory" in md and "Sigmoid: alpha/beta landscape" not in md
