@@ -18,7 +18,8 @@ from pipeline.objectives import QUALITY
 from pipeline.synthetic import build_tokenizer, build_whisper_processor
 from pipeline.tasks import FETCHABLE, LONG_INPUTS, TASK_NAMES, get_task, quality_metric
 from pipeline.tasks.base import Cuts
-from pipeline.tasks.cnn_dailymail import DRAFT_RESERVE, SUMMARY_CUE
+from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
+from pipeline.tasks.text import DRAFT_RESERVE
 
 HEAVY = ("torch", "numpy", "transformers", "datasets", "pyarrow", "soundfile", "scipy", "pandas")
 

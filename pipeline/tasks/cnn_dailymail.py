@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from pipeline.errors import SpecsweepError
 from pipeline.tasks.base import Cuts, Encoder, HubDataset, QualityMetric, Task
-from pipeline.tasks.text import chat_prompt, cut_tokens, left_padded, prompt_length
+from pipeline.tasks.text import DRAFT_RESERVE, PromptEncoder, chat_prompt, cut_tokens, left_padded
 
 SUMMARY_CUE = " Summary:"
 CHAT_INSTRUCTION = "Summarize the following news article in a few sentences.\n\n"
-DRAFT_RESERVE = 8
 """Positions kept free for the draft block when cutting articles: max(γ, this). The same for every γ up to it,
 so runs with different γ and their γ = 0 baseline read the same (cut) articles and their quality compares."""
 
@@ -51,22 +50,15 @@ class CnnDailyMailTask(Task):
         return quality, result.per_sample
 
 
-class _Summaries(Encoder):
+class _Summaries(PromptEncoder):
     """Summarisation prompts for one run: ``limit`` is the target's positions."""
 
-    unit = "tokens"
-    truncated_key = "prompts_truncated"
-
     def __init__(self, tokenizer, config, positions: int | None) -> None:
-        super().__init__(config.long_inputs, positions)
+        super().__init__(config, positions)
         self.tokenizer, self.chat = tokenizer, config.chat_template
-        self.max_new_tokens = config.max_new_tokens
         cue_tokens = len(tokenizer(SUMMARY_CUE, add_special_tokens=False).input_ids)
         self.budget = (None if config.max_prompt_tokens is None
                        else max(1, config.max_prompt_tokens - cue_tokens - 2))
-        # the longest prompt the target takes: prompt + max_new_tokens + max(γ, DRAFT_RESERVE) + 2 positions
-        self.reserve = max(config.gamma, DRAFT_RESERVE)
-        self.room = None if positions is None else positions - config.max_new_tokens - self.reserve - 2
 
     def prompt(self, article: str) -> str:
         return chat_prompt(self.tokenizer, CHAT_INSTRUCTION + article) if self.chat else article + SUMMARY_CUE
@@ -84,16 +76,12 @@ class _Summaries(Encoder):
         """The prompt of ``article``, its end cut so that the prompt fits the target -> (prompt, article tokens
         cut). The decoded cut can re-tokenise longer, so the prompt is measured again until it fits."""
         text = self.prompt(article)
-        excess = 0 if self.room is None else prompt_length(text, self.tokenizer, self.chat) - self.room
+        excess = self.excess(text, self.tokenizer, self.chat)
         if excess <= 0:
             return text, 0
         if self.rule == "error":
-            raise SpecsweepError(
-                f"article {example_id!r} is too long for the target: its prompt ({self.room + excess} tokens) + "
-                f"max_new_tokens ({self.max_new_tokens}) + max(γ, {DRAFT_RESERVE}) ({self.reserve}) + 2 exceeds the "
-                f"target's {self.limit} "
-                "positions; cut long articles with --long-inputs truncate (or --max-prompt-tokens N), or lower "
-                "--max-new-tokens")
+            raise self.too_long(f"article {example_id!r}", excess, "cut long articles with --long-inputs truncate "
+                                "(or --max-prompt-tokens N), or lower --max-new-tokens")
         ids = self.tokenizer(article, add_special_tokens=False).input_ids
         keep = len(ids)
         while excess > 0:
@@ -104,7 +92,7 @@ class _Summaries(Encoder):
                     f"max_new_tokens ({self.max_new_tokens}) and the draft block ({self.reserve}) take them all; lower "
                     "--max-new-tokens")
             text = self.prompt(self.tokenizer.decode(ids[:keep]))
-            excess = prompt_length(text, self.tokenizer, self.chat) - self.room
+            excess = self.excess(text, self.tokenizer, self.chat)
         return text, len(ids) - keep
 
     def warning(self, cuts: Cuts) -> str:

@@ -39,8 +39,7 @@ from pathlib import Path
 
 from pipeline.errors import SpecsweepError
 from pipeline.tasks.base import Cuts, Encoder, QualityMetric, Task
-from pipeline.tasks.cnn_dailymail import DRAFT_RESERVE
-from pipeline.tasks.text import left_padded, prompt_length
+from pipeline.tasks.text import DRAFT_RESERVE, PromptEncoder, left_padded
 
 QUESTIONS_URL = ("https://raw.githubusercontent.com/hemingkx/Spec-Bench/fd2c1cd7d2201ef71db4c5f4e455008f017967bf/"
                  "data/spec_bench/question.jsonl")
@@ -212,19 +211,14 @@ def require_template(tokenizer, target: str) -> None:
                              "(docs/gpu.md shows Vicuna's)")
 
 
-class Conversations(Encoder):
+class Conversations(PromptEncoder):
     """Spec-Bench's prompts for one run: each unit's conversation so far in the chat template. ``answered`` records
     each decoded turn's answer for the turns after it; ``limit`` is the target's positions."""
 
-    unit = "tokens"
-    truncated_key = "prompts_truncated"
-
     def __init__(self, tokenizer, config, positions: int | None) -> None:
-        super().__init__(config.long_inputs, positions)
+        super().__init__(config, positions)
         require_template(tokenizer, config.target)
-        self.tokenizer, self.max_new_tokens = tokenizer, config.max_new_tokens
-        self.reserve = max(config.gamma, DRAFT_RESERVE)
-        self.room = None if positions is None else positions - config.max_new_tokens - self.reserve - 2
+        self.tokenizer = tokenizer
         self.answers: dict[tuple[str, int], str] = {}
 
     def answered(self, records: list[dict], texts: list[str]) -> None:
@@ -258,15 +252,12 @@ class Conversations(Encoder):
         """The unit's prompt, its last user turn cut from the middle until the prompt fits the target -> (prompt,
         tokens cut from that turn)."""
         text = self.prompt(unit)
-        excess = 0 if self.room is None else prompt_length(text, self.tokenizer, True) - self.room
+        excess = self.excess(text, self.tokenizer, True)
         if excess <= 0:
             return text, 0
         if self.rule == "error":
-            raise SpecsweepError(
-                f"unit {unit['id']!r} is too long for the target: its prompt ({self.room + excess} tokens) + "
-                f"max_new_tokens ({self.max_new_tokens}) + max(γ, {DRAFT_RESERVE}) ({self.reserve}) + 2 exceeds the "
-                f"target's {self.limit} positions; cut long turns with --long-inputs truncate, or lower "
-                "--max-new-tokens")
+            raise self.too_long(f"unit {unit['id']!r}", excess,
+                                "cut long turns with --long-inputs truncate, or lower --max-new-tokens")
         ids = self.tokenizer(unit["turns"][unit["turn"] - 1], add_special_tokens=False).input_ids
         keep = len(ids)
         while excess > 0:
@@ -279,7 +270,7 @@ class Conversations(Encoder):
             head = keep // 2
             last = self.tokenizer.decode(ids[:head]) + " ... " + self.tokenizer.decode(ids[len(ids) - (keep - head):])
             text = self.prompt(unit, last)
-            excess = prompt_length(text, self.tokenizer, True) - self.room
+            excess = self.excess(text, self.tokenizer, True)
         return text, len(ids) - keep
 
     def warning(self, cuts: Cuts) -> str:

@@ -1,9 +1,13 @@
-"""Helpers the text tasks share: cutting a text to a number of tokens, the chat-template wrapper, and a
-left-padded batch of prompts."""
+"""Helpers the text tasks share: cutting a text to a number of tokens, the chat-template wrapper, a left-padded
+batch of prompts, and the encoder base that knows how many prompt tokens the target takes."""
 
 from __future__ import annotations
 
 from pipeline.errors import SpecsweepError
+from pipeline.tasks.base import Encoder
+
+DRAFT_RESERVE = 8
+"""Positions kept beyond max_new_tokens for the last draft block: max(γ, DRAFT_RESERVE)."""
 
 
 def cut_tokens(text: str, tokenizer, max_tokens: int | None) -> tuple[str, int]:
@@ -35,3 +39,28 @@ def left_padded(texts: list[str], tokenizer, chat: bool) -> dict:
     special tokens), and ``"prompt_texts"``: the texts, which a draft with another tokenizer reads."""
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not chat)
     return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "prompt_texts": list(texts)}
+
+
+class PromptEncoder(Encoder):
+    """A text encoder whose prompts must fit the target's ``positions`` (None: no known limit): a prompt may take
+    ``room`` = positions − max_new_tokens − max(γ, DRAFT_RESERVE) − 2 tokens."""
+
+    unit = "tokens"
+    truncated_key = "prompts_truncated"
+
+    def __init__(self, config, positions: int | None) -> None:
+        super().__init__(config.long_inputs, positions)
+        self.max_new_tokens = config.max_new_tokens
+        self.reserve = max(config.gamma, DRAFT_RESERVE)
+        self.room = None if positions is None else positions - config.max_new_tokens - self.reserve - 2
+
+    def excess(self, text: str, tokenizer, chat: bool) -> int:
+        """Tokens of ``text`` past the room (<= 0: it fits)."""
+        return 0 if self.room is None else prompt_length(text, tokenizer, chat) - self.room
+
+    def too_long(self, what: str, excess: int, remedy: str) -> SpecsweepError:
+        """The one-line refusal of a prompt ``excess`` tokens past the room (``--long-inputs error``)."""
+        return SpecsweepError(
+            f"{what} is too long for the target: its prompt ({self.room + excess} tokens) + max_new_tokens "
+            f"({self.max_new_tokens}) + max(γ, {DRAFT_RESERVE}) ({self.reserve}) + 2 exceeds the target's "
+            f"{self.limit} positions; {remedy}")
