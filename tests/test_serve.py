@@ -524,3 +524,31 @@ def test_the_report_has_a_serving_section(tmp_path):
     report = (tmp_path / "reports" / "report.md").read_text()
     assert "Serving under load" in report and "2.50x the tokens/s of one request at a time at 16 clients" in report
     assert "met); 120 requests sent, 0 lost, 0 failed" in report
+
+
+def test_a_stream_sends_one_chunk_per_step_however_far_the_worker_has_got():
+    """The worker has decoded all three steps before the stream reads the first event: each chunk still holds its
+    own step's tokens (the stream reads a job's tokens as of each event, not as far as the worker is)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pipeline.serving.answers import _choice_texts
+
+    steps = [[5, 6], [7], [8, 9, 10]]
+    job = SimpleNamespace(index=0, tokens=[t for s in steps for t in s], origins=[0] * 6, stop=[])
+    events = [(0, "tokens", s) for s in steps] + [(0, "done", None)]
+
+    async def next_event(pending):
+        return events.pop(0)
+
+    state = SimpleNamespace(decoder=SimpleNamespace(text=lambda ids: "".join(f"<{i}>" for i in ids)),
+                            next_event=next_event)
+    pending = SimpleNamespace(jobs=[job], cancel=lambda reason: None)
+
+    async def collect():
+        return [item async for item in _choice_texts(state, pending)]
+
+    out = asyncio.run(collect())
+    texts = [(what, text, since["token_ids"] if what == "text" else None) for what, _, text, since in out]
+    assert texts == [("text", "<5><6>", [5, 6]), ("text", "<7>", [7]), ("text", "<8><9><10>", [8, 9, 10]),
+                     ("finish", "", None)]
