@@ -4,12 +4,14 @@
   - no function longer than 80 lines, and the decoding loop's module at most 600
   - the loop never asks which drafter it has (pipeline/decoding/drafters/base.py is all it knows)
   - docs/layout.md names every module and package of the tree, and nothing that is not there
+  - pyproject.toml installs every package of the tree (a plain `pip install .` has no editable finder to fall back on)
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 from test_import_graph import PACKAGES, modules
@@ -68,3 +70,11 @@ def test_layout_doc_names_every_module_and_nothing_else():
     assert not missing, f"docs/layout.md does not name {missing}"
     gone = sorted(n for n in named if n.startswith(("pipeline/", "kernels/", "analysis/")) and not (ROOT / n).exists())
     assert not gone, f"docs/layout.md names {gone}, which are not in the tree"
+
+
+def test_pyproject_installs_every_package_of_the_tree():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    tree = {".".join((package, *path.parent.relative_to(folder).parts))
+            for package, folder in PACKAGES.items() for path in folder.rglob("__init__.py")}
+    assert not tree - listed, f"pyproject.toml does not install {sorted(tree - listed)}"
+    assert not listed - tree, f"pyproject.toml lists {sorted(listed - tree)}, which are not in the tree"
