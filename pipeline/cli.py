@@ -15,7 +15,7 @@ from pipeline.env_info import passive_omp_wait
 from pipeline.errors import SpecsweepError
 
 # name -> module in pipeline.commands, in the order --help lists them
-SUBCOMMANDS = ("run", "fetch", "bench", "tune", "report", "toy", "show", "serve", "export", "distill")
+SUBCOMMANDS = ("run", "fetch", "bench", "tune", "report", "toy", "show", "serve", "export", "distill", "speak")
 
 
 def build_parser() -> argparse.ArgumentParser:

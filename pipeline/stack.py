@@ -80,6 +80,7 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
         processor = load_processor(config.target)
         tokenizer = processor.tokenizer
         if use_draft:
+            check_decoder_only(config)
             check_speech_pair(config, processor, load_processor(config.draft))
         target = load_speech_seq2seq(config.target, dtype, device, spread=spread)
         draft = None
@@ -95,6 +96,22 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return Pair(target, draft, tokenizer, None)
+
+
+def check_decoder_only(config: RunConfig) -> None:
+    """A Whisper draft that is a decoder alone (``WhisperForCausalLM``, e.g. from ``specsweep distill --task
+    librispeech``) needs --draft-decoder-only: loaded as a full Whisper, transformers would fill the missing encoder
+    with random weights. One-line SpecsweepError. (A full checkpoint with --draft-decoder-only is fine: its decoder
+    is used, as distil-large-v2 is.)"""
+    from transformers import AutoConfig
+
+    try:
+        decoder_only = not getattr(AutoConfig.from_pretrained(config.draft), "is_encoder_decoder", True)
+    except (OSError, ValueError):
+        return                                        # not a local folder: loading says what is wrong
+    if decoder_only and not config.draft_decoder_only:
+        raise SpecsweepError(f"draft {config.draft!r} is a Whisper decoder without an encoder (it reads the target's "
+                             "encoder output): add --draft-decoder-only")
 
 
 def check_speech_pair(config: RunConfig, target_processor, draft_processor) -> None:

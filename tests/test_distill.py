@@ -133,7 +133,7 @@ def test_a_failed_distillation_leaves_nothing(tmp_path, monkeypatch):
     (["--steps", "3", "--time-budget", "60"], "give one budget"),
     ([], "give one budget"),
     (["--steps", "3", "--divergence", "js"], "unknown divergence 'js'"),
-    (["--steps", "3", "--task", "librispeech"], "--task librispeech is not distilled"),
+    (["--steps", "3", "--task", "spec_bench"], "--task spec_bench is not distilled"),
     (["--steps", "3", "--draft-vocab", "1"], "--draft-vocab K must be >= 2"),
     (["--steps", "3", "--draft-vocab", "100000"], "more than the target's"),
     (["--steps", "3", "--init-layers", "0,7"], "--init-layers must name 1 target layers"),

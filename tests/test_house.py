@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import ast
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 from test_import_graph import PACKAGES, modules
 
 ROOT = Path(__file__).resolve().parents[1]

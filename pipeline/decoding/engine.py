@@ -492,6 +492,13 @@ class LogitMask:
                 ids = [i for i in (self.begin_ids if first else self.ids) if 0 <= i < V]
                 self._tensors[first, V] = torch.tensor(ids, dtype=torch.int64, device=self.device) if ids else None
 
+    def restricted(self, ids: list[int]) -> LogitMask:
+        """The same mask over a head of the target ids ``ids`` (a draft's vocabulary map, vocab_map.py): row k is
+        target id ids[k]; suppressed ids outside ``ids`` need no mask there."""
+        row = {t: k for k, t in enumerate(ids)}
+        return LogitMask([row[i] for i in self.ids if i in row], [row[i] for i in self.begin_ids if i in row],
+                         self.device)
+
     def __call__(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
         """With ``first_position`` only begin_suppress (applied on top of logits already masked with suppress)."""
         if (first_position, logits.shape[-1]) not in self._tensors:

@@ -14,7 +14,7 @@ import torch
 
 from pipeline.decoding.drafters.vocab_map import head_rows
 from pipeline.distill.student import Vocabulary
-from pipeline.distill.teacher import TeacherSequence, left_pad, position_ids, target_laws
+from pipeline.distill.teacher import TeacherSequence, causal_forward, left_pad, position_ids, target_laws
 
 
 @torch.no_grad()
@@ -62,7 +62,7 @@ def on_policy_batch(draft, target, vocab: Vocabulary, teachers: list[TeacherSequ
     device = next(target.parameters()).device
     full = [p + s for p, s in zip(prefixes, samples)]
     ids, mask = left_pad(full, pad, device)
-    top_ids, top_logp, _ = target_laws(target, ids, mask, top_k)
+    top_ids, top_logp, _, _ = target_laws(causal_forward(target), ids, mask, top_k)
     out = []
     for b, (prefix, sample) in enumerate(zip(prefixes, samples)):
         width, length = ids.shape[1], len(prefix) + len(sample)

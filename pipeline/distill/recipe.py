@@ -25,6 +25,8 @@ from transformers.utils import logging as hf_logging
 from pipeline.config import RunConfig
 from pipeline.data import load_task_data
 from pipeline.decoding.drafters.vocab_map import CONFIG_KEY
+from pipeline.decoding.engine import LogitMask
+from pipeline.distill import whisper
 from pipeline.distill.curve import write_curve
 from pipeline.distill.settings import DistillSettings
 from pipeline.distill.student import Vocabulary, build_student, frequent_tokens, layer_stack
@@ -33,7 +35,15 @@ from pipeline.distill.train import train
 from pipeline.env_info import ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
 from pipeline.io import atomic_dir, write_json_atomic, write_text_atomic
-from pipeline.models import eos_token_ids, load_causal_lm, load_tokenizer, max_positions, resolve_device
+from pipeline.models import (
+    eos_token_ids,
+    load_causal_lm,
+    load_processor,
+    load_speech_seq2seq,
+    load_tokenizer,
+    max_positions,
+    resolve_device,
+)
 from pipeline.tasks import get_task
 
 
@@ -47,15 +57,16 @@ def split_records(records: list[dict], holdout: int, seed: int) -> tuple[list[di
     return [r for i, r in enumerate(records) if i not in out], [r for i, r in enumerate(records) if i in out]
 
 
-def task_records(settings: DistillSettings) -> tuple[list[dict], int]:
-    """The records distilled on (``--limit``: a seeded subset, taken before ``--exclude`` removes its ids) and how
-    many ``--exclude`` removed."""
+def task_records(settings: DistillSettings) -> tuple[list[dict], int, list[dict]]:
+    """The records distilled on (``--limit``: a seeded subset, taken before ``--exclude`` and ``--eval-data`` remove
+    their ids), how many were removed, and the ``--eval-data`` records."""
     records = load_task_data(settings.task, settings.data, settings.limit, settings.seed if settings.limit else None)
-    if settings.exclude is None:
-        return records, 0
-    ids = {str(r.get("id")) for r in load_task_data(settings.task, settings.exclude, None, None)}
+    evaluated = load_task_data(settings.task, settings.eval_data) if settings.eval_data else []
+    ids = {str(r.get("id")) for r in evaluated}
+    if settings.exclude is not None:
+        ids |= {str(r.get("id")) for r in load_task_data(settings.task, settings.exclude, None, None)}
     kept = [r for r in records if str(r.get("id")) not in ids]
-    return kept, len(records) - len(kept)
+    return kept, len(records) - len(kept), evaluated
 
 
 def run_config(settings: DistillSettings) -> RunConfig:
@@ -104,19 +115,17 @@ def _distill(settings: DistillSettings, threads: dict) -> dict:
     get_task(settings.task).check_target(run_config(settings))   # e.g. --chat-template without one: before loading
     if not settings.progress:
         hf_logging.disable_progress_bar()
-    tokenizer = target_tokenizer(settings.target)
-    records, excluded = task_records(settings)
+    records, excluded, evaluated = task_records(settings)
     train_records, heldout_records = split_records(records, settings.holdout, settings.seed)
-    target = load_causal_lm(settings.target, torch.float32, device)
+    heldout_records += evaluated
+    target, tokenizer, processor = load_target(settings, device)
     draft = build_student(target, settings)                # a shape or target distill cannot take: before the pass
     eos = eos_token_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     t_teacher = time.perf_counter()
     train_seqs, heldout_seqs = (
-        teacher_pass(target, prompt_tokens(settings, target, tokenizer, part), eos, pad, settings.max_new_tokens,
-                     settings.teacher_temperature, settings.top_k, settings.seed + i, settings.progress, desc)
-        for i, (part, desc) in enumerate(((train_records, "target continues the training prompts"),
-                                          (heldout_records, "target continues the held-out prompts"))))
+        target_sequences(settings, target, tokenizer, processor, part, eos, pad, settings.seed + i, desc)
+        for i, (part, desc) in enumerate(((train_records, "training"), (heldout_records, "held-out"))))
     teacher_s = time.perf_counter() - t_teacher
     target_vocab = target.get_output_embeddings().weight.shape[0]
     vocab = (Vocabulary.of(frequent_tokens([s.ids for s in train_seqs], settings.draft_vocab, eos, target_vocab),
@@ -133,10 +142,35 @@ def _distill(settings: DistillSettings, threads: dict) -> dict:
                   "draft": draft_summary(draft, target, settings, vocab, heldout_seqs),
                   "training": {k: v for k, v in log.items() if k != "curve"},
                   "start": log["curve"][0], "final": log["curve"][-1], "seconds": None}
-        save_draft(folder, draft, tokenizer, vocab, heldout_records)
+        save_draft(folder, draft, tokenizer, vocab, heldout_records, processor)
         record["seconds"] = time.perf_counter() - t0
         write_json_atomic(Path(folder) / "distill.json", record)
     return record
+
+
+def load_target(settings: DistillSettings, device: str):
+    """(target in float32, its tokenizer, its processor or None): a speech task's target is a Whisper."""
+    if not get_task(settings.task).speech:
+        tokenizer = target_tokenizer(settings.target)
+        return load_causal_lm(settings.target, torch.float32, device), tokenizer, None
+    processor = load_processor(settings.target)
+    return load_speech_seq2seq(settings.target, torch.float32, device), processor.tokenizer, processor
+
+
+def target_sequences(settings: DistillSettings, target, tokenizer, processor, records: list[dict], eos: list[int],
+                     pad: int, seed: int, part: str):
+    """The target's pass over ``records`` (the training or the held-out part): it continues each prompt, or
+    transcribes each clip (its suppress lists applied, as `specsweep run` decodes it)."""
+    if processor is None:
+        return teacher_pass(target, prompt_tokens(settings, target, tokenizer, records), eos, pad,
+                            settings.max_new_tokens, settings.teacher_temperature, settings.top_k, seed,
+                            settings.progress, f"target continues the {part} prompts")
+    gc = target.generation_config
+    mask = LogitMask(getattr(gc, "suppress_tokens", None) or (), getattr(gc, "begin_suppress_tokens", None) or (),
+                     next(target.parameters()).device)
+    prefix = get_task(settings.task).decoder_prompt(target, tokenizer)
+    return whisper.teacher_pass(target, processor, records, prefix, eos, pad, settings.max_new_tokens,
+                                settings.top_k, mask, settings.progress, f"target transcribes the {part} clips")
 
 
 def teacher_summary(train_seqs, heldout_seqs, seconds: float) -> dict:
@@ -163,10 +197,13 @@ def draft_summary(draft, target, settings: DistillSettings, vocab: Vocabulary, h
     return out
 
 
-def save_draft(folder: str | Path, draft, tokenizer, vocab: Vocabulary, heldout_records: list[dict]) -> None:
-    """The draft as a plain transformers folder (float32), the target's tokenizer, and the held-out records."""
+def save_draft(folder: str | Path, draft, tokenizer, vocab: Vocabulary, heldout_records: list[dict],
+               processor=None) -> None:
+    """The draft as a plain transformers folder (float32), the target's tokenizer (a speech target's processor), and
+    the held-out records (a speech task's without their audio: their ids and transcripts)."""
     if vocab.reduced:
         setattr(draft.config, CONFIG_KEY, vocab.d2t.tolist())
     draft.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    write_text_atomic(Path(folder) / "heldout.jsonl", "".join(json.dumps(r) + "\n" for r in heldout_records))
+    (processor or tokenizer).save_pretrained(folder)
+    rows = [{k: v for k, v in r.items() if k not in ("audio", "duration")} for r in heldout_records]
+    write_text_atomic(Path(folder) / "heldout.jsonl", "".join(json.dumps(r) + "\n" for r in rows))

@@ -11,8 +11,9 @@ from pipeline.errors import SpecsweepError
 
 DIVERGENCES = ("fkl", "rkl", "tv")
 INITS = ("target", "fresh")
-TASKS = ("prompts", "cnn_dailymail")
-"""The text tasks whose prompts do not depend on what was decoded (spec_bench's second turns do)."""
+TASKS = ("prompts", "cnn_dailymail", "librispeech")
+"""The tasks whose prompts do not depend on what was decoded (spec_bench's second turns do); librispeech distils a
+Whisper draft decoder on the target's encoder (pipeline/distill/whisper.py)."""
 
 
 def option(default, help: str, *, choices=None):
@@ -54,6 +55,9 @@ class DistillSettings:
     limit: int | None = option(None, "use N records of the data (a seeded subset)")
     exclude: str | None = option(None, "data of the same task whose records (by id) are never used, e.g. what "
                                        "`specsweep run` measures the draft on")
+    eval_data: str | None = option(None, "data of the same task the curve's held-out agreement is also measured on "
+                                         "(e.g. what `specsweep run` measures the draft on); its records (by id) are "
+                                         "never trained on")
     holdout: int = option(4, "records kept out of training, written to <out>/heldout.jsonl for `specsweep run`; "
                              "their teacher sequences measure the curve's held-out agreement")
     top_k: int = option(32, "the target's most probable tokens kept per position (the rest is one bin)")
@@ -82,6 +86,9 @@ class DistillSettings:
         if self.task not in TASKS:
             raise SpecsweepError(f"--task {self.task} is not distilled yet: choose {', '.join(TASKS)} (a task whose "
                                  "prompts do not depend on the decoded text)")
+        if self.task == "librispeech" and (self.on_policy > 0 or self.teacher_temperature > 0):
+            raise SpecsweepError("--task librispeech distils on the target's greedy transcripts: drop --on-policy and "
+                                 "--teacher-temperature")
         if self.draft_vocab is not None and self.draft_vocab < 2:
             raise SpecsweepError(f"--draft-vocab K must be >= 2 (the draft's tokens); got {self.draft_vocab}")
         positive = {"layers": self.layers, "top_k": self.top_k, "batch_size": self.batch_size,
@@ -109,9 +116,10 @@ class DistillSettings:
         if not Path(self.data).exists():
             raise SpecsweepError(f"--data {self.data} does not exist: give a JSONL file or a folder written by "
                                  "specsweep fetch")
-        if self.exclude is not None and not Path(self.exclude).exists():
-            raise SpecsweepError(f"--exclude {self.exclude} does not exist: give a JSONL file or a folder written by "
-                                 "specsweep fetch")
+        for flag, path in (("--exclude", self.exclude), ("--eval-data", self.eval_data)):
+            if path is not None and not Path(path).exists():
+                raise SpecsweepError(f"{flag} {path} does not exist: give a JSONL file or a folder written by "
+                                     "specsweep fetch")
         out = Path(self.out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise SpecsweepError(f"--out {self.out} exists and is not an empty folder: give a new folder")

@@ -1,6 +1,7 @@
 """The draft being distilled: its shape, its initial weights, its vocabulary, and its logits at chosen positions.
 
-The draft is the target's architecture (its config, copied) with fewer layers and optionally another width. With
+The draft is the target's architecture (its config, copied) with fewer layers and optionally another width; a
+Whisper target's draft is its decoder alone, reading the target's encoder output (:mod:`pipeline.distill.whisper`). With
 ``init="target"`` it starts from the target: the embedding, final norm and head, and the layers ``chosen`` (the
 first ones by default, an early exit of the target as in LayerSkip; any others with ``--init-layers``); the
 embedding and head are then frozen, so training only moves the layers (and norms) and the draft keeps writing into
@@ -24,13 +25,19 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.decoding.drafters.vocab_map import head_rows
+from pipeline.distill import whisper
 from pipeline.distill.settings import DistillSettings
+from pipeline.distill.whisper import is_speech
 from pipeline.errors import SpecsweepError
 
 
 def layer_stack(model) -> tuple[str, torch.nn.ModuleList]:
-    """The decoder's layers and their state-dict prefix ("model.layers" for Llama, "transformer.h" for GPT-2)."""
+    """The decoder's layers and their state-dict prefix ("model.layers" for Llama, "transformer.h" for GPT-2,
+    "model.decoder.layers" for Whisper and its decoder-only draft)."""
     base = model.base_model
+    decoder = getattr(base, "decoder", None)
+    if isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+        return f"{model.base_model_prefix}.decoder.layers", decoder.layers
     for name in ("layers", "h"):
         layers = getattr(base, name, None)
         if isinstance(layers, torch.nn.ModuleList):
@@ -73,7 +80,13 @@ def build_student(target, settings: DistillSettings):
 
     prefix, layers = layer_stack(target)
     chosen = settings.layer_choice(len(layers))
-    config = draft_config(target, settings, chosen)
+    if is_speech(target):
+        if settings.width is not None:
+            raise SpecsweepError("--width: a Whisper draft decoder reads the target's encoder output, so it keeps the "
+                                 "target's width: drop --width")
+        config = whisper.draft_config(target, settings.layers)
+    else:
+        config = draft_config(target, settings, chosen)
     if settings.init == "target" and config.hidden_size != target.config.hidden_size:
         raise SpecsweepError(f"--init target copies the target's weights, so it keeps its width "
                              f"({target.config.hidden_size}): drop --width or use --init fresh")
@@ -140,10 +153,15 @@ def frequent_tokens(sequences: list[torch.Tensor], k: int, always: list[int], ta
 
 
 def student_logits(draft, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
-                   cols: torch.Tensor, vocab: Vocabulary) -> torch.Tensor:
+                   cols: torch.Tensor, vocab: Vocabulary, context: torch.Tensor | None = None) -> torch.Tensor:
     """The draft's logits over its K tokens at the positions (rows[n], cols[n]) of a right-padded batch
-    input_ids int64 [B, L]: float [N, K]. The head runs at those N positions only."""
-    hidden = draft.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    input_ids int64 [B, L]: float [N, K]. The head runs at those N positions only. ``context`` float32 [B, F, H]:
+    a Whisper draft's encoder output (:mod:`pipeline.distill.whisper`)."""
+    if context is not None:
+        hidden = whisper.decoder_hidden(draft, input_ids, attention_mask, context)
+    else:
+        hidden = draft.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                  use_cache=False).last_hidden_state
     if vocab.reduced:
         weight, bias = head_rows(draft, vocab.d2t)
     else:

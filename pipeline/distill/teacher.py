@@ -7,7 +7,7 @@ what the divergences of :mod:`pipeline.distill.divergence` read. The prompt posi
 continuation needs anyway, so they cost nothing extra.
 
     sequences = teacher_pass(target, prompts, eos, max_new_tokens=64, temperature=0.0, top_k=32)
-    laws = target_laws(target, input_ids, attention_mask, top_k)     # one forward: (top ids, top log-probs)
+    top_ids, top_logp, logits, cache = target_laws(causal_forward(target), input_ids, attention_mask, top_k)
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class TeacherSequence:
     top_ids    int64 [N, k]: the target's k most probable next tokens at each kept position
     top_logp   float32 [N, k]: their log-probabilities (the target's law at T = 1)
     source     "teacher" (the target's own continuation) or "draft" (an on-policy sample)
+    context    float32 [F, H] or None: what the draft reads besides the tokens (a speech target's encoder output,
+               :mod:`pipeline.distill.whisper`)
     """
 
     ids: torch.Tensor
@@ -39,6 +41,7 @@ class TeacherSequence:
     top_ids: torch.Tensor
     top_logp: torch.Tensor
     source: str = "teacher"
+    context: torch.Tensor | None = None
 
     @property
     def continuation(self) -> torch.Tensor:
@@ -58,14 +61,28 @@ def top_law(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tenso
     return ids, values
 
 
+def causal_forward(target):
+    """A causal LM as the teacher pass calls it: ``forward(ids int64 [B, L], mask int64 [B, L_cache + L], positions
+    int64 [B, L], cache) -> (logits [B, L, V], cache)``."""
+    def forward(ids, mask, positions, cache):
+        out = target(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        return out.logits, out.past_key_values
+    return forward
+
+
 @torch.inference_mode()
-def target_laws(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, top_k: int):
-    """One forward of the target over a left-padded batch int64 [B, L] -> (top ids int64 [B, L, k], top log-probs
-    float32 [B, L, k], the forward's output with its KV cache). Row by row, so [B, L, V] float32 exists once."""
-    out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                 use_cache=True)
-    parts = [top_law(out.logits[b], top_k) for b in range(input_ids.shape[0])]
-    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), out
+def target_laws(forward, input_ids: torch.Tensor, attention_mask: torch.Tensor, top_k: int, mask_logits=None):
+    """One forward (:func:`causal_forward`'s signature) over a left-padded batch int64 [B, L] -> (top ids int64
+    [B, L, k], top log-probs float32 [B, L, k], the logits [B, L, V], the KV cache). ``mask_logits(logits,
+    first_position)`` (a speech target's suppressed ids, :class:`pipeline.decoding.engine.LogitMask`) is applied
+    first: at every position, and at the last one also as the first new token's. Row by row, so [B, L, V] float32
+    exists once."""
+    logits, cache = forward(input_ids, attention_mask, position_ids(attention_mask), None)
+    if mask_logits is not None:
+        mask_logits(logits, first_position=False)
+        mask_logits(logits[:, -1:], first_position=True)
+    parts = [top_law(logits[b], top_k) for b in range(input_ids.shape[0])]
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), logits, cache
 
 
 def left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,15 +105,16 @@ def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | 
 
 
 @torch.inference_mode()
-def continue_batch(target, prompts: list[list[int]], eos: list[int], pad: int, max_new_tokens: int,
-                   temperature: float, top_k: int, generator: torch.Generator | None) -> list[TeacherSequence]:
-    """The target continues each prompt (left-padded together, one KV cache), keeping its law at every position."""
-    device = next(target.parameters()).device
+def continue_batch(forward, prompts: list[list[int]], eos: list[int], pad: int, max_new_tokens: int,
+                   temperature: float, top_k: int, generator: torch.Generator | None, device,
+                   mask_logits=None) -> list[TeacherSequence]:
+    """The target (``forward``, as :func:`target_laws` takes it) continues each prompt (left-padded together, one KV
+    cache), keeping its law at every position."""
     ids, mask = left_pad(prompts, pad, device)
     B, width = ids.shape
-    top_ids, top_logp, out = target_laws(target, ids, mask, top_k)
-    cache, last, pos = out.past_key_values, out.logits[:, -1], position_ids(mask)[:, -1]
-    del out
+    top_ids, top_logp, logits, cache = target_laws(forward, ids, mask, top_k, mask_logits)
+    last, pos = logits[:, -1], position_ids(mask)[:, -1]
+    del logits
     eos_t = torch.tensor(eos or [-1], device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
     tokens, laws = [], []
@@ -108,9 +126,8 @@ def continue_batch(target, prompts: list[list[int]], eos: list[int], pad: int, m
             break
         mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=device)], dim=1)
         pos = pos + 1
-        out = target(input_ids=token[:, None], attention_mask=mask, position_ids=pos[:, None], past_key_values=cache,
-                     use_cache=True)
-        cache, last = out.past_key_values, out.logits[:, -1]
+        logits, cache = forward(token[:, None], mask, pos[:, None], cache)
+        last = logits[:, -1] if mask_logits is None else mask_logits(logits[:, -1], first_position=False)
         laws.append(top_law(last, top_k))
     generated = torch.stack(tokens, dim=1).cpu()
     gen_ids = torch.stack([g[0] for g in laws], 1).cpu() if laws else torch.empty(B, 0, top_ids.shape[-1])
@@ -144,8 +161,9 @@ def teacher_pass(target, prompts: list[list[int]], eos: list[int], pad: int, max
     bar = tqdm(total=len(prompts), desc=desc, unit="prompt", disable=not progress)
     for start in range(0, len(order), PROMPT_BATCH):
         chunk = order[start: start + PROMPT_BATCH]
-        for i, seq in zip(chunk, continue_batch(target, [prompts[i] for i in chunk], eos, pad, max_new_tokens,
-                                                temperature, top_k, generator)):
+        for i, seq in zip(chunk, continue_batch(causal_forward(target), [prompts[i] for i in chunk], eos, pad,
+                                                max_new_tokens, temperature, top_k, generator,
+                                                next(target.parameters()).device)):
             out[i] = seq
         bar.update(len(chunk))
     bar.close()

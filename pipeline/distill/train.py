@@ -35,7 +35,8 @@ ON_POLICY_AFTER = 0.25
 class Batch:
     """One step's positions. input_ids, attention_mask int64 [B, L] (right-padded); rows, cols int64 [N]: the
     positions whose law is trained; top_ids int64 [N, k], top_logp float32 [N, k]: the target's law there; weight
-    float32 [N]: each position's weight in the loss (summing to 1 + prompt_weight, or 1); continuation bool [N]."""
+    float32 [N]: each position's weight in the loss (summing to 1 + prompt_weight, or 1); continuation bool [N];
+    context float32 [B, F, H] or None: the sequences' encoder outputs (a Whisper draft)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -45,6 +46,7 @@ class Batch:
     top_logp: torch.Tensor
     weight: torch.Tensor
     continuation: torch.Tensor
+    context: torch.Tensor | None = None
 
 
 def make_batch(seqs: list[TeacherSequence], pad: int, prompt_positions: int | None, prompt_weight: float,
@@ -71,9 +73,11 @@ def make_batch(seqs: list[TeacherSequence], pad: int, prompt_positions: int | No
     continuation = torch.cat([s.continuation[c] for s, c in picks])
     n_cont, n_prompt = int(continuation.sum()), int((~continuation).sum())
     weight = torch.where(continuation, 1.0 / max(1, n_cont), prompt_weight / max(1, n_prompt))
+    context = torch.stack([s.context for s in seqs]).to(device) if seqs[0].context is not None else None
     return Batch(ids.to(device), mask.to(device), torch.cat(rows).to(device), cols.to(device),
                  torch.cat([s.top_ids[c] for s, c in picks]).to(device),
-                 torch.cat([s.top_logp[c] for s, c in picks]).to(device), weight.to(device), continuation.to(device))
+                 torch.cat([s.top_logp[c] for s, c in picks]).to(device), weight.to(device), continuation.to(device),
+                 context)
 
 
 @torch.no_grad()
@@ -89,7 +93,8 @@ def evaluate(draft, sequences: list[TeacherSequence], vocab: Vocabulary, setting
     sums, n = torch.zeros(3, dtype=torch.float64), 0
     for i in range(0, len(sequences), settings.batch_size):
         batch = make_batch(sequences[i: i + settings.batch_size], pad, None, 0.0, torch.Generator(), device)
-        logits = student_logits(draft, batch.input_ids, batch.attention_mask, batch.rows, batch.cols, vocab)
+        logits = student_logits(draft, batch.input_ids, batch.attention_mask, batch.rows, batch.cols, vocab,
+                                batch.context)
         values = [divergence(settings.divergence, logits, batch.top_ids, batch.top_logp, vocab.t2d),
                   agreement(logits, batch.top_ids, vocab.d2t).float(),
                   acceptance(logits, batch.top_ids, batch.top_logp, vocab.t2d)]
@@ -174,7 +179,8 @@ def _step(draft, opt, params, seqs: list[TeacherSequence], vocab: Vocabulary, se
           g: torch.Generator, device, lr: float) -> float:
     """One AdamW update on ``seqs``; returns its loss."""
     batch = make_batch(seqs, pad, settings.prompt_positions, settings.prompt_weight, g, device)
-    logits = student_logits(draft, batch.input_ids, batch.attention_mask, batch.rows, batch.cols, vocab)
+    logits = student_logits(draft, batch.input_ids, batch.attention_mask, batch.rows, batch.cols, vocab,
+                                batch.context)
     loss = (divergence(settings.divergence, logits, batch.top_ids, batch.top_logp, vocab.t2d) * batch.weight).sum()
     for group in opt.param_groups:
         group["lr"] = lr

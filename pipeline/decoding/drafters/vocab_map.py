@@ -22,6 +22,7 @@ full head (still lossless; no cheaper).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 
 import torch
@@ -91,13 +92,13 @@ class VocabMapDrafter(ModelDrafter):
         self.settings = {"drafter": "model", "draft_vocab": len(ids)}
 
     def bind(self, setup: DraftSetup) -> None:
-        if setup.mask_logits is not None or setup.target_kind != "causal":
-            raise SpecsweepError("a draft with a vocabulary map runs with causal text targets without suppressed "
-                                 "tokens: use a draft without draft_vocab_ids here")
+        """As a :class:`ModelDrafter`, with the target's suppressed ids (a Whisper target's) masked in the K-row
+        head's rows."""
         if self.ids[-1] >= setup.target_vocab:
             raise SpecsweepError(f"the draft's vocabulary map names target id {self.ids[-1]}, past the target's "
                                  f"{setup.target_vocab} tokens: was it distilled for another target?")
-        super().bind(setup)
+        mask = setup.mask_logits.restricted(self.ids) if setup.mask_logits is not None else None
+        super().bind(dataclasses.replace(setup, mask_logits=mask))
         self.d2t = torch.tensor(self.ids, dtype=torch.long, device=setup.device)
         self.vocab_size = setup.target_vocab                  # proposals arrive in target ids
 

@@ -1,0 +1,135 @@
+"""`specsweep distill --task librispeech`: a Whisper draft decoder on its target's encoder
+(pipeline/distill/whisper.py), and `specsweep speak` (pipeline/espeak.py), the speech it can be trained on.
+
+A tiny random Whisper target (pipeline/synthetic.py) transcribes noise clips. A one-layer draft decoder (random
+weights: the tiny target's first layer alone already agrees with it) distilled on its transcripts for a fixed number
+of steps agrees with it (T = 0, per token, on held-out clips) at least 0.2 more than the same draft before its first
+step. `specsweep run --draft DIR --draft-decoder-only` decodes with it to the target's own greedy output, with the
+whole vocabulary and with a reduced one (the target's suppressed ids masked in the reduced head's rows); without
+--draft-decoder-only the run refuses in one line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.cli import main
+from pipeline.decoding.engine import LogitMask
+
+STEPS = 150
+CLIPS = 48
+HOLDOUT = 8
+
+
+def write_noise_clips(root, n: int, seed: int = 0):
+    """n clips of noise of 0.5-1.9 s (each its own loudness, so the target transcribes them differently), in the
+    LibriSpeech manifest schema."""
+    sf = pytest.importorskip("soundfile")
+    rs = np.random.RandomState(seed)
+    lines = []
+    for i in range(n):
+        audio = rs.randn(int(16000 * rs.uniform(0.5, 1.9))) * rs.uniform(0.02, 0.4)
+        sf.write(root / f"n{i}.wav", audio.astype("float32"), 16000)
+        lines.append(json.dumps({"id": f"n{i}", "file": f"n{i}.wav", "text": "NOISE"}))
+    (root / "noise.jsonl").write_text("\n".join(lines) + "\n")
+    return root / "noise.jsonl"
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    """(target folder, the noise manifest, the draft's folder, the reduced draft's folder)."""
+    pytest.importorskip("jiwer")
+    from pipeline.synthetic import save_whisper_pair
+
+    root = tmp_path_factory.mktemp("distill-whisper")
+    target, _ = save_whisper_pair(root, decoder_layers=2)
+    data = write_noise_clips(root, CLIPS)
+    common = ["distill", "--target", str(target), "--task", "librispeech", "--data", str(data), "--steps", str(STEPS),
+              "--holdout", str(HOLDOUT), "--layers", "1", "--init", "fresh", "--lr", "3e-3", "--max-new-tokens", "12",
+              "--threads", "1", "--no-progress"]
+    assert main([*common, "--out", str(root / "distilled")]) == 0
+    assert main([*common, "--out", str(root / "reduced"), "--steps", "3", "--draft-vocab", "40"]) == 0
+    return target, data, root / "distilled", root / "reduced"
+
+
+def test_distilled_whisper_decoder_agrees_with_its_target_more_than_untrained(distilled):
+    _, _, draft, _ = distilled
+    record = json.loads((draft / "distill.json").read_text())
+    start, final = record["start"]["heldout"], record["final"]["heldout"]
+    assert record["data"]["heldout"] == HOLDOUT and record["training"]["steps"] == STEPS
+    assert final["agreement"] >= start["agreement"] + 0.2, (start, final)
+    config = json.loads((draft / "config.json").read_text())
+    assert config["architectures"] == ["WhisperForCausalLM"] and config["decoder_layers"] == 1
+    assert (draft / "preprocessor_config.json").exists() or (draft / "processor_config.json").exists()
+    heldout = [json.loads(line) for line in (draft / "heldout.jsonl").read_text().splitlines()]
+    assert len(heldout) == HOLDOUT and all("audio" not in r and r["id"].startswith("n") for r in heldout)
+
+
+def _run_tokens(target, data, tmp_path, name, *flags):
+    out = tmp_path / f"{name}.json"
+    assert main(["run", "--target", str(target), "--task", "librispeech", "--data", str(data), "--limit", "6",
+                 "--max-new-tokens", "12", "--temperature", "0", "--repeats", "3", "--samples-per-repeat", "1",
+                 "--threads", "1", "--no-progress", "--out", str(out), *flags]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("which", ["draft", "reduced"])
+def test_run_with_the_distilled_decoder_is_the_targets_greedy_output(distilled, tmp_path, which):
+    target, data, draft, reduced = distilled
+    folder = draft if which == "draft" else reduced
+    base = _run_tokens(target, data, tmp_path, "ar", "--gamma", "0")
+    spec = _run_tokens(target, data, tmp_path, which, "--draft", str(folder), "--draft-decoder-only", "--gamma", "3")
+    assert [s["token_ids"] for s in spec["samples"]] == [s["token_ids"] for s in base["samples"]]
+    assert spec["metrics"]["drafted_tokens"] > 0
+    expected = {"drafter": "model"} if which == "draft" else {"drafter": "model", "draft_vocab": 40}
+    assert spec["resolved"]["drafter"] == expected
+
+
+def test_a_decoder_only_draft_without_the_flag_is_refused_in_one_line(distilled, tmp_path, capsys):
+    target, data, draft, _ = distilled
+    assert main(["run", "--target", str(target), "--draft", str(draft), "--task", "librispeech", "--data", str(data),
+                 "--gamma", "2", "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--draft-decoder-only" in err and len(err.splitlines()) == 1
+
+
+def test_suppressed_ids_are_masked_in_a_reduced_heads_rows():
+    mask = LogitMask([3, 7, 50], [9], torch.device("cpu"))
+    rows = mask.restricted([1, 3, 9, 50, 60])             # row k is target id ids[k]
+    logits = torch.zeros(2, 5)
+    rows(logits, first_position=False)
+    assert torch.isinf(logits).nonzero()[:, 1].tolist() == [1, 3, 1, 3]
+    rows(logits, first_position=True)
+    assert torch.isinf(logits[0]).tolist() == [False, True, True, True, False]
+
+
+def test_bad_speech_settings_fail_in_one_line(distilled, tmp_path, capsys):
+    target, data, _, _ = distilled
+    for extra, needle in ((["--on-policy", "0.5"], "--on-policy"), (["--width", "32", "--init", "fresh"], "--width")):
+        assert main(["distill", "--target", str(target), "--task", "librispeech", "--data", str(data), "--steps", "1",
+                     "--out", str(tmp_path / "x"), "--no-progress", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1
+        assert not (tmp_path / "x").exists()
+
+
+def test_speak_writes_a_librispeech_manifest(tmp_path, capsys):
+    pytest.importorskip("espeakng_loader")
+    from pipeline.data import load_task_data
+
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text(json.dumps({"article": "The cat sat on the mat. It was a sunny day in the town. "
+                                            "Nobody knew where the old man had gone."}) + "\n")
+    assert main(["speak", "--texts", str(texts), "--field", "article", "--clips", "2", "--words", "8",
+                 "--out", str(tmp_path / "speech"), "--no-progress"]) == 0
+    records = load_task_data("librispeech", tmp_path / "speech" / "transcripts.jsonl")
+    assert len(records) == 2
+    for r in records:
+        assert 1.0 < r["duration"] <= 30.0 and len(r["text"].split()) >= 8
+        assert float(np.abs(r["audio"]).max()) > 0.05          # speech, not silence
+    assert main(["speak", "--texts", str(texts), "--out", str(tmp_path / "again")]) == 2
+    assert "--field" in capsys.readouterr().err
