@@ -59,3 +59,37 @@ def test_the_cases_catch_a_broken_tree_kernel(mutant):
     inputs = tree_inputs(torch.device("cpu"), tree, 32, V_T, V_D, "float32", mode, seed=7, noise=1.0)
     with pytest.raises(AssertionError, match="rows differ"):
         assert_tree_agrees(cpu_backend(library), tree, inputs, temperature, mode != "without", seed=8)
+
+
+@pytest.mark.parametrize("kind,children", [("gpt2", "without-replacement"), ("llama", "with-replacement"),
+                                           ("gpt2", "top-k")])
+def test_the_engine_decodes_the_same_tokens_with_the_kernel(tmp_path, tree_library, kind, children):
+    """A tree run through the engine (draft model's tree proposals, tree forward, compaction of the accepted path) with
+    the kernel samplers verifying emits the tokens it emits with the torch reference, from the same generator, at
+    T = 1 (the llama draft's vocabulary is smaller than its target's), and the target's own greedy tokens at T = 0."""
+    from tiny_models import PROMPTS, save_pair
+
+    from pipeline.decoding.drafters.tree import TreeDrafter
+    from pipeline.decoding.engine import SpeculativeEngine
+    from pipeline.models import load_causal_lm, load_tokenizer
+    from pipeline.samplers import get_sampler
+    from pipeline.samplers.tree import TreeSampler
+
+    tp, dp = save_pair(tmp_path, kind=kind, draft_vocab_pad=-2 if kind == "llama" else 0)
+    target, draft = (load_causal_lm(str(path), torch.float32, "cpu") for path in (tp, dp))
+    tok = load_tokenizer(str(tp))
+    tree = TokenTree.from_widths("2,2,1")
+    kernels = cpu_backend(tree_library).samplers
+    enc = tok(PROMPTS[:3], return_tensors="pt", padding=True)
+
+    def run(sampler, temperature):
+        engine = SpeculativeEngine(target, TreeDrafter(draft, tree, children), TreeSampler(sampler), tree.n_nodes,
+                                   "cpu", [1], 0)
+        return engine.generate(enc.input_ids, enc.attention_mask, 16, torch.Generator().manual_seed(5))
+
+    for temperature in (1.0, 0.0):
+        got = run(kernels["exact"](temperature=temperature), temperature)
+        want = run(get_sampler("exact", temperature=temperature), temperature)
+        assert got.tokens == want.tokens, temperature
+        assert 0 < sum(s["accepted"] for s in got.row_stats) == sum(s["accepted"] for s in want.row_stats)
+    assert any(kernel.startswith("tree_verify<") for kernel, _ in kernels["exact"].launcher.launches)
