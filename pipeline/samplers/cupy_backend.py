@@ -22,9 +22,9 @@ exact_partials then reduces the γ+1 target rows only (grid (S1, γ+1, B)) and a
 sample_exact removes x_n from target row n instead of subtracting a draft row; greedy_verify skips the draft's
 finiteness check. Nothing of shape [B, γ, V] is read or written. sigmoid refuses them at T > 0 (pipeline/rules.py).
 
-Limits: γ <= 16 (a tree: N <= 256 nodes), V_t <= 262,144 (one inverse-CDF chunk level of 1024 entries x 256 chunks). Draft and target
-logits of different dtypes are both read as fp32 (an upcast copy, exact). A draft token outside [0, V_d)
-is rejected and flags ``draft_ok`` False (the reference would raise a device-side assert).
+Limits: γ <= 16 (a tree: N <= 256 nodes), V_t <= 262,144 (one inverse-CDF chunk level of 1024 entries x 256
+chunks). Draft and target logits of different dtypes are both read as fp32 (an upcast copy, exact). A draft token
+outside [0, V_d) is rejected and flags ``draft_ok`` False (the reference would raise a device-side assert).
 """
 
 from __future__ import annotations
