@@ -151,6 +151,14 @@ class TreeKernelCases:
             inputs = tree_inputs(kb.device, tree, self.B, V_T, V_D, dtype, mode, seed=31)
             assert_tree_agrees(kb, tree, inputs, 1.0, mode == "with", seed=32)
 
+    def test_more_nodes_than_a_chain_may_have(self, kb):
+        """4,4,1: 36 nodes, more than the chain kernels' γ <= 16 (73 rows reduced per batch row)."""
+        tree = TokenTree.from_widths("4,4,1")
+        for mode in MODES:
+            inputs = tree_inputs(kb.device, tree, 16, 3_001, 3_001, "float32", mode, seed=35)
+            got = assert_tree_agrees(kb, tree, inputs, 1.0, mode != "without", seed=36)
+            assert bool((got.accepted > 0).any())
+
     def test_a_large_vocabulary_in_several_slices_and_chunks(self, kb):
         """V = 128256 (bf16): the partial pass splits each row over several blocks and the draw picks among 126
         chunks."""
