@@ -6,11 +6,13 @@
 #
 # Steps, in order:
 #   compile    compile the CUDA kernels once (fills CuPy's cache; later steps and processes load the cubin)
-#   tests      GPU tests: kernels vs the torch reference, chi-square exactness on the cupy backend; the engine,
+#   tests      GPU tests: kernels vs the torch reference (the chain kernels and tree_verify, the token-tree kernel),
+#              chi-square exactness on the cupy backend; the engine,
 #              the hf engine, `specsweep run` and Whisper on CUDA (lossless decoding, rollback, sampling,
 #              CUDA-event phase times, one host sync per step; the multi-GPU test skips on one GPU)
 #   sanitizer  compute-sanitizer memcheck / racecheck / synccheck on a small verify step
-#   kernels    `specsweep bench kernels` -> kernels/results/kernels-<gpu>.json
+#   kernels    `specsweep bench kernels` (the chain kernels, and tree_verify on trees 2,2,1 and 3,2,1)
+#              -> kernels/results/kernels-<gpu>.json
 #   engine     `specsweep bench engine --device cuda` -> results/bench/engine-cuda.json
 # A machine that limits one command's time can run it in two parts, e.g. `compile tests sanitizer`, then
 # `kernels engine`.

@@ -26,7 +26,8 @@ SOURCE_PATH = Path(__file__).with_name("verify.cu")
 
 # torch dtype name -> C++ type of the logits
 CXX_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
-KERNELS = ("exact_partials", "sample_exact", "sample_sigmoid", "greedy_verify")
+KERNELS = ("exact_partials", "sample_exact", "sample_sigmoid", "greedy_verify", "tree_verify_partials",
+           "tree_verify")
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in KERNELS for t in CXX_TYPES.values())
 
 # Mirrors of the constants in verify.cu (checked against the source by tests/test_kernels_compile.py).
@@ -35,6 +36,7 @@ CHUNK = 1024
 MAX_GAMMA = 16
 MAX_CHUNKS = 256
 MAX_VOCAB = MAX_CHUNKS * CHUNK  # 262,144
+MAX_TREE_NODES = 256            # == tree_shape.MAX_TREE_NODES
 
 # Options CuPy's RawModule adds itself for NVRTC; compile_for_arch adds them too, so its cubins and ptxas
 # figures are those of the code that runs.

@@ -7,7 +7,8 @@ head one entry at a time before its aligned vectors), V_d = 4999 (padded, anothe
 per-row draft lengths [0, 2, γ + 3] (a row that drafted nothing, a short row, one clamped to γ: the bonus row g and
 the uniform u_g are read), and with [-1, 1, γ + 2] handed to the kernels unclamped (they clamp them); the samplers
 that take a deterministic draft (draft logits None: a null draft pointer) run it too, with and without lengths. Then
-it synchronises. Exit code 0 means the kernels ran; the sanitizer reports memory errors and races itself.
+tree_verify, the token-tree kernel (tree_steps). Then it synchronises. Exit code 0 means the kernels ran; the
+sanitizer reports memory errors and races itself.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import torch
 
 from pipeline.samplers import cupy_backend
+from pipeline.tree_shape import TokenTree
 
 
 def main() -> int:
@@ -41,9 +43,26 @@ def main() -> int:
                     if sampler.takes_deterministic_drafts:       # exact, greedy: a null draft pointer
                         sampler(dt, None, tl, generator=g)
                         sampler(dt, None, tl, generator=g, lengths=lengths)
+    tree_steps(g)
     torch.cuda.synchronize()
     print("sanitize_case: ok")
     return 0
+
+
+def tree_steps(g: torch.Generator) -> None:
+    """tree_verify on the tree 3,2,1 (N = 15): with and without replacement, deterministic children and T = 0, each
+    dtype, at V_t = 5003 / V_d = 4999 (odd, padded), random tokens (most rows reject every child of the root: the
+    residual passes run), one token out of range."""
+    shape = TokenTree.from_widths("3,2,1")
+    n = shape.n_nodes
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        tl = (torch.randn(3, n + 1, 5003, device="cuda", generator=g) * 3).to(dtype)
+        dl = (torch.randn(3, n, 4999, device="cuda", generator=g) * 3).to(dtype)
+        dt = torch.randint(0, 4999, (3, n), device="cuda", generator=g)
+        dt[2, 1] = 5003
+        sampler = cupy_backend.ExactSampler(temperature=0.8)
+        for temperature, replacement, draft in ((0.8, True, dl), (0.8, False, dl), (0.8, True, None), (0.0, True, dl)):
+            sampler.tree_verifier(temperature, replacement)(shape, dt, draft, tl, generator=g)
 
 
 if __name__ == "__main__":

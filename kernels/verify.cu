@@ -524,39 +524,16 @@ __device__ int draw_token(const RowPass& rp, const WeightParams& wp, int vt, int
   return min(k * kChunk + j, vt - 1);
 }
 
-// ---- exact: pass 1 --------------------------------------------------------------------------------------------
+// ---- slice reductions of the partial passes (exact_partials, greedy_verify, tree_verify_partials) ---------------
 
-// Workspace of one batch row b (float/int arrays allocated by loader.py):
-//   part    float2 [B, 2γ+1, S1]  (m, S) per row slice; m = NaN marks a slice with NaN or +inf
-//   dec     float4 [B]             (m_t, S_t, m_d, S_d) of target row n and draft row min(n, γ-1)
-//   nacc    int    [B]             n
-//   csum    float2 [B, kMaxChunks] per-chunk (Σ p, Σ max(0, p - q)) of row n
-//   count   unsigned [B]           arrival counters, shared by the two passes (one after the other on a
-//                                  stream); atomicInc wraps each back to 0 at its last arrival
+// Online max / sum-exp of x = z * inv_t over entries [start, end) of one row, reduced over the block. Slices start
+// at whole chunks, so the row's head (vec_head) is the slice's. Returns (m, S) in thread 0, or (NaN, 0) where an
+// entry was NaN or +inf (the other threads get garbage). Called by all threads.
 template <typename T>
-__device__ void exact_partials_impl(const long long* __restrict__ tokens, const long long* __restrict__ lengths,
-                                    const T* __restrict__ target, const T* __restrict__ draft,
-                                    const float* __restrict__ u, int gamma, int vt, int vd, long long tsb,
-                                    long long tsr, long long dsb, long long dsr, float inv_t, int slice,
-                                    float2* __restrict__ part, float4* __restrict__ dec, int* __restrict__ nacc,
-                                    unsigned* __restrict__ count, long long* __restrict__ out_tokens, long long out_ld,
-                                    long long* __restrict__ out_accepted, long long acc_stride,
-                                    bool* __restrict__ draft_ok, bool* __restrict__ target_ok) {
+__device__ float2 slice_maxsum(const T* __restrict__ row, int start, int end, float inv_t, Shared& sh) {
   constexpr int N = Vec<T>::N;
-  __shared__ Shared sh;
-  __shared__ float sh_m[kMaxRows], sh_s[kMaxRows];
-  __shared__ int sh_bad[kMaxRows], sh_acc[kMaxGamma], sh_tok_bad;
-  const int s = blockIdx.x, r = blockIdx.y, b = blockIdx.z;
-  const bool det = draft == nullptr;           // a deterministic draft: the γ+1 target rows only
-  const int rows = det ? gamma + 1 : 2 * gamma + 1, slices = gridDim.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-
-  // 1) this block's slice of row r: online max / sum-exp of x = z / T, NaN / +inf seen
-  const bool is_target = r <= gamma;
-  const T* row = is_target ? target + b * tsb + r * tsr : draft + b * dsb + (r - gamma - 1) * dsr;
-  const int len = is_target ? vt : vd;
-  const int start = s * slice, end = min(start + slice, len);
-  const int head = vec_head(row);            // slices start at whole chunks: the row's head is the slice's
+  const int head = vec_head(row);
   MaxSum acc = {-SPECSWEEP_INF, 0.0f};
   bool bad = false;
   if (threadIdx.x < head) {
@@ -579,6 +556,7 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
     sh.ired[warp] = bad;
   }
   __syncthreads();
+  float2 out = make_float2(0.0f, 0.0f);
   if (threadIdx.x == 0) {
     MaxSum t = {sh.cdf[0], sh.csum[0]};
     bool any_bad = sh.ired[0] != 0;
@@ -586,22 +564,146 @@ __device__ void exact_partials_impl(const long long* __restrict__ tokens, const 
       t = ms_merge(t, {sh.cdf[w], sh.csum[w]});
       any_bad |= sh.ired[w] != 0;
     }
-    part[(static_cast<long long>(b) * rows + r) * slices + s] = any_bad ? make_float2(SPECSWEEP_NAN, 0.0f)
-                                                                       : make_float2(t.m, t.s);
+    out = any_bad ? make_float2(SPECSWEEP_NAN, 0.0f) : make_float2(t.m, t.s);
   }
+  return out;
+}
+
+// The `slices` partials of slice_maxsum of one row (part_row[0..slices), written by other blocks), combined by one
+// warp: every lane gets (m, S), and `bad` whether a slice had NaN or +inf. Called by all 32 lanes of the warp.
+__device__ __forceinline__ MaxSum combine_maxsum(const float2* __restrict__ part_row, int slices, bool& bad) {
+  const int lane = threadIdx.x & 31;
+  MaxSum t = {-SPECSWEEP_INF, 0.0f};
+  bool rbad = false;
+  for (int ss = lane; ss < slices; ss += 32) {
+    const float2 p = __ldcg(part_row + ss);
+    if (isnan(p.x)) rbad = true;
+    else t = ms_merge(t, {p.x, p.y});
+  }
+  bad = __any_sync(kFull, rbad);
+  return warp_ms(t);
+}
+
+// Argmax pair: larger value wins, the smaller index on ties (torch.max's first maximal index).
+__device__ __forceinline__ void arg_merge(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+// Argmax of entries [start, end) of one row, reduced over the block: (value, index as float bits) in thread 0,
+// value NaN where an entry was NaN (the other threads get garbage). Called by all threads.
+template <typename T>
+__device__ float2 slice_argmax(const T* __restrict__ row, int start, int end, Shared& sh) {
+  constexpr int N = Vec<T>::N;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int head = vec_head(row);
+  float best = -SPECSWEEP_INF;
+  int besti = kNoIndex;
+  bool bad = false;
+  // entries past `end` read as -inf with a larger index than any entry in range, so they never win
+  if (threadIdx.x < head && start + threadIdx.x < end) {
+    const float z = to_float(row[start + threadIdx.x]);
+    bad |= isnan(z);
+    arg_merge(best, besti, z, start + threadIdx.x);
+  }
+  for (int i0 = start + head + threadIdx.x * N; i0 < end; i0 += kThreads * N * kUnroll) {
+    float z[kUnroll][N];
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) load_vec<T>(row, i0 + q * kThreads * N, end, true, -SPECSWEEP_INF, z[q]);
+#pragma unroll
+    for (int q = 0; q < kUnroll; ++q) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        bad |= isnan(z[q][k]);
+        arg_merge(best, besti, z[q][k], i0 + q * kThreads * N + k);
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    arg_merge(best, besti, __shfl_xor_sync(kFull, best, off), __shfl_xor_sync(kFull, besti, off));
+  bad = __any_sync(kFull, bad);
+  if (lane == 0) {
+    sh.cdf[warp] = best;
+    sh.ired[warp] = besti;
+    sh.csum[warp] = bad ? 1.0f : 0.0f;
+  }
+  __syncthreads();
+  float2 out = make_float2(0.0f, 0.0f);
+  if (threadIdx.x == 0) {
+    float v = sh.cdf[0];
+    int vi = sh.ired[0];
+    bool any_bad = sh.csum[0] != 0.0f;
+    for (int w = 1; w < kWarps; ++w) {
+      arg_merge(v, vi, sh.cdf[w], sh.ired[w]);
+      any_bad |= sh.csum[w] != 0.0f;
+    }
+    out = make_float2(any_bad ? SPECSWEEP_NAN : v, __int_as_float(vi));
+  }
+  return out;
+}
+
+// The `slices` partials of slice_argmax of one row, combined by one warp: every lane gets the row's argmax (clamped
+// into [0, vt)) and `bad`: a slice had NaN, or the maximum is not finite (the reference's isfinite(max)). Called by
+// all 32 lanes of the warp.
+__device__ __forceinline__ int combine_argmax(const float2* __restrict__ part_row, int slices, int vt, bool& bad) {
+  const int lane = threadIdx.x & 31;
+  float v = -SPECSWEEP_INF;
+  int vi = kNoIndex;
+  bool rbad = false;
+  for (int ss = lane; ss < slices; ss += 32) {
+    const float2 p = __ldcg(part_row + ss);
+    if (isnan(p.x)) rbad = true;
+    else arg_merge(v, vi, p.x, __float_as_int(p.y));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    arg_merge(v, vi, __shfl_xor_sync(kFull, v, off), __shfl_xor_sync(kFull, vi, off));
+  bad = __any_sync(kFull, rbad) || !isfinite(v);
+  return min(vi, vt - 1);
+}
+
+// ---- exact: pass 1 --------------------------------------------------------------------------------------------
+
+// Workspace of one batch row b (float/int arrays allocated by loader.py):
+//   part    float2 [B, 2γ+1, S1]  (m, S) per row slice; m = NaN marks a slice with NaN or +inf
+//   dec     float4 [B]             (m_t, S_t, m_d, S_d) of target row n and draft row min(n, γ-1)
+//   nacc    int    [B]             n
+//   csum    float2 [B, kMaxChunks] per-chunk (Σ p, Σ max(0, p - q)) of row n
+//   count   unsigned [B]           arrival counters, shared by the two passes (one after the other on a
+//                                  stream); atomicInc wraps each back to 0 at its last arrival
+template <typename T>
+__device__ void exact_partials_impl(const long long* __restrict__ tokens, const long long* __restrict__ lengths,
+                                    const T* __restrict__ target, const T* __restrict__ draft,
+                                    const float* __restrict__ u, int gamma, int vt, int vd, long long tsb,
+                                    long long tsr, long long dsb, long long dsr, float inv_t, int slice,
+                                    float2* __restrict__ part, float4* __restrict__ dec, int* __restrict__ nacc,
+                                    unsigned* __restrict__ count, long long* __restrict__ out_tokens, long long out_ld,
+                                    long long* __restrict__ out_accepted, long long acc_stride,
+                                    bool* __restrict__ draft_ok, bool* __restrict__ target_ok) {
+  __shared__ Shared sh;
+  __shared__ float sh_m[kMaxRows], sh_s[kMaxRows];
+  __shared__ int sh_bad[kMaxRows], sh_acc[kMaxGamma], sh_tok_bad;
+  const int s = blockIdx.x, r = blockIdx.y, b = blockIdx.z;
+  const bool det = draft == nullptr;           // a deterministic draft: the γ+1 target rows only
+  const int rows = det ? gamma + 1 : 2 * gamma + 1, slices = gridDim.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  // 1) this block's slice of row r: online max / sum-exp of x = z / T, NaN / +inf seen
+  const bool is_target = r <= gamma;
+  const T* row = is_target ? target + b * tsb + r * tsr : draft + b * dsb + (r - gamma - 1) * dsr;
+  const int len = is_target ? vt : vd;
+  const int start = s * slice, end = min(start + slice, len);
+  const float2 partial = slice_maxsum<T>(row, start, end, inv_t, sh);
+  if (threadIdx.x == 0) part[(static_cast<long long>(b) * rows + r) * slices + s] = partial;
   if (!arrive_last(count + b, static_cast<unsigned>(slices * rows), &sh.flag)) return;
 
   // 2) last block of batch row b: combine the slices of every row (one warp per row)
   for (int rr = warp; rr < rows; rr += kWarps) {
-    MaxSum t = {-SPECSWEEP_INF, 0.0f};
-    bool rbad = false;
-    for (int ss = lane; ss < slices; ss += 32) {
-      const float2 p = __ldcg(part + (static_cast<long long>(b) * rows + rr) * slices + ss);
-      if (isnan(p.x)) rbad = true;
-      else t = ms_merge(t, {p.x, p.y});
-    }
-    t = warp_ms(t);
-    rbad = __any_sync(kFull, rbad);
+    bool rbad;
+    const MaxSum t = combine_maxsum(part + (static_cast<long long>(b) * rows + rr) * slices, slices, rbad);
     if (lane == 0) {
       sh_m[rr] = t.m;
       sh_s[rr] = t.s;
@@ -753,14 +855,6 @@ __device__ void sample_impl(const long long* __restrict__ tokens, const long lon
 
 // ---- greedy --------------------------------------------------------------------------------------------------
 
-// Argmax pair: larger value wins, the smaller index on ties (torch.max's first maximal index).
-__device__ __forceinline__ void arg_merge(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-
 template <typename T>
 __device__ void greedy_impl(const long long* __restrict__ tokens, const long long* __restrict__ lengths,
                             const T* __restrict__ target, const T* __restrict__ draft, int gamma, int vt, int vd,
@@ -768,77 +862,22 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const long lon
                             float2* __restrict__ part, unsigned* __restrict__ count,
                             long long* __restrict__ out_tokens, long long out_ld, long long* __restrict__ out_accepted,
                             long long acc_stride, bool* __restrict__ draft_ok, bool* __restrict__ target_ok) {
-  constexpr int N = Vec<T>::N;
   __shared__ Shared sh;
   __shared__ int sh_arg[kMaxGamma + 1], sh_bad[kMaxGamma + 1], sh_acc[kMaxGamma], sh_dbad;
   const int s = blockIdx.x, r = blockIdx.y, b = blockIdx.z;
   const int rows = gamma + 1, slices = gridDim.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
-  const T* row = target + b * tsb + r * tsr;
-  const int start = s * slice, end = min(start + slice, vt);
-  const int head = vec_head(row);
-  float best = -SPECSWEEP_INF;
-  int besti = kNoIndex;
-  bool bad = false;
-  // entries past `end` read as -inf with a larger index than any entry in range, so they never win
-  if (threadIdx.x < head && start + threadIdx.x < end) {
-    const float z = to_float(row[start + threadIdx.x]);
-    bad |= isnan(z);
-    arg_merge(best, besti, z, start + threadIdx.x);
-  }
-  for (int i0 = start + head + threadIdx.x * N; i0 < end; i0 += kThreads * N * kUnroll) {
-    float z[kUnroll][N];
-#pragma unroll
-    for (int q = 0; q < kUnroll; ++q) load_vec<T>(row, i0 + q * kThreads * N, end, true, -SPECSWEEP_INF, z[q]);
-#pragma unroll
-    for (int q = 0; q < kUnroll; ++q) {
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        bad |= isnan(z[q][k]);
-        arg_merge(best, besti, z[q][k], i0 + q * kThreads * N + k);
-      }
-    }
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1)
-    arg_merge(best, besti, __shfl_xor_sync(kFull, best, off), __shfl_xor_sync(kFull, besti, off));
-  bad = __any_sync(kFull, bad);
-  if (lane == 0) {
-    sh.cdf[warp] = best;
-    sh.ired[warp] = besti;
-    sh.csum[warp] = bad ? 1.0f : 0.0f;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float v = sh.cdf[0];
-    int vi = sh.ired[0];
-    bool any_bad = sh.csum[0] != 0.0f;
-    for (int w = 1; w < kWarps; ++w) {
-      arg_merge(v, vi, sh.cdf[w], sh.ired[w]);
-      any_bad |= sh.csum[w] != 0.0f;
-    }
-    // (value, index as float bits); value NaN marks a slice with NaN
-    part[(static_cast<long long>(b) * rows + r) * slices + s] = make_float2(any_bad ? SPECSWEEP_NAN : v, __int_as_float(vi));
-  }
+  const float2 partial = slice_argmax<T>(target + b * tsb + r * tsr, s * slice, min(s * slice + slice, vt), sh);
+  if (threadIdx.x == 0) part[(static_cast<long long>(b) * rows + r) * slices + s] = partial;
   if (!arrive_last(count + b, static_cast<unsigned>(slices * rows), &sh.flag)) return;
 
   for (int rr = warp; rr < rows; rr += kWarps) {
-    float v = -SPECSWEEP_INF;
-    int vi = 0x7fffffff;
-    bool rbad = false;
-    for (int ss = lane; ss < slices; ss += 32) {
-      const float2 p = __ldcg(part + (static_cast<long long>(b) * rows + rr) * slices + ss);
-      if (isnan(p.x)) rbad = true;
-      else arg_merge(v, vi, p.x, __float_as_int(p.y));
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-      arg_merge(v, vi, __shfl_xor_sync(kFull, v, off), __shfl_xor_sync(kFull, vi, off));
-    rbad = __any_sync(kFull, rbad);
+    bool rbad;
+    const int arg = combine_argmax(part + (static_cast<long long>(b) * rows + rr) * slices, slices, vt, rbad);
     if (lane == 0) {
-      sh_arg[rr] = min(vi, vt - 1);
-      sh_bad[rr] = rbad || !isfinite(v);      // reference: isfinite(target max)
+      sh_arg[rr] = arg;
+      sh_bad[rr] = rbad;                      // reference: isfinite(target max)
     }
   }
   if (threadIdx.x == 0) sh_dbad = 0;
@@ -865,6 +904,287 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const long lon
     out_accepted[b * acc_stride] = n;
     draft_ok[b] = sh_dbad == 0;
     target_ok[b] = tok;
+  }
+}
+
+// ---- tree_verify: exact verification of a token tree ------------------------------------------------------------
+//
+// What it computes is defined by pipeline/samplers/tree.py (the torch reference; docs/trees.md): recursive rejection
+// sampling down a token tree of N nodes, its shape the same for every row of the step, given as `tree` int32
+// [2, N+1]: per position (0: the root, n + 1: node n) the node index of its first child, then its child count
+// (children are contiguous, breadth-first: pipeline/tree_shape.py). Shapes:
+//   draft_tokens  int64 [B, N]      target logits  T [B, N+1, V_t]      draft logits  T [B, N, V_d] or null
+//   u             fp32  [B, N+1]    (column n tests node n, column N draws the emitted token)
+//   tokens        int64 [B, D+1]    accepted int64 [B]    path int64 [B, D] (node indices, -1 after accepted)
+// Node n's draft row is the distribution its parent's children were drawn from. At a node with target distribution
+// p (softmax of its target row) its children c_0, c_1, ... (tokens x_j) are tried in order; child j is accepted iff
+// q_j(x_j) > 0 and u_{c_j} q_j(x_j) < p_j(x_j), where
+//   p_0 = p,   p_{j+1} = norm(max(0, p_j - q_j))   (p_j where that residual's mass is <= kResidualZeroTol)
+//   with replacement:     q_j = softmax of node c_j's draft row
+//   without replacement:  q_0 = softmax of node c_0's draft row, q_{j+1} = norm(q_j with x_j removed) (all zeros where
+//                         that mass is <= kResidualZeroTol)
+//   deterministic (null draft): q_j is the point mass on x_j, and p_{j+1} is p_j with x_j removed, renormalised
+// An accepted child is the next node (its own target row); a node whose children are all rejected emits a token
+// drawn from its last residual, a leaf from its target row, by inverse CDF with u_N exactly as draw_token. At T = 0
+// (`greedy`) the walk follows the first child equal to the target's argmax and emits the argmax where none is.
+//
+// Two launches on one stream:
+//   tree_verify_partials<T>  grid (S1, rows, B), rows = N+1 target rows, then the N draft rows (stochastic with
+//                            draft logits): block (s, r, b) reduces slice s of row r to (m, S), or to its argmax
+//                            at T = 0, in `part` float2 [B, rows, S1] (as exact_partials and greedy_verify).
+//   tree_verify<T>           grid (1, B): one block per batch row combines the partials (flags, normalisers),
+//                            then walks the tree. Each rejection needs the residual's mass, so the block makes one
+//                            pass over the vocabulary per rejected child, evaluating p_j and q_j entry by entry
+//                            from the logits and the scalars of the rejections before it (nothing of size V is
+//                            written), and one pass of chunk sums for the draw.
+// Flags as the chain kernels set them: target_ok False where a target row has NaN/+inf or only -inf (at T = 0: a
+// non-finite maximum), draft_ok False where a draft row does (at T = 0: a NaN/+inf draft logit at a drafted token)
+// or a drafted token is outside [0, V_d) (rejected; the reference has no such token).
+
+constexpr int kMaxTreeNodes = 256;                  // == tree_shape.MAX_TREE_NODES
+constexpr int kMaxTreeRows = 2 * kMaxTreeNodes + 1;
+
+// A batch row's inputs for the walk (the target row of the node being verified is set per node).
+template <typename T>
+struct TreeRow {
+  const T* trow;          // target row of the current node
+  const T* draft;         // draft + b * dsb; null: deterministic children
+  long long dsr;
+  int n, vt, vd;
+  float inv_t;
+  bool replacement;
+};
+
+// Shared state of one batch row's walk.
+struct TreeWalk {
+  float m[kMaxTreeRows];          // softmax normalisers of the rows (target 0..N, draft N+1..2N)
+  float s[kMaxTreeRows];
+  int arg[kMaxTreeNodes + 1];     // T = 0: argmax of each target row
+  int bad[kMaxTreeRows];
+  float chunk[kMaxChunks];        // chunk sums of the emitted token's weights
+  // the node being verified: its target row's normalisers, its first child, and per rejected child j its token,
+  // the residual's mass and (without replacement) the mass of q left after removing x_j
+  float mt, st;
+  int first;
+  long long x[kMaxTreeNodes];
+  float mass[kMaxTreeNodes];
+  float qmass[kMaxTreeNodes];
+  int tok_bad;
+};
+
+// Sum of one float per thread over the block; every thread gets it. Called by all threads.
+__device__ __forceinline__ float block_sum(float v, float* sh /* [kWarps] */) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float t = sh[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) t += sh[w];
+  __syncthreads();
+  return t;
+}
+
+// q_j(v) of a stochastic child drawn from node `node`'s draft row: its softmax, 0 past V_d.
+template <typename T>
+__device__ __forceinline__ float draft_w(const TreeRow<T>& r, const TreeWalk& w, int node, int v) {
+  if (v >= r.vd) return 0.0f;
+  return softmax_w(to_float(r.draft[node * r.dsr + v]), r.inv_t, w.m[r.n + 1 + node], w.s[r.n + 1 + node]);
+}
+
+// p_k(v): the current node's target distribution at entry v after its first k children were rejected, evaluated
+// as the reference computes it (the same fp32 operations in the same order; only the masses are summed in another
+// order). With `q`, also *q = q_k(v), the distribution child k is tested against (x[k] set for a deterministic child).
+template <typename T>
+__device__ float tree_weight(const TreeRow<T>& r, const TreeWalk& w, int k, int v, float* q) {
+  float p = softmax_w(to_float(r.trow[v]), r.inv_t, w.mt, w.st);
+  const bool det = r.draft == nullptr, without = !det && !r.replacement;
+  float qw = without && (k > 0 || q != nullptr) ? draft_w<T>(r, w, w.first, v) : 0.0f;   // q_j(v), running
+  const int last = q != nullptr ? k : k - 1;
+  for (int j = 0; j <= last; ++j) {
+    const float qj = det ? (v == w.x[j] ? 1.0f : 0.0f) : (without ? qw : draft_w<T>(r, w, w.first + j, v));
+    if (j == k) {
+      *q = qj;
+      break;
+    }
+    const float mj = w.mass[j];
+    if (mj > kResidualZeroTol) p = (det ? (v == w.x[j] ? 0.0f : p) : fmaxf(__fsub_rn(p, qj), 0.0f)) / mj;
+    if (without) qw = w.qmass[j] > kResidualZeroTol ? (v == w.x[j] ? 0.0f : qw / w.qmass[j]) : 0.0f;
+  }
+  return p;
+}
+
+// The walk at T > 0: returns the emitted token (all threads); writes the accepted nodes to path[0..] (thread 0)
+// and their count to *accepted.
+template <typename T>
+__device__ int tree_walk(TreeRow<T>& r, TreeWalk& w, const int* __restrict__ tree, const long long* __restrict__ tok,
+                         const float* __restrict__ u, const T* __restrict__ trow_b, long long tsr,
+                         long long* __restrict__ path, int& accepted, Shared& sh) {
+  const bool det = r.draft == nullptr, without = !det && !r.replacement;
+  int pos = 0, k = 0;
+  accepted = 0;
+  while (true) {                                   // one trip per node on the path: the same in every thread
+    r.trow = trow_b + pos * tsr;
+    const int first = tree[pos], count = tree[r.n + 1 + pos];
+    if (threadIdx.x == 0) {
+      w.mt = w.m[pos];
+      w.st = w.s[pos];
+      w.first = first;
+    }
+    __syncthreads();
+    int chosen = -1;
+    for (k = 0; k < count; ++k) {
+      // thread 0 tests child k against (p_k, q_k); the block learns the decision at the barrier
+      bool accept = false;
+      if (threadIdx.x == 0) {
+        const long long x = tok[first + k];
+        w.x[k] = x;
+        if (x >= 0 && x < r.vd) {
+          float q;
+          const float p = tree_weight<T>(r, w, k, static_cast<int>(x), &q);
+          accept = q > 0.0f && u[first + k] * q < p;
+        }
+      }
+      if (__syncthreads_or(accept)) {
+        chosen = first + k;
+        break;
+      }
+      // child k rejected: the mass of max(0, p_k - q_k) (and, without replacement, of q_k without x_k)
+      float sr = 0.0f, sq = 0.0f;
+      const long long xk = w.x[k];
+      for (int v = threadIdx.x; v < r.vt; v += kThreads) {
+        float q;
+        const float p = tree_weight<T>(r, w, k, v, &q);
+        sr += det ? (v == xk ? 0.0f : p) : fmaxf(__fsub_rn(p, q), 0.0f);
+        if (without && v != xk) sq += q;
+      }
+      sr = block_sum(sr, sh.red);
+      sq = block_sum(sq, sh.red);
+      if (threadIdx.x == 0) {
+        w.mass[k] = sr;
+        w.qmass[k] = sq;
+      }
+      __syncthreads();
+    }
+    if (chosen < 0) break;                          // every child rejected, or a leaf: emit from p_k
+    if (threadIdx.x == 0) path[accepted] = chosen;
+    ++accepted;
+    pos = chosen + 1;
+  }
+  // the emitted token: chunk sums of p_k (a warp per chunk), then the chunk and the entry, as draw_token
+  const int nc = (r.vt + kChunk - 1) / kChunk;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int c = warp; c < nc; c += kWarps) {
+    float sum = 0.0f;
+    for (int v = c * kChunk + lane; v < min((c + 1) * kChunk, r.vt); v += 32) sum += tree_weight<T>(r, w, k, v, nullptr);
+    sum = warp_sum(sum);
+    if (lane == 0) w.chunk[c] = sum;
+  }
+  __syncthreads();
+  float offset;
+  const int kc = choose_chunk(threadIdx.x < nc ? w.chunk[threadIdx.x] : 0.0f, nc, u[r.n], sh, offset);
+  float wt[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int v = kc * kChunk + threadIdx.x * 4 + e;
+    wt[e] = v < r.vt ? tree_weight<T>(r, w, k, v, nullptr) : 0.0f;
+  }
+  const int j = choose_in_chunk(wt, offset, sh);
+  return min(kc * kChunk + j, r.vt - 1);
+}
+
+// Workspace: part float2 [B, rows, S1] (slice partials, as exact_partials / greedy_verify write them).
+template <typename T>
+__device__ void tree_verify_partials_impl(const T* __restrict__ target, const T* __restrict__ draft, int n_nodes,
+                                          int vt, int vd, long long tsb, long long tsr, long long dsb, long long dsr,
+                                          float inv_t, int greedy, int slice, float2* __restrict__ part) {
+  __shared__ Shared sh;
+  const int s = blockIdx.x, r = blockIdx.y, b = blockIdx.z;
+  const int rows = gridDim.y, slices = gridDim.x;
+  const bool is_target = r <= n_nodes;
+  const T* row = is_target ? target + b * tsb + r * tsr : draft + b * dsb + (r - n_nodes - 1) * dsr;
+  const int start = s * slice, end = min(start + slice, is_target ? vt : vd);
+  const float2 partial = greedy ? slice_argmax<T>(row, start, end, sh) : slice_maxsum<T>(row, start, end, inv_t, sh);
+  if (threadIdx.x == 0) part[(static_cast<long long>(b) * rows + r) * slices + s] = partial;
+}
+
+template <typename T>
+__device__ void tree_verify_impl(const long long* __restrict__ tokens, const int* __restrict__ tree,
+                                 const T* __restrict__ target, const T* __restrict__ draft, const float* __restrict__ u,
+                                 int n_nodes, int depth, int vt, int vd, long long tsb, long long tsr, long long dsb,
+                                 long long dsr, float inv_t, int greedy, int replacement, int slices,
+                                 const float2* __restrict__ part, long long* __restrict__ out_tokens, long long out_ld,
+                                 long long* __restrict__ out_accepted, long long acc_stride,
+                                 long long* __restrict__ out_path, long long path_ld, bool* __restrict__ draft_ok,
+                                 bool* __restrict__ target_ok) {
+  __shared__ Shared sh;
+  __shared__ TreeWalk w;
+  const int b = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool det = draft == nullptr;
+  const int rows = n_nodes + 1 + (greedy || det ? 0 : n_nodes);
+  const long long* tok = tokens + static_cast<long long>(b) * n_nodes;
+  long long* path = out_path + b * path_ld;
+
+  // 1) combine the slice partials of every row (one warp per row): normalisers or argmax, and the flags
+  for (int rr = warp; rr < rows; rr += kWarps) {
+    bool rbad;
+    const float2* prow = part + (static_cast<long long>(b) * rows + rr) * slices;
+    if (greedy) {
+      const int arg = combine_argmax(prow, slices, vt, rbad);
+      if (lane == 0) w.arg[rr] = arg;
+    } else {
+      const MaxSum t = combine_maxsum(prow, slices, rbad);
+      rbad |= t.m == -SPECSWEEP_INF;               // a row of only -inf: softmax is NaN there
+      if (lane == 0) {
+        w.m[rr] = t.m;
+        w.s[rr] = t.s;
+      }
+    }
+    if (lane == 0) w.bad[rr] = rbad;
+  }
+  if (threadIdx.x == 0) w.tok_bad = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_nodes; i += kThreads) {
+    const long long x = tok[i];
+    if (x < 0 || x >= vd) atomicOr(&w.tok_bad, 1);   // a token the draft cannot have proposed: rejected, flagged
+    else if (greedy && !det && nan_or_posinf(to_float(draft[b * dsb + i * dsr + x]))) atomicOr(&w.tok_bad, 1);
+  }
+  for (int i = threadIdx.x; i < depth; i += kThreads) path[i] = -1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    bool dok = w.tok_bad == 0, tok_ok = true;
+    for (int rr = 0; rr <= n_nodes; ++rr) tok_ok &= !w.bad[rr];
+    for (int rr = n_nodes + 1; rr < rows; ++rr) dok &= !w.bad[rr];
+    draft_ok[b] = dok;
+    target_ok[b] = tok_ok;
+  }
+
+  // 2) the walk
+  int accepted = 0, token = 0;
+  if (greedy) {                                    // follow the first child equal to the argmax (thread 0 alone)
+    if (threadIdx.x == 0) {
+      int pos = 0;
+      while (true) {
+        const int first = tree[pos], count = tree[n_nodes + 1 + pos];
+        int chosen = -1;
+        for (int k = 0; k < count && chosen < 0; ++k)
+          if (tok[first + k] == w.arg[pos]) chosen = first + k;
+        if (chosen < 0) break;
+        path[accepted++] = chosen;
+        pos = chosen + 1;
+      }
+      token = w.arg[pos];
+    }
+  } else {
+    TreeRow<T> r = {nullptr, det ? nullptr : draft + b * dsb, dsr, n_nodes, vt, vd, inv_t, replacement != 0};
+    token = tree_walk<T>(r, w, tree, tok, u + static_cast<long long>(b) * (n_nodes + 1), target + b * tsb, tsr, path,
+                         accepted, sh);
+  }
+  __syncthreads();                                 // the path written by thread 0 is read below
+  if (threadIdx.x == 0) {
+    long long* out = out_tokens + b * out_ld;
+    for (int d = 0; d <= depth; ++d) out[d] = d < accepted ? tok[path[d]] : (d == accepted ? token : -1);
+    out_accepted[b * acc_stride] = accepted;
   }
 }
 
@@ -915,4 +1235,25 @@ greedy_verify(const long long* tokens, const long long* lengths, const T* target
               long long acc_stride, bool* draft_ok, bool* target_ok) {
   specsweep::greedy_impl<T>(tokens, lengths, target, draft, gamma, vt, vd, tsb, tsr, dsb, dsr, slice, part, count,
                             out_tokens, out_ld, out_accepted, acc_stride, draft_ok, target_ok);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
+tree_verify_partials(const T* target, const T* draft, int n_nodes, int vt, int vd, long long tsb, long long tsr,
+                     long long dsb, long long dsr, float inv_t, int greedy, int slice, float2* part) {
+  specsweep::tree_verify_partials_impl<T>(target, draft, n_nodes, vt, vd, tsb, tsr, dsb, dsr, inv_t, greedy, slice,
+                                          part);
+}
+
+// `tree`: int32 [2, N+1], per position its first child's node index, then its child count (see tree_verify_impl).
+template <typename T>
+__global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
+tree_verify(const long long* tokens, const int* tree, const T* target, const T* draft, const float* u, int n_nodes,
+            int depth, int vt, int vd, long long tsb, long long tsr, long long dsb, long long dsr, float inv_t,
+            int greedy, int replacement, int slices, const float2* part, long long* out_tokens, long long out_ld,
+            long long* out_accepted, long long acc_stride, long long* out_path, long long path_ld, bool* draft_ok,
+            bool* target_ok) {
+  specsweep::tree_verify_impl<T>(tokens, tree, target, draft, u, n_nodes, depth, vt, vd, tsb, tsr, dsb, dsr, inv_t,
+                                 greedy, replacement, slices, part, out_tokens, out_ld, out_accepted, acc_stride,
+                                 out_path, path_ld, draft_ok, target_ok);
 }

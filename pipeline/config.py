@@ -16,7 +16,7 @@ from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
-from pipeline.tree_shape import TREE_CHILDREN, TREE_RULES, TokenTree
+from pipeline.tree_shape import TREE_BACKENDS, TREE_CHILDREN, TREE_RULES, TokenTree
 from pipeline.tuning.export import apply_settings
 
 ENGINES = ("specsweep", "hf")
@@ -272,7 +272,8 @@ class RunConfig:
             return
         tree = TokenTree.from_widths(self.draft_tree)
         needs = {"--drafter model": self.drafter == "model", "--sampler exact or greedy": self.sampler in TREE_RULES,
-                 "--backend torch": self.backend == "torch",
+                 f"--backend {' or '.join(TREE_BACKENDS)}": self.backend in TREE_BACKENDS,
+                 "no --verify-graphs (a tree step is not captured in CUDA graphs)": not self.verify_graphs,
                  "--engine specsweep": self.engine == "specsweep", "the static-cache forward": self.static_cache,
                  "a constant draft length": self.draft_schedule == "constant" and self.draft_confidence == 0,
                  "a draft with the target's tokenizer": self.draft_tokenizer_mode in ("auto", "shared")}

@@ -26,6 +26,8 @@ from pipeline.errors import SpecsweepError
 TREE_CHILDREN = ("without-replacement", "with-replacement", "top-k")
 # the acceptance rules that verify a tree (pipeline/samplers/tree.py: exact, and greedy at any temperature)
 TREE_RULES = ("exact", "greedy")
+# the sampler backends that verify a tree: the torch reference, and the CUDA kernel tree_verify (kernels/verify.cu)
+TREE_BACKENDS = ("torch", "cupy")
 # a grid's or a search space's name for "no tree" (a chain of γ tokens)
 CHAIN = "chain"
 MAX_TREE_NODES = 256     # tokens scored per step: beyond this a tree costs more than any step it could save

@@ -368,6 +368,39 @@ def test_run_stops_starting_configurations_when_its_time_is_spent(tmp_path, monk
     assert on_disk["stopped"]["configs_not_run"] == [[B, 5, 128_256, "bfloat16"] for B in (1, 2, 3) if B not in ran]
 
 
+def test_trees_run_after_the_first_configuration_and_are_listed_when_not_run(tmp_path, monkeypatch):
+    """Tree jobs (B, shape) come right after the goal configuration, so a run its time budget cuts short still has
+    them; the ones not run are listed apart from the chain configurations."""
+    out = tmp_path / "k.json"
+    _, clock = _stub_run(monkeypatch, out, clock_step=100)
+    ran = []
+
+    def bench_tree(B, shape, seed, timing, temperature):
+        ran.append((B, shape))
+        return [{**_row("cupy", "tree_verify", (B, 10, bench.TREE_VOCAB, bench.TREE_DTYPE), eager=1.0), "tree": shape,
+                 "rule": "with-replacement"}]
+
+    monkeypatch.setattr(bench, "_bench_tree", bench_tree)
+    bench.run(batches=(1, 2), gammas=(5,), vocabs=(128_256,), dtypes=("bfloat16",), extra=(), out=out,
+              max_seconds=150, progress=lambda _: None, clock=clock, trees=("2,2,1",), tree_batches=(1, 8))
+    on_disk = json.loads(out.read_text())
+    assert ran == [(1, "2,2,1")] and [r.get("tree") for r in on_disk["results"]] == [None, "2,2,1"]
+    assert on_disk["stopped"]["trees_not_run"] == [[8, "2,2,1"]]
+    assert on_disk["stopped"]["configs_not_run"] == [[2, 5, 128_256, "bfloat16"]]
+    assert on_disk["settings"]["trees"]["shapes"] == ["2,2,1"]
+
+
+def test_tree_rows_have_their_own_table():
+    cfg = (1, 10, bench.TREE_VOCAB, bench.TREE_DTYPE)
+    rows = [_row("cupy", "exact", GOAL, eager=12e-6, graph=7e-6, floor=5e-6, floor_graph=2e-6),
+            {**_row("cupy", "tree_verify", cfg, eager=30e-6, graph=20e-6), "tree": "2,2,1", "rule": "with-replacement"},
+            {**_row("torch", "tree_verify", cfg, eager=900e-6), "tree": "2,2,1", "rule": "with-replacement"}]
+    assert len(bench.table(rows)[0]) == 1                     # the chain table leaves the tree rows out
+    (line,), columns = bench.tree_table(rows)
+    assert set(line) == set(columns) and (line["tree"], line["N"]) == ("2,2,1", 10)
+    assert (line["with g"], line["with e"], line["without e"], line["torch e"]) == ("20.0", "30.0", "-", "900.0")
+
+
 @pytest.mark.parametrize("flag", [["--graph-calls", "0"], ["--graph-replays", "0"], ["--max-seconds", "-1"]])
 def test_bench_kernels_rejects_bad_timing_flags_before_looking_for_a_gpu(flag, capsys):
     assert main(["bench", "kernels", *flag]) == 2

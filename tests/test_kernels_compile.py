@@ -18,6 +18,7 @@ import torch
 from pipeline.errors import BackendUnavailableError
 from pipeline.kernels import loader
 from pipeline.samplers import available_samplers, contract, get_sampler
+from pipeline.tree_shape import MAX_TREE_NODES
 
 ARCHS = ("80", "90")
 SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -49,7 +50,7 @@ def compiled(request) -> loader.CompiledKernels:
 def test_every_instantiation_compiles_with_nvrtc(compiled):
     assert compiled.cubin[:4] == b"\x7fELF", "NVRTC did not return a cubin"
     assert set(compiled.lowered_names) == set(loader.NAME_EXPRESSIONS)
-    assert len(loader.NAME_EXPRESSIONS) == len(loader.KERNELS) * len(loader.CXX_TYPES) == 12
+    assert len(loader.NAME_EXPRESSIONS) == len(loader.KERNELS) * len(loader.CXX_TYPES) == 18
     figures = ptxas_figures(compiled.log)
     missing = [n for n, mangled in compiled.lowered_names.items() if mangled not in figures]
     assert not missing, f"ptxas reported nothing for {missing}"
@@ -82,6 +83,7 @@ def test_constants_match_the_source_and_the_contract():
     assert const("kChunk") == loader.CHUNK == contract.CDF_CHUNK
     assert const("kMaxGamma") == loader.MAX_GAMMA
     assert const("kMaxChunks") == loader.MAX_CHUNKS
+    assert const("kMaxTreeNodes") == loader.MAX_TREE_NODES == MAX_TREE_NODES
     tol = re.search(r"kResidualZeroTol = 16\.0f \* ([0-9.e+-]+)f;", src).group(1)
     assert 16 * float(tol) == contract.RESIDUAL_ZERO_TOL
 
@@ -105,7 +107,7 @@ def test_nvcc_ptxas_reports_no_spills(arch, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     figures = {n: f for n, f in ptxas_figures(proc.stderr + proc.stdout).items() if "specsweep" not in n}
     kernels = {n: f for n, f in figures.items() if any(k in n for k in loader.KERNELS)}
-    assert len(kernels) == 12, f"expected 12 kernels in ptxas output, got {sorted(kernels)}"
+    assert len(kernels) == 18, f"expected 18 kernels in ptxas output, got {sorted(kernels)}"
     bad = {n: f for n, f in kernels.items() if f[1:] != (0, 0, 0)}
     assert not bad, f"sm_{arch}: stack/spills (regs, stack, spill st, spill ld): {bad}"
 

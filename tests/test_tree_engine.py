@@ -166,12 +166,15 @@ def test_draft_tree_settings_are_checked_in_one_line(tmp_path):
     base = {"target": "t", "draft": "d", "data": str(data), "out": str(tmp_path / "o.json")}
     config = RunConfig.from_dict({**base, "draft_tree": "2,2,1"}).validate_decoding()
     assert config.gamma == 10
+    # the CUDA kernel tree_verify verifies trees too (--backend cupy), but not from CUDA graphs
+    assert RunConfig.from_dict({**base, "draft_tree": "2,2,1", "backend": "cupy"}).validate_decoding().gamma == 10
     for extra, words in [({"draft_tree": "2,0"}, "widths must be >= 1"),
                          ({"draft_tree": "2,2", "sampler": "sigmoid"}, "--sampler exact or greedy"),
                          ({"draft_tree": "2", "drafter": "prompt-lookup"}, "--drafter model"),
                          ({"draft_tree": "2", "static_cache": False}, "the static-cache forward"),
                          ({"draft_tree": "2", "draft_schedule": "heuristic"}, "a constant draft length"),
-                         ({"draft_tree": "2", "tree_children": "best"}, "--tree-children")]:
+                         ({"draft_tree": "2", "tree_children": "best"}, "--tree-children"),
+                         ({"draft_tree": "2", "backend": "cupy", "verify_graphs": True}, "no --verify-graphs")]:
         with pytest.raises(SpecsweepError) as e:
             RunConfig.from_dict({**base, **extra}).validate_decoding()
         assert words in str(e.value) and "\n" not in str(e.value), str(e.value)

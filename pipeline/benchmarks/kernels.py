@@ -24,6 +24,11 @@ Competitors:
   floor        max(empty-kernel launch through the same CuPy launch path, bytes the sampler must read / measured
                device-to-device copy bandwidth); the launch part measured eagerly (``floor_s``) and under graph
                replay (``floor_graph_s``)
+Token trees (``tree_verify``, kernels/verify.cu; :func:`run`'s ``trees``): the cupy kernel with each sibling rule
+(with and without replacement) and the torch reference (pipeline/samplers/tree.py) on tree steps of the shapes given,
+at bf16 and V = 128256 (TREE_VOCAB, TREE_DTYPE), timed as above; they run after the goal configuration and before
+the grid, so a run cut short by its time budget still has them. Rows carry ``tree`` and ``rule``; no goal judges
+them.
 Goals (booleans in the JSON): at B = 1, V = 128256, γ = 5, bf16, exact is >= 20x faster than HF and within 2x
 of its floor; exact is faster than FlashInfer + softmax at every B measured; sigmoid is at least as fast as
 exact in every configuration. Each comparison uses graph-replay times where both sides have one, else eager
@@ -54,6 +59,8 @@ from pipeline.io import write_json_atomic
 from pipeline.kernels.loader import THREADS, cupy_stream
 from pipeline.samplers import cupy_backend, torch_ref
 from pipeline.samplers.hf import hf_speculative_sampling
+from pipeline.samplers.tree import TreeVerifier
+from pipeline.tree_shape import TokenTree
 
 GOAL_CONFIG = {"B": 1, "gamma": 5, "V": 128_256, "dtype": "bfloat16"}
 _GOAL = (GOAL_CONFIG["B"], GOAL_CONFIG["gamma"], GOAL_CONFIG["V"], GOAL_CONFIG["dtype"])
@@ -62,6 +69,11 @@ _GOAL = (GOAL_CONFIG["B"], GOAL_CONFIG["gamma"], GOAL_CONFIG["V"], GOAL_CONFIG["
 FULL = {"batches": (1, 8, 32, 128), "gammas": (1, 3, 5, 8), "vocabs": (32_000, 128_256),
         "dtypes": ("bfloat16", "float32", "float16"), "extra": (_GOAL,)}
 QUICK = {"batches": (1, 16), "gammas": (5,), "vocabs": (128_256,), "dtypes": ("bfloat16",), "extra": ()}
+# Token trees: shapes and batch sizes (run's ``trees`` and ``tree_batches``), at one vocabulary and dtype
+TREE_FULL = {"trees": ("2,2,1", "3,2,1"), "tree_batches": (1, 8, 32)}
+TREE_QUICK = {"trees": ("2,2,1",), "tree_batches": (1,)}
+TREE_VOCAB, TREE_DTYPE = 128_256, "bfloat16"
+TREE_RULES = {"with-replacement": True, "without-replacement": False}
 ROTATE_BYTES = 256 * 2**20      # rotated input sets span at least this much (H100/H200 L2: 50/60 MB)
 GRAPH_CALLS = 16                # calls captured per CUDA graph (rotating over the input sets)
 GRAPH_REPLAYS = 10              # timed replays of that graph
@@ -93,18 +105,41 @@ def configurations(batches, gammas, vocabs, dtypes, extra=()) -> list[tuple[int,
     return list(dict.fromkeys([*(tuple(c) for c in extra), *grid]))
 
 
+def _set_count(B, gamma, V, dtype) -> int:
+    """How many input sets of (2γ+1) rows of [B, V] logits span ROTATE_BYTES: at least 2, at most MAX_SETS."""
+    per_set = B * (2 * gamma + 1) * V * torch.finfo(torch_dtype(dtype)).bits // 8
+    return max(2, min(MAX_SETS, math.ceil(ROTATE_BYTES / per_set)))
+
+
 def _sets(B, gamma, V, dtype, seed):
     """Input sets (draft_tokens int64 [B, γ], draft_logits [B, γ, V], target_logits [B, γ+1, V], all of
     ``dtype``) on the GPU: enough of them to span ROTATE_BYTES, at least 2, at most MAX_SETS."""
-    per_set = B * (2 * gamma + 1) * V * torch.finfo(torch_dtype(dtype)).bits // 8
-    n = max(2, min(MAX_SETS, math.ceil(ROTATE_BYTES / per_set)))
     g = torch.Generator(device="cuda").manual_seed(seed)
     out = []
-    for _ in range(n):
+    for _ in range(_set_count(B, gamma, V, dtype)):
         tl = (torch.randn(B, gamma + 1, V, generator=g, device="cuda") * 3).to(torch_dtype(dtype))
         dl = (tl[:, :gamma].float() + torch.randn(B, gamma, V, generator=g, device="cuda")).to(torch_dtype(dtype))
         dt = torch.randint(0, V, (B, gamma), generator=g, device="cuda")
         out.append((dt, dl, tl))
+    return out
+
+
+def _tree_sets(tree: TokenTree, B, V, dtype, seed):
+    """Input sets of a tree step (draft_tokens int64 [B, N], draft_logits [B, N, V], target_logits [B, N+1, V]) on
+    the GPU, as many as _sets would make for γ = N: the draft's logits at each position are the target's plus noise,
+    each node's draft row is its parent position's, and a position's children are that row's top-k, so that steps
+    accept at several depths and reject siblings on the way (what the kernel's passes cost depends on the path)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    parents = torch.tensor(tree.parents, device="cuda") + 1
+    out = []
+    for _ in range(_set_count(B, tree.n_nodes, V, dtype)):
+        tl = torch.randn(B, tree.n_nodes + 1, V, generator=g, device="cuda") * 3
+        dpos = tl + torch.randn(B, tree.n_nodes + 1, V, generator=g, device="cuda")
+        dt = torch.zeros(B, tree.n_nodes, dtype=torch.int64, device="cuda")
+        for position, kids in enumerate(tree.children):
+            if kids:
+                dt[:, kids[0]: kids[0] + len(kids)] = dpos[:, position].topk(len(kids), dim=1).indices
+        out.append((dt, dpos[:, parents].to(torch_dtype(dtype)), tl.to(torch_dtype(dtype))))
     return out
 
 
@@ -329,10 +364,11 @@ def _cupy_info() -> dict:
 def run(batches=FULL["batches"], gammas=FULL["gammas"], vocabs=FULL["vocabs"], dtypes=FULL["dtypes"],
         extra=FULL["extra"], repeats: int = 50, graph_calls: int = GRAPH_CALLS, graph_replays: int = GRAPH_REPLAYS,
         temperature: float = 1.0, out: Path | None = None, max_seconds: float | None = None, progress=print,
-        clock=time.monotonic) -> dict:
-    """Benchmark every configuration (see :func:`configurations`) and return the result; with ``out``, write it
-    after every configuration. With ``max_seconds``, no configuration but the first starts once that many seconds
-    have passed since the start; ``stopped`` then lists those not run."""
+        clock=time.monotonic, trees=(), tree_batches=TREE_FULL["tree_batches"]) -> dict:
+    """Benchmark every configuration (see :func:`configurations`) and every tree shape in ``trees`` at each batch
+    size in ``tree_batches`` (after the first configuration, before the others) and return the result; with ``out``,
+    write it after every configuration. With ``max_seconds``, no configuration but the first starts once that many
+    seconds have passed since the start; ``stopped`` then lists those not run (trees under ``trees_not_run``)."""
     _require_gpu()
     start = clock()
 
@@ -342,6 +378,7 @@ def run(batches=FULL["batches"], gammas=FULL["gammas"], vocabs=FULL["vocabs"], d
     timing = Timing(repeats, graph_calls, graph_replays)
     floor = measure_floor(timing)
     configs = configurations(batches, gammas, vocabs, dtypes, extra)
+    jobs = [*configs[:1], *((B, shape) for shape in trees for B in tree_batches), *configs[1:]]
     rows: list[dict] = []
     result = {"benchmark": "kernels", "provenance": provenance("cuda"),
               "settings": {"repeats": repeats, "graph_calls": graph_calls, "graph_replays": graph_replays,
@@ -351,24 +388,59 @@ def run(batches=FULL["batches"], gammas=FULL["gammas"], vocabs=FULL["vocabs"], d
                                       "graph": "graph_s: graph_calls calls in one CUDA graph, events around each "
                                                "replay, / graph_calls, median over the replays"},
                            "goals_timing": GOALS_TIMING,
-                           "hf_note": "HF timed on fp32 logits divided by T outside the timed region"},
+                           "hf_note": "HF timed on fp32 logits divided by T outside the timed region",
+                           "trees": {"shapes": list(trees), "batches": list(tree_batches), "V": TREE_VOCAB,
+                                     "dtype": TREE_DTYPE}},
               "cupy": _cupy_info(), "flashinfer": fi_info, "floor": floor,
               "complete": False, "results": rows, "goals": {}}
-    for idx, (B, gamma, V, dtype) in enumerate(configs):
+    for idx, job in enumerate(jobs):
         if idx and max_seconds and clock() - start > max_seconds:  # the first (goal) configuration always runs
+            left = jobs[idx:]
             result["stopped"] = {"reason": f"time budget of {max_seconds:g} s spent",
-                                 "configs_not_run": [list(c) for c in configs[idx:]]}
-            progress(f"stopped: {result['stopped']['reason']}; {len(configs) - idx} configurations not run")
+                                 "configs_not_run": [list(c) for c in left if len(c) == 4],
+                                 "trees_not_run": [list(c) for c in left if len(c) == 2]}
+            progress(f"stopped: {result['stopped']['reason']}; {len(left)} configurations not run")
             break
-        rows += _bench_config(B, gamma, V, dtype, idx, timing, temperature, floor, hf_fn, fi_api, fi_info)
-        result["complete"] = idx + 1 == len(configs)
+        if len(job) == 2:                            # (B, tree shape)
+            rows += _bench_tree(*job, idx, timing, temperature)
+            label = f"B={job[0]} tree {job[1]} V={TREE_VOCAB} {TREE_DTYPE}"
+        else:
+            B, gamma, V, dtype = job
+            rows += _bench_config(B, gamma, V, dtype, idx, timing, temperature, floor, hf_fn, fi_api, fi_info)
+            label = f"B={B} γ={gamma} V={V} {dtype}"
+        result["complete"] = idx + 1 == len(jobs)
         result["goals"] = goals(rows)
         if out is not None:  # after every configuration, so a run cut short still leaves its numbers
             write_json_atomic(out, result)
-        progress(f"[{idx + 1}/{len(configs)}] B={B} γ={gamma} V={V} {dtype}")
+        progress(f"[{idx + 1}/{len(jobs)}] {label}")
     if out is not None and "stopped" in result:
         write_json_atomic(out, result)
     return result
+
+
+def _bench_tree(B: int, shape: str, seed: int, timing: Timing, temperature: float) -> list[dict]:
+    """Timing rows of one tree step (B rows, tree ``shape``, TREE_VOCAB, TREE_DTYPE): cupy tree_verify with each
+    sibling rule, and the torch reference (with replacement)."""
+    tree = TokenTree.from_widths(shape)
+    sets = _tree_sets(tree, B, TREE_VOCAB, TREE_DTYPE, seed)
+    base = {"B": B, "gamma": tree.n_nodes, "V": TREE_VOCAB, "dtype": TREE_DTYPE, "tree": shape,
+            "input_sets": len(sets)}
+    rows = []
+    for rule, replacement in TREE_RULES.items():
+        verifier = cupy_backend.ExactSampler(temperature=temperature).tree_verifier(temperature, replacement)
+        measured = timing.measure(*_tree_calls(verifier, tree, sets))
+        rows.append({**base, "impl": "cupy", "sampler": "tree_verify", "rule": rule, **measured})
+    measured = timing.measure(*_tree_calls(TreeVerifier(temperature), tree, sets),
+                              repeats=max(5, timing.repeats // 5))
+    rows.append({**base, "impl": "torch", "sampler": "tree_verify", "rule": "with-replacement", **measured})
+    return rows
+
+
+def _tree_calls(verifier, tree: TokenTree, sets) -> tuple[Callable, Callable]:
+    """(eager fn(i), graph fn(i)) verifying set i mod len(sets) with ``tree``, as :func:`_sampler_calls`."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k = len(sets)
+    return (lambda i: verifier(tree, *sets[i % k], generator=gen)), (lambda i: verifier(tree, *sets[i % k]))
 
 
 def _bench_config(B, gamma, V, dtype, seed, timing, temperature, floor, hf_fn, fi_api, fi_info) -> list[dict]:
@@ -519,7 +591,8 @@ def table(rows: list[dict]) -> tuple[list[dict], list[str]]:
     replay (``g``) and eager (``e``), and the exact kernel's floor for both."""
     by: dict[tuple, dict] = {}
     for r in rows:
-        by.setdefault(_key(r), {})[f"{r['impl']}:{r['sampler']}"] = r
+        if "tree" not in r:
+            by.setdefault(_key(r), {})[f"{r['impl']}:{r['sampler']}"] = r
     out = []
     for (B, g, V, d), cell in by.items():
         line = {"B": B, "γ": g, "V": V, "dtype": d}
@@ -535,11 +608,34 @@ def table(rows: list[dict]) -> tuple[list[dict], list[str]]:
     return out, columns
 
 
+def tree_table(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """(table rows, columns) of the tree rows: one line per (B, tree), µs per call of tree_verify with each sibling
+    rule and of the torch reference, under graph replay (``g``) and eager (``e``)."""
+    by: dict[tuple, dict] = {}
+    for r in rows:
+        if "tree" in r:
+            by.setdefault((r["B"], r["tree"], r["gamma"], r["V"], r["dtype"]), {})[f"{r['impl']}:{r['rule']}"] = r
+    labels = (("with", "cupy:with-replacement"), ("without", "cupy:without-replacement"),
+              ("torch", "torch:with-replacement"))
+    out = []
+    for (B, shape, n, V, d), cell in by.items():
+        line = {"B": B, "tree": shape, "N": n, "V": V, "dtype": d}
+        for label, name in labels:
+            r = cell.get(name, {})
+            line[f"{label} g"], line[f"{label} e"] = _us(r.get("graph_s")), _us(r.get("median_s"))
+        out.append(line)
+    return out, ["B", "tree", "N", "V", "dtype", *(f"{label} {m}" for label, _ in labels for m in "ge")]
+
+
 def print_table(result: dict) -> None:
     lines, columns = table(result["results"])
     print("µs per verify call; g: CUDA-graph replay (device time per call), e: eager (CUDA events around each "
           f"call); FlashInfer's softmax: {result.get('flashinfer', {}).get('softmax_impl', '-')}")
     print(format_table(lines, columns))
+    tree_lines, tree_columns = tree_table(result["results"])
+    if tree_lines:
+        print("\ntoken trees (tree_verify; with / without: the sibling rule; torch: the reference)")
+        print(format_table(tree_lines, tree_columns))
     scalars = {k: v for k, v in result["goals"].items() if not isinstance(v, (list, dict, str))}
     eager = {k: v for k, v in result["goals"].get("eager", {}).items() if not isinstance(v, (list, dict))}
     print("\ngoals (graph replay where both sides have it):", scalars, "basis:", result["goals"].get("basis"))

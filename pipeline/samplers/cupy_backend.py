@@ -9,6 +9,10 @@ Launches go to torch's current stream; nothing waits for the device.
     exact    2 launches: exact_partials (normalisers, decisions) then sample_exact (residual/bonus draw)
     sigmoid  1 launch:   sample_sigmoid
     greedy   1 launch:   greedy_verify (also exact/sigmoid at temperature 0)
+    tree     2 launches: tree_verify_partials (row normalisers, or the argmax at temperature 0), then tree_verify
+             (one block per row walks the token tree): :func:`tree_verify`, what pipeline/samplers/tree.py's
+             TreeVerifier computes; the exact and greedy samplers hand it out (``tree_verifier``), and TreeSampler
+             uses it for a kernel sampler
 
 Per-row draft lengths (the contract's ``lengths``, int64 [B] on the step's device, or None) go to every kernel as
 a pointer (a null pointer for None); the kernels clamp them into [0, γ] and never hand them to the host.
@@ -18,9 +22,9 @@ exact_partials then reduces the γ+1 target rows only (grid (S1, γ+1, B)) and a
 sample_exact removes x_n from target row n instead of subtracting a draft row; greedy_verify skips the draft's
 finiteness check. Nothing of shape [B, γ, V] is read or written. sigmoid refuses them at T > 0 (pipeline/rules.py).
 
-Limits: γ <= 16, V_t <= 262,144 (one inverse-CDF chunk level of 1024 entries x 256 chunks). Draft and target
-logits of different dtypes are both read as fp32 (an upcast copy, exact). A draft token outside [0, V_d)
-is rejected and flags ``draft_ok`` False (the reference would raise a device-side assert).
+Limits: γ <= 16 (a tree: N <= 256 nodes), V_t <= 262,144 (one inverse-CDF chunk level of 1024 entries x 256
+chunks). Draft and target logits of different dtypes are both read as fp32 (an upcast copy, exact). A draft token
+outside [0, V_d) is rejected and flags ``draft_ok`` False (the reference would raise a device-side assert).
 """
 
 from __future__ import annotations
@@ -32,9 +36,22 @@ import torch
 
 from pipeline.dtypes import dtype_name
 from pipeline.errors import SamplerInputError
-from pipeline.kernels.loader import CHUNK, MAX_CHUNKS, MAX_GAMMA, MAX_VOCAB, f32, i32, i64, launch, module, ptr
-from pipeline.samplers import torch_ref
+from pipeline.kernels.loader import (
+    CHUNK,
+    MAX_CHUNKS,
+    MAX_GAMMA,
+    MAX_TREE_NODES,
+    MAX_VOCAB,
+    f32,
+    i32,
+    i64,
+    launch,
+    module,
+    ptr,
+)
+from pipeline.samplers import torch_ref, tree
 from pipeline.samplers.contract import SamplerResult, uniforms, validate_lengths
+from pipeline.tree_shape import TokenTree
 
 # Blocks per SM the launch geometry aims for (kernels are capped at 64 registers: 4 blocks of 256 fit).
 _BLOCKS_PER_SM = 4
@@ -182,13 +199,15 @@ class _Workspace:
 class _Step:
     """Checked kernel inputs of one verify step, and its result tensors.
 
-    draft_tokens int64 [B, γ] (contiguous); draft/target logits of one dtype, unit stride along V (draft None: a
-    deterministic draft, V_d = V_t, a null pointer for the kernels); lengths int64 [B] (contiguous) or None.
-    out int64 [B, γ+2]: tokens in columns 0..γ, accepted in column γ+1. ok bool [2, B]: draft_ok, target_ok.
+    draft_tokens int64 [B, γ] (contiguous; γ at most ``max_gamma``); draft/target logits of one dtype, unit stride
+    along V (draft None: a deterministic draft, V_d = V_t, a null pointer for the kernels); lengths int64 [B]
+    (contiguous) or None. out int64 [B, γ+2] (``out_cols`` columns where given): tokens in columns 0..γ, accepted in
+    column γ+1. ok bool [2, B]: draft_ok, target_ok.
     """
 
     def __init__(self, launcher: Launcher, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
-                 target_logits: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
+                 target_logits: torch.Tensor, lengths: torch.Tensor | None = None, max_gamma: int = MAX_GAMMA,
+                 out_cols: int | None = None) -> None:
 
         if draft_tokens.device.type != launcher.device_type:
             raise SamplerInputError(
@@ -197,8 +216,8 @@ class _Step:
         B, gamma = draft_tokens.shape
         vt = target_logits.shape[2]
         vd = vt if draft_logits is None else draft_logits.shape[2]
-        if gamma > MAX_GAMMA:
-            raise SamplerInputError(f"the {launcher.name} backend verifies at most γ = {MAX_GAMMA} tokens; "
+        if gamma > max_gamma:
+            raise SamplerInputError(f"the {launcher.name} backend verifies at most γ = {max_gamma} tokens; "
                                     f"got γ = {gamma}")
         if vt > MAX_VOCAB or vt == 0:
             raise SamplerInputError(f"the {launcher.name} backend needs 1 <= V_t <= {MAX_VOCAB}; got V_t = {vt}")
@@ -223,7 +242,7 @@ class _Step:
         launcher.prepare(self.device)
         self.sms = launcher.sm_count(self.device)
         self.n_chunks = -(-vt // 1024)
-        self.out = torch.empty((B, gamma + 2), dtype=torch.int64, device=self.device)
+        self.out = torch.empty((B, gamma + 2 if out_cols is None else out_cols), dtype=torch.int64, device=self.device)
         self.ok = torch.empty((2, B), dtype=torch.bool, device=self.device)
 
     def uniforms(self, generator: torch.Generator | None) -> torch.Tensor:
@@ -325,6 +344,67 @@ def sigmoid_step(launcher: Launcher, draft_tokens, draft_logits, target_logits, 
     return step.result()
 
 
+# ---- token trees ----------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _tree_table(shape: TokenTree, device: str) -> torch.Tensor:
+    """int32 [2, N+1]: per position (0: the root, n + 1: node n) its first child's node index, then its child count
+    (the kernel's ``tree``). Made once per tree and device (copied to the device then, never read back)."""
+    first = [kids[0] if kids else 0 for kids in shape.children]
+    return torch.tensor([first, [len(kids) for kids in shape.children]], dtype=torch.int32, device=device)
+
+
+def tree_verify(launcher: Launcher, shape: TokenTree, draft_tokens, draft_logits, target_logits, temperature: float,
+                replacement: bool = True, generator: torch.Generator | None = None,
+                u: torch.Tensor | None = None) -> SamplerResult:
+    """Exact verification of a token tree (pipeline/samplers/tree.py), two launches: tree_verify_partials (the
+    normalisers of the N+1 target and N draft rows, or the target rows' argmax at T = 0), then tree_verify (one block
+    per row walks the tree).
+
+    draft_tokens int64 [B, N], draft_logits [B, N, V_d] or None (deterministic children), target_logits
+    [B, N+1, V_t]; uniforms ``u`` float32 [B, N+1] where given (tests), else drawn from ``generator`` as the
+    reference draws them (none at T = 0). Returns the SamplerResult over the accepted path: tokens int64 [B, D+1],
+    accepted [B], path int64 [B, D] (node indices, -1 after accepted), draft_ok / target_ok [B].
+    """
+    depth = shape.depth
+    step = _Step(launcher, draft_tokens, draft_logits, target_logits, max_gamma=MAX_TREE_NODES,
+                 out_cols=2 * depth + 2)
+    greedy = temperature == 0.0
+    if not greedy and u is None:
+        u = step.uniforms(generator)
+    tokens, _, target, draft, n, vt, vd, tsb, tsr, dsb, dsr = step.common_args()
+    inv_t = f32(1.0 if greedy else 1.0 / temperature)
+    rows = step.gamma + 1 if greedy or step.deterministic else 2 * step.gamma + 1
+    slices, per = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / (rows * step.B))
+    ws = step.workspace(2 * step.B * rows * slices)
+    step.launch("tree_verify_partials", (slices, rows, step.B),
+                (target, draft, n, vt, vd, tsb, tsr, dsb, dsr, inv_t, i32(greedy), i32(per * CHUNK), ptr(ws.part)))
+    ld = i64(2 * depth + 2)
+    out = step.out
+    step.launch("tree_verify", (1, step.B, 1),
+                (tokens, ptr(_tree_table(shape, str(step.device))), target, draft, _NULL if greedy else ptr(u), n,
+                 i32(depth), vt, vd, tsb, tsr, dsb, dsr, inv_t, i32(greedy), i32(replacement), i32(slices),
+                 ptr(ws.part), ptr(out), ld, ptr(out[:, depth + 1]), ld, ptr(out[:, depth + 2:]), ld,
+                 ptr(step.ok[0]), ptr(step.ok[1])))
+    return SamplerResult(accepted=out[:, depth + 1], tokens=out[:, : depth + 1], draft_ok=step.ok[0],
+                         target_ok=step.ok[1], path=out[:, depth + 2:])
+
+
+class TreeVerifier(tree.TreeVerifier):
+    """tree_verify behind the reference verifier's call (pipeline.samplers.tree.TreeVerifier): the same checks,
+    uniforms and result, computed by the kernels of ``launcher``."""
+
+    def __init__(self, launcher: Launcher, temperature: float = 1.0, replacement: bool = True) -> None:
+        super().__init__(temperature, replacement)
+        self.launcher = launcher
+
+    def __call__(self, shape: TokenTree, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
+                 target_logits: torch.Tensor, generator=None) -> SamplerResult:
+        tree.check_tree_inputs(shape, draft_tokens, draft_logits, target_logits)
+        return tree_verify(self.launcher, shape, draft_tokens, draft_logits, target_logits, self.temperature,
+                           self.replacement, generator)
+
+
 def _min_chunks(dtype: str) -> int:
     """A block step covers 256 threads x 16 bytes: 1 chunk of fp32, 2 chunks of fp16/bf16."""
     return 1 if dtype == "float32" else 2
@@ -348,6 +428,10 @@ class ExactSampler(torch_ref.ExactSampler):
         return exact_step(self.launcher, draft_tokens, draft_logits, target_logits, self.temperature, generator,
                           lengths=lengths)
 
+    def tree_verifier(self, temperature: float, replacement: bool) -> TreeVerifier:
+        """The token-tree verifier on this sampler's kernels (pipeline.samplers.tree.TreeSampler asks for it)."""
+        return TreeVerifier(self.launcher, temperature, replacement)
+
 
 class SigmoidSampler(torch_ref.SigmoidSampler):
     """The sigmoid approximation (not lossless), CUDA kernel. See torch_ref.SigmoidSampler."""
@@ -369,6 +453,7 @@ class GreedySampler(torch_ref.GreedySampler):
     backend = "cupy"
     launcher: Launcher = ExactSampler.launcher
     prepare = ExactSampler.prepare
+    tree_verifier = ExactSampler.tree_verifier
 
     def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits, lengths)

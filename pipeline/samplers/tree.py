@@ -178,6 +178,16 @@ def tree_greedy_verify(tree: TokenTree, draft_tokens: torch.Tensor, target_logit
     return walk.accepted, walk.path, best[rows, walk.cur]
 
 
+def check_tree_inputs(tree: TokenTree, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
+                      target_logits: torch.Tensor) -> None:
+    """Shapes, dtypes and devices as the chain samplers check them (γ = N), plus N against the tree: draft_tokens
+    int64 [B, N], draft_logits [B, N, V_d] or None, target_logits [B, N+1, V_t]. SamplerInputError (one line)."""
+    validate_inputs(draft_tokens, draft_logits, target_logits)
+    if draft_tokens.shape[1] != tree.n_nodes:
+        raise SamplerInputError(f"draft_tokens has {draft_tokens.shape[1]} nodes but the tree has "
+                                f"{tree.n_nodes}: pass one token per tree node")
+
+
 class TreeVerifier:
     """Exact verification of a token tree under the sampler contract's conventions (module docstring).
 
@@ -200,10 +210,7 @@ class TreeVerifier:
 
     def __call__(self, tree: TokenTree, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
                  target_logits: torch.Tensor, generator=None) -> SamplerResult:
-        validate_inputs(draft_tokens, draft_logits, target_logits)
-        if draft_tokens.shape[1] != tree.n_nodes:
-            raise SamplerInputError(f"draft_tokens has {draft_tokens.shape[1]} nodes but the tree has "
-                                    f"{tree.n_nodes}: pass one token per tree node")
+        check_tree_inputs(tree, draft_tokens, draft_logits, target_logits)
         B = draft_tokens.shape[0]
         if self.temperature == 0.0:
             accepted, path, nxt = tree_greedy_verify(tree, draft_tokens, target_logits)
@@ -228,7 +235,9 @@ class TreeSampler:
 
     A call without ``tree`` is the chain sampler's (a drafter falls back to a chain near the end of a row); with
     ``tree`` (a :class:`pipeline.tree_shape.TokenTree`) and ``replacement`` (how its stochastic children were
-    drawn) it is :class:`TreeVerifier` at the chain rule's temperature (0 where the rule verifies by argmax).
+    drawn) it is :class:`TreeVerifier` at the chain rule's temperature (0 where the rule verifies by argmax), or,
+    for a kernel sampler (``backend="cupy"``), the kernels' verifier it makes (``tree_verifier``: tree_verify in
+    kernels/verify.cu, which computes what TreeVerifier computes).
     Every other attribute is the chain sampler's.
     """
 
@@ -244,4 +253,6 @@ class TreeSampler:
             extra = {} if lengths is None else {"lengths": lengths}
             return self.inner(draft_tokens, draft_logits, target_logits, generator=generator, **extra)
         temperature = 0.0 if self.inner.verifies_by_argmax else self.inner.temperature
-        return TreeVerifier(temperature, replacement)(tree, draft_tokens, draft_logits, target_logits, generator)
+        kernels = getattr(self.inner, "tree_verifier", None)     # a kernel sampler (backend="cupy"): tree_verify
+        verifier = TreeVerifier(temperature, replacement) if kernels is None else kernels(temperature, replacement)
+        return verifier(tree, draft_tokens, draft_logits, target_logits, generator)
