@@ -271,7 +271,13 @@ class RunConfig:
         if self.draft_tree is None:
             return
         tree = TokenTree.from_widths(self.draft_tree)
-        needs = {"--drafter model": self.drafter == "model", "--sampler exact or greedy": self.sampler in TREE_RULES,
+        if self.drafter != "model":
+            # a drafter without a model proposes its matches: deterministic children, the top-k of its ranking
+            if self.tree_children == "with-replacement":
+                raise SpecsweepError(f"--drafter {self.drafter} proposes its matches as deterministic children: "
+                                     "leave out --tree-children (or give top-k)")
+            self.tree_children = "top-k"
+        needs = {"--sampler exact or greedy": self.sampler in TREE_RULES,
                  "--backend torch": self.backend == "torch",
                  "--engine specsweep": self.engine == "specsweep", "the static-cache forward": self.static_cache,
                  "a constant draft length": self.draft_schedule == "constant" and self.draft_confidence == 0,
