@@ -14,7 +14,7 @@ Host work. The search runs on the host between steps and reads each step's emitt
 step's one sync (``reads_emitted``); the proposals go to the device in one copy. Both are timed as the "lookup"
 phase. The uniforms the loop draws for the drafter are not used.
 
-Token trees (``tree``, ``--draft-tree 3,2,1``): each row proposes several matches at once, a tree of deterministic
+Token trees (``widths``, ``--draft-tree 3,2,1``): each row proposes several matches at once, a tree of deterministic
 children. Its proposer returns candidate continuations, best first (prompt lookup: the distinct continuations of the
 longest and then shorter n-gram matches, the chain's own first; suffix decoding: the suffix tree's top-scoring
 branches), merged into a trie that fits the widths per depth (:func:`~pipeline.tree_shape.place_paths`: shared
