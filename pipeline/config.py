@@ -89,7 +89,9 @@ class RunConfig:
                                           "(default: --gamma)")
     draft_tree: str | None = setting(None, "a token tree per step instead of a chain: children per node at each "
                                            "depth, e.g. 2,2,1 (2 below the root, 2 below each, 1 below those); the "
-                                           "draft proposes it one level per forward, the target scores every node "
+                                           "draft proposes it one level per forward (--drafter prompt-lookup or "
+                                           "suffix: several matches per step, within these widths), the target "
+                                           "scores every node "
                                            "in one forward, and --gamma becomes the node count (tokens scored per "
                                            "step); with --sampler exact or greedy on the static-cache forward "
                                            "(docs/trees.md). A grid lists trees with / (chain: none), e.g. "
@@ -97,7 +99,8 @@ class RunConfig:
     tree_children: str = setting("without-replacement", "with --draft-tree: a node's children sampled without "
                                                         "replacement, sampled independently (with-replacement), or "
                                                         "the draft's top-k (deterministic); the top-k at "
-                                                        "--temperature 0", choices=TREE_CHILDREN)
+                                                        "--temperature 0 and for a drafter without a model (its "
+                                                        "matches)", choices=TREE_CHILDREN)
     from_config: str | None = setting(None, "settings JSON written by `specsweep export --format json`: its tuned "
                                             "settings for this run's batch size (γ, rule and parameters, draft "
                                             "schedule, temperature) replace those flags' defaults; a flag set to "
@@ -271,8 +274,16 @@ class RunConfig:
         if self.draft_tree is None:
             return
         tree = TokenTree.from_widths(self.draft_tree)
-        needs = {"--drafter model": self.drafter == "model", "--sampler exact or greedy": self.sampler in TREE_RULES,
-                 f"--backend {' or '.join(TREE_BACKENDS)}": self.backend in TREE_BACKENDS,
+        if self.drafter != "model":
+            # a drafter without a model proposes its matches: deterministic children, the top-k of its ranking
+            if self.tree_children == "with-replacement":
+                raise SpecsweepError(f"--drafter {self.drafter} proposes its matches as deterministic children: "
+                                     "leave out --tree-children (or give top-k)")
+            self.tree_children = "top-k"
+        # the tree kernel verifies full trees; a drafter without a model proposes smaller ones row by row
+        backends = TREE_BACKENDS if self.drafter == "model" else ("torch",)
+        needs = {"--sampler exact or greedy": self.sampler in TREE_RULES,
+                 f"--backend {' or '.join(backends)}": self.backend in backends,
                  "no --verify-graphs (a tree step is not captured in CUDA graphs)": not self.verify_graphs,
                  "--engine specsweep": self.engine == "specsweep", "the static-cache forward": self.static_cache,
                  "a constant draft length": self.draft_schedule == "constant" and self.draft_confidence == 0,

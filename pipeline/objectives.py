@@ -13,6 +13,11 @@
   c (one draft forward over one target forward, each decoding one token), which assumes the target scores γ + 1
   tokens in the time of one; the predicted speedup divides the measured tokens per step by γc + r instead, with
   r the measured cost of that γ + 1-token forward in target steps (pipeline/paired.py: forward_costs).
+- token trees (:func:`expected_tokens_tree`, :func:`tree_speedup`, docs/trees.md): from per-node acceptance (each
+  node's probability of being accepted once its parent is reached and its earlier siblings were rejected), a
+  step emits 1 + Σ_n P(n on the accepted path) tokens; it costs D draft forwards (depth D: one per level) and one
+  target forward over the root and N nodes, r(N + 1) target steps, modelled as 1 + β N (β = 0: Leviathan's free
+  extra tokens) or measured. A chain is the tree of widths 1, ..., 1, and the model is then the formula above.
 """
 
 from __future__ import annotations
@@ -113,6 +118,69 @@ def predicted_speedup(tokens_per_step: float | None, gamma: int, cost_ratio: flo
     if not gamma or tokens_per_step is None or cost_ratio is None or verify_cost_ratio is None:
         return None
     return tokens_per_step / (gamma * cost_ratio + verify_cost_ratio)
+
+
+def expected_tokens_tree(tree, accept: Sequence[float]) -> float:
+    """Expected tokens per step (the emitted token included) of a token tree ``tree`` (a
+    :class:`~pipeline.tree_shape.TokenTree` of N nodes) under per-node acceptance ``accept`` (N floats in [0, 1]).
+
+    The model. accept[n] is the probability that the verify step accepts node n given that it tests it: its parent
+    was reached (accepted, or the root) and its earlier siblings were rejected; the verify step tries a node's
+    children in order and follows the first it accepts (pipeline/samplers/tree.py). Assumptions: these conditional
+    probabilities are fixed numbers per node (they depend on the node's place in the tree, not on the text: the
+    mean over steps, as Sequoia's positional acceptance vector takes them), and a node's test depends on the path
+    only through reaching it. Then
+
+        P(reach n) = P(reach parent(n)) * Π_{s earlier sibling of n} (1 - accept[s]) * accept[n]  (P(root) = 1)
+        E[tokens per step] = 1 + Σ_n P(reach n)
+
+    For a chain of γ nodes each accepted with probability a this is (1 - a^(γ+1)) / (1 - a)
+    (:func:`expected_tokens_iid`). With deterministic children x_1, x_2, ... of a node where the target's
+    distribution is p, accept[k] = p(x_k) / (1 - Σ_{j<k} p(x_j)) (the verify step renormalises p after each
+    rejection), so the node's children are accepted with total probability Σ_k p(x_k). O(N)."""
+    if len(accept) != tree.n_nodes:
+        raise ValueError(f"need one acceptance per node: {len(accept)} for a tree of {tree.n_nodes}")
+    if any(not 0.0 <= a <= 1.0 for a in accept):
+        raise ValueError(f"per-node acceptance must lie in [0, 1]; got {list(accept)}")
+    reach = [0.0] * tree.n_nodes
+    for position, kids in enumerate(tree.children):
+        left = 1.0 if position == 0 else reach[position - 1]      # P(this position reached, no child accepted yet)
+        for n in kids:
+            reach[n] = left * accept[n]
+            left *= 1.0 - accept[n]
+    return 1.0 + sum(reach)
+
+
+def rank_acceptance(tree, by_rank: Sequence[float]) -> list[float]:
+    """Per-node acceptance [N] for :func:`expected_tokens_tree` from per-rank rates: by_rank[k] is the (k+1)-th
+    child's acceptance once its earlier siblings were rejected, at any depth (Sequoia's positional acceptance
+    vector); a rank past ``by_rank`` is never accepted."""
+    rank = [0] * tree.n_nodes
+    for kids in tree.children:
+        for k, n in enumerate(kids):
+            rank[n] = k
+    return [float(by_rank[k]) if k < len(by_rank) else 0.0 for k in rank]
+
+
+def tree_speedup(tree, accept: Sequence[float], cost_ratio: float, verify_cost_ratio: float | None = None,
+                 token_cost: float = 0.0, draft_forwards: int | None = None) -> float:
+    """Predicted speedup over autoregressive decoding of a token tree: :func:`expected_tokens_tree` over the cost
+    of a step in target forwards of one token,
+
+        E[tokens per step] / (F c + r)   F = draft_forwards (default the tree's depth D: a draft model reads one
+                                         level per forward; 0 for a drafter without a model), c = cost_ratio
+                                         r = verify_cost_ratio, the target forward over the root and N nodes in
+                                         target steps (measured: pipeline/paired.py), else 1 + token_cost * N
+
+    token_cost β is what one more scored token adds to a target forward (0: the forward is bound by reading the
+    weights, Leviathan et al.'s assumption; a CPU or a large batch makes it positive). Besides the model of
+    :func:`expected_tokens_tree` it leaves out what both loops share (prefill, the verify step's own time,
+    bookkeeping) and a drafter's host work. For a chain with β = 0 and F = γ it is :func:`theoretical_speedup`."""
+    forwards = tree.depth if draft_forwards is None else draft_forwards
+    if cost_ratio < 0 or token_cost < 0 or forwards < 0:
+        raise ValueError(f"costs must be >= 0; got c={cost_ratio}, β={token_cost}, F={forwards}")
+    r = 1.0 + token_cost * tree.n_nodes if verify_cost_ratio is None else verify_cost_ratio
+    return expected_tokens_tree(tree, accept) / (forwards * cost_ratio + r)
 
 
 def iid_alpha(histogram: list[int] | None) -> float | None:

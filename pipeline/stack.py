@@ -48,7 +48,7 @@ from pipeline.samplers import get_sampler
 from pipeline.samplers.cuda_graphs import GraphedVerify  # imports CuPy's launch code: a GPU run only
 from pipeline.samplers.tree import TreeSampler
 from pipeline.tasks import get_task
-from pipeline.tree_shape import TokenTree
+from pipeline.tree_shape import TokenTree, parse_widths
 
 
 class Pair(NamedTuple):
@@ -173,15 +173,17 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
 
 
 def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: str) -> Drafter | None:
-    """The run's drafter (None at γ = 0): prompt lookup or suffix decoding (no draft model), or the draft model,
-    bridged when its tokenizer is not the target's, or restricted to its vocabulary map (vocab_map.py)."""
+    """The run's drafter (None at γ = 0): prompt lookup or suffix decoding (no draft model; several matches per step
+    with --draft-tree), or the draft model, bridged when its tokenizer is not the target's, or restricted to its
+    vocabulary map (vocab_map.py)."""
     if config.gamma == 0:
         return None
+    widths = None if config.draft_tree is None else parse_widths(config.draft_tree)
     if config.drafter == "prompt-lookup":
-        return prompt_lookup(config.lookup_min, config.lookup_max, eos_token_ids(target, tokenizer))
+        return prompt_lookup(config.lookup_min, config.lookup_max, eos_token_ids(target, tokenizer), widths)
     if config.drafter == "suffix":
         return suffix_decoding(config.suffix_depth, config.suffix_factor, config.suffix_min_prob,
-                               config.suffix_outputs)
+                               config.suffix_outputs, widths)
     if draft is None:
         return None
     mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)

@@ -120,6 +120,16 @@ class TokenTree:
                 mask[n] |= mask[parent]
         return mask.to(device)
 
+    def subtree(self, nodes) -> TokenTree:
+        """The tree of ``nodes`` (node indices, each one's parent among them, each node's earlier siblings too), in
+        this tree's order: a smaller tree that keeps each node's place among its siblings."""
+        return _subtree(self, tuple(sorted(nodes)))
+
+    def span(self, device) -> TreeSpan:
+        """:meth:`TreeSpan.whole` of this tree, made once per tree and device (a drafter whose tree changes from
+        step to step reuses the spans it met before)."""
+        return _whole_span(self, str(device))
+
     def depth_tensor(self, device) -> torch.Tensor:
         """int64 [N]: each node's depth (its position offset from the root)."""
         return torch.tensor(self.depths, dtype=torch.int64, device=device)
@@ -130,6 +140,48 @@ def _children_table(tree: TokenTree, device: str) -> torch.Tensor:
     K = max(tree.max_width, 1)
     rows = [list(c) + [-1] * (K - len(c)) for c in tree.children]
     return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _subtree(tree: TokenTree, nodes: tuple[int, ...]) -> TokenTree:
+    index = {n: i for i, n in enumerate(nodes)}
+    try:
+        return TokenTree(tuple(-1 if tree.parents[n] < 0 else index[tree.parents[n]] for n in nodes))
+    except KeyError:
+        raise SpecsweepError(f"nodes {list(nodes)} of a token tree leave out a parent") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole_span(tree: TokenTree, device: str) -> TreeSpan:
+    return TreeSpan.whole(tree, device)
+
+
+def place_paths(paths, widths: tuple[int, ...], max_depth: int) -> dict[int, int]:
+    """Candidate continuations (token lists, the best first) merged into a trie that fits the tree of ``widths``:
+    paths with a common prefix share its nodes, a node keeps its first ``widths[d]`` distinct children in the
+    order the paths brought them (so the first path is the first child all the way down), the rest of a path that
+    finds no room is dropped, and nothing deeper than ``max_depth`` is kept. Returns {node index in
+    ``TokenTree.from_widths(widths)``: token}; its nodes are closed under parents and earlier siblings. O(total
+    path length)."""
+    depth = min(len(widths), max_depth)
+    starts = [0]
+    for d in range(depth):                       # where each level starts in from_widths's breadth-first order
+        starts.append(starts[-1] + (widths[0] if d == 0 else (starts[-1] - starts[-2]) * widths[d]))
+    placed: dict[int, int] = {}
+    kids: dict[int, dict[int, int]] = {}        # level index (-1: the root) -> token -> the child's level index
+    for path in paths:
+        parent = -1
+        for d, token in enumerate(path[:depth]):
+            row = kids.setdefault((d, parent), {})
+            child = row.get(token)
+            if child is None:
+                if len(row) == widths[d]:
+                    break
+                child = max(parent, 0) * widths[d] + len(row)
+                row[token] = child
+                placed[starts[d] + child] = token
+            parent = child
+    return placed
 
 
 @dataclass(frozen=True)

@@ -282,3 +282,62 @@ def test_specsweep_run_reads_the_json_back(tmp_path):
     assert config["from_config"] == str(settings)
     assert main([*args, "--gamma", "5", "--out", str(tmp_path / "x.json")]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+# ---- token trees -----------------------------------------------------------------------------------------------
+
+def _tree_study(tmp_path, tree: str = "2,2,1", children: str = "top-k", drafter: dict | None = None) -> dict:
+    """A one-cell schedule whose only trial drafts a token tree (γ its node count) with ``drafter``'s settings."""
+    path = fake_result(tmp_path / "tree" / "trials" / "00000.json", gamma=10, ratios=_speedup(1.6))
+    result = json.loads(path.read_text())
+    result["config"].update(draft_tree=tree, tree_children=children, **(drafter or {}))
+    path.write_text(json.dumps(result))
+    return build_schedule([(Cell(1), tmp_path / "tree")], study="s")
+
+
+def test_a_tree_travels_through_our_json_and_back_into_a_run(tmp_path):
+    schedule = _tree_study(tmp_path)
+    settings = schedule["cells"][0]["choice"]["settings"]
+    assert (settings["draft_tree"], settings["tree_children"], settings["gamma"]) == ("2,2,1", "top-k", 10)
+    path, notes = export(schedule, "json", tmp_path / "ours.json")
+    assert notes == [] and json.loads(path.read_text())["entries"][0]["settings"]["draft_tree"] == "2,2,1"
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"id": "a", "prompt": "the storm"}\n')
+    config = RunConfig.from_dict({"target": "models/target", "data": str(data), "from_config": str(path)}).validate()
+    assert (config.draft_tree, config.tree_children, config.gamma) == ("2,2,1", "top-k", 10)
+    with pytest.raises(SpecsweepError, match="--draft-tree 3,1,1 disagrees with --from-config"):
+        RunConfig.from_dict({"target": "t", "data": str(data), "from_config": str(path), "draft_tree": "3,1,1"})
+
+
+@pytest.mark.parametrize("fmt", ["hf", "vllm", "trtllm"])
+def test_a_tree_is_refused_where_a_tool_drafts_chains_or_exported_as_the_chain_of_its_depth(tmp_path, fmt):
+    schedule = _tree_study(tmp_path)
+    out = tmp_path / ("hf" if fmt == "hf" else f"x.{fmt}")
+    with pytest.raises(SpecsweepError, match="drafts chains, not token trees") as e:
+        export(schedule, fmt, out)
+    assert "\n" not in str(e.value) and "--tree-as-chain" in str(e.value) and not out.exists()
+    path, notes = export(schedule, fmt, out, tree_as_chain=True)
+    assert any("chain of its depth, γ 3, which was not measured" in n for n in notes)
+    text = path.read_text()
+    if fmt == "vllm":
+        check_vllm(json.loads(text))
+        assert json.loads(text)["num_speculative_tokens"] == 3
+    elif fmt == "trtllm":
+        check_trtllm(yaml.safe_load(text))
+        assert yaml.safe_load(text)["speculative_config"]["max_draft_len"] == 3
+    else:
+        assert json.loads(text)["num_assistant_tokens"] == 3
+
+
+def test_a_lookup_tree_exports_as_its_chain_on_request_and_the_cli_says_so(tmp_path, capsys):
+    lookup = {"drafter": "prompt-lookup", "draft": None, "lookup_min": 1, "lookup_max": 3}
+    _tree_study(tmp_path, "3,2,1", drafter=lookup)
+    out = tmp_path / "v.json"
+    args = ["export", "--from", str(tmp_path / "tree"), "--format", "vllm", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "drafts chains, not token trees" in err and len(err.splitlines()) == 1
+    assert main([*args, "--tree-as-chain"]) == 0
+    assert "not measured" in capsys.readouterr().out
+    assert json.loads(out.read_text()) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                           "prompt_lookup_max": 3}

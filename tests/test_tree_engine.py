@@ -170,7 +170,8 @@ def test_draft_tree_settings_are_checked_in_one_line(tmp_path):
     assert RunConfig.from_dict({**base, "draft_tree": "2,2,1", "backend": "cupy"}).validate_decoding().gamma == 10
     for extra, words in [({"draft_tree": "2,0"}, "widths must be >= 1"),
                          ({"draft_tree": "2,2", "sampler": "sigmoid"}, "--sampler exact or greedy"),
-                         ({"draft_tree": "2", "drafter": "prompt-lookup"}, "--drafter model"),
+                         ({"draft_tree": "2", "drafter": "prompt-lookup", "tree_children": "with-replacement"},
+                          "deterministic children"),
                          ({"draft_tree": "2", "static_cache": False}, "the static-cache forward"),
                          ({"draft_tree": "2", "draft_schedule": "heuristic"}, "a constant draft length"),
                          ({"draft_tree": "2", "tree_children": "best"}, "--tree-children"),

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", "--max_batch_size", type=int,
                    help="trtllm: carry the largest measured batch size's γ up to this batch size (TensorRT-LLM turns "
                         "speculation off above the schedule's largest key)")
+    p.add_argument("--tree-as-chain", "--tree_as_chain", action="store_true",
+                   help="hf, vllm, trtllm: export a token-tree pick (--draft-tree) as the chain of its depth, which "
+                        "those tools can draft (it was not measured: a note says so); without it a tree is refused")
     p.add_argument("--task", help="with a report holding several tasks: the task whose recommendation to export")
     p.add_argument("--spread-penalty", "--spread_penalty", type=float, default=PENALTY,
                    help=f"from a study folder: the schedule's penalty on the spread of the repeats (default: "
@@ -52,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
     schedule = load_source(args.source, task=args.task, penalty=args.spread_penalty,
                            max_quality_loss=args.max_quality_loss)
     path, notes = export(schedule, args.format, args.out, pick=args.pick, context=args.context_bucket,
-                         batch_schedule=not args.no_batch_schedule, max_batch_size=args.max_batch_size)
+                         batch_schedule=not args.no_batch_schedule, max_batch_size=args.max_batch_size,
+                         tree_as_chain=args.tree_as_chain)
     for note in notes:
         print(f"note: {note}")
     print(f"wrote {path}")

@@ -190,7 +190,8 @@ class SpeculativeEngine:
                 res = self.sampler(proposal.tokens, draft_logits, target_logits, generator=generator,
                                    **proposal.verify_args())
             guard.update(res)
-            finished = self._emit(state, res, res.tokens.shape[1] - 1, max_new_tokens, proposal.lengths)
+            finished = self._emit(state, res, res.tokens.shape[1] - 1, max_new_tokens,
+                                  proposal.bonus(res.accepted, res.path))
             host = self._sync(state, res, finished, proposal, time.perf_counter() - t_start, on_step)
             self._roll_back(state, res, proposal, scored, host)
             self._drop_finished(state, host["finished"])
@@ -287,9 +288,10 @@ class SpeculativeEngine:
         return logits, target_in.shape[1]
 
     def _emit(self, state: _Decoding, res, gamma: int, max_new_tokens: int,
-              lengths: torch.Tensor | None = None) -> torch.Tensor:
+              bonus: torch.Tensor | None = None) -> torch.Tensor:
         """Write the emitted tokens (up to EOS and the length limit) into the output, on the device. Returns bool
-        [b]: rows that finished. ``lengths``: per-row draft lengths (int64 [b]) where the rows drafted their own."""
+        [b]: rows that finished. ``bonus``: bool [b], rows whose emitted token is a bonus, where that is not
+        ``accepted == gamma`` (rows drafted their own lengths or trees: :meth:`Proposal.bonus`)."""
         j = torch.arange(gamma + 1, device=self.device)
         n_emit = res.accepted + 1
         hit_eos = None
@@ -310,8 +312,8 @@ class SpeculativeEngine:
         # of the table is a step that accepted k drafts (A...A, then C, B, or T at γ = 0); slots not written go to
         # the dummy column
         codes = origin_table(gamma, self.device)[res.accepted]
-        if lengths is not None:     # a row that accepted its whole (shorter) draft emitted a bonus token
-            codes = torch.where((j == res.accepted[:, None]) & (res.accepted == lengths)[:, None], BONUS, codes)
+        if bonus is not None:       # a row that accepted its whole (shorter) draft emitted a bonus token
+            codes = torch.where((j == res.accepted[:, None]) & bonus[:, None], BONUS, codes)
         codes = codes + state.steps * N_ORIGINS
         state.origin.index_put_(where, codes)
         state.act_len = state.act_len + n_emit
@@ -335,7 +337,8 @@ class SpeculativeEngine:
             parts["drafter"] = extra.T                                                   # [k, b]
         host = to_host(parts)
         rows = list(state.rows_host)
-        own = proposal.lengths_host or [width] * len(rows)   # per row, the draft length its verify step used
+        # per row, the draft length its verify step used (a tree row: the nodes it proposed)
+        own = proposal.lengths_host or proposal.drafted_host or [width] * len(rows)
         if "tokens" in host:
             host["emitted"] = [[col[i] for col in host["tokens"][: host["emitted_len"][i] - state.len_host[r]]]
                                for i, r in enumerate(rows)]
@@ -369,12 +372,11 @@ class SpeculativeEngine:
         top = self.char_lengths.shape[0] - 1
         chars = self.char_lengths[proposal.tokens.clamp(0, top)]                               # [b, K]
         kept = self.char_lengths[res.tokens[:, :-1].clamp(0, top)]                             # [b, K or D]
-        limit = proposal.lengths
-        if limit is None:                       # every row proposed K: a fill on the device, no copy
-            limit = torch.full((res.accepted.shape[0],), gamma, dtype=torch.int64, device=self.device)
         j = torch.arange(kept.shape[1], device=self.device)
-        accepted = (kept * (j < torch.minimum(res.accepted, limit)[:, None])).sum(dim=1)
-        return accepted, (chars * (torch.arange(gamma, device=self.device) < limit[:, None])).sum(dim=1)
+        took = res.accepted if proposal.lengths is None else torch.minimum(res.accepted, proposal.lengths)
+        accepted = (kept * (j < took[:, None])).sum(dim=1)
+        proposed = proposal.proposed()
+        return accepted, (chars if proposed is None else chars * proposed).sum(dim=1)
 
     def _roll_back(self, state: _Decoding, res, proposal: Proposal, scored: int, host: dict) -> None:
         """The target's cache back to the accepted prefix, the drafter told what the step decided; the emitted token

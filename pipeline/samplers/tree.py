@@ -31,6 +31,11 @@ Randomness: uniforms u float32 [B, N+1] (:func:`pipeline.samplers.contract.unifo
 node n's acceptance test, column N the emitted token's draw. A chain (widths 1, ..., 1) then reads the uniforms
 the chain samplers read and accepts exactly what ``exact`` accepts.
 
+Rows with smaller trees (``real`` bool [B, N]: a drafter without a model found fewer matches in some rows than the
+step's tree has nodes): a node that is not real is never tested, so it is neither accepted nor taken out of p, and
+its row is verified exactly as its own smaller tree would be (the nodes a row lacks are its last siblings, or whole
+subtrees); the verify step reads one more bool per node, nothing else changes.
+
 Batched over B rows with tensor ops; the loops run over depth and sibling rank (the tree's static shape), never
 over tensor values; no host sync.
 """
@@ -115,7 +120,8 @@ class _Walk:
 
 def tree_rejection_verify(tree: TokenTree, draft_tokens: torch.Tensor, p_all: torch.Tensor,
                           q_all: torch.Tensor | None, u: torch.Tensor, replacement: bool = True,
-                          residual_fn: Callable = residual) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          residual_fn: Callable = residual, real: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Recursive rejection sampling over ``tree`` (module docstring).
 
     draft_tokens  int64   [B, N]      each node's token
@@ -125,6 +131,7 @@ def tree_rejection_verify(tree: TokenTree, draft_tokens: torch.Tensor, p_all: to
     u             float32 [B, N+1]   uniforms: column n tests node n, column N draws the emitted token
     replacement   siblings were drawn independently (True) or without replacement (False)
     residual_fn   (p, q or None, x) -> p after rejecting x (the tests swap it for wrong variants)
+    real          bool [B, N]: the nodes each row proposed (the others are never tested); None: all
     returns       (accepted int64 [B], path int64 [B, D], next_token int64 [B])
     """
     B, dev = draft_tokens.shape[0], draft_tokens.device
@@ -138,8 +145,10 @@ def tree_rejection_verify(tree: TokenTree, draft_tokens: torch.Tensor, p_all: to
         q = None
         for i in range(children.shape[1]):
             child = children[walk.cur, i]                                          # [B], -1: no such child
-            live = (child >= 0) & ~walk.done & ~found
             node = child.clamp_min(0)
+            live = (child >= 0) & ~walk.done & ~found
+            if real is not None:
+                live &= real[rows, node]
             x = draft_tokens[rows, node]
             if q_all is not None and (q is None or replacement):
                 q = q_all[rows, node]                                              # [B, V_d]
@@ -156,10 +165,11 @@ def tree_rejection_verify(tree: TokenTree, draft_tokens: torch.Tensor, p_all: to
     return walk.accepted, walk.path, sample_from_weights(p.contiguous(), u[:, -1])
 
 
-def tree_greedy_verify(tree: TokenTree, draft_tokens: torch.Tensor, target_logits: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tree_greedy_verify(tree: TokenTree, draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+                       real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """T = 0: follow the first child equal to the target's argmax at each node; emit the argmax where none is.
-    draft_tokens int64 [B, N], target_logits [B, N+1, V_t] -> (accepted [B], path [B, D], next_token [B])."""
+    draft_tokens int64 [B, N], target_logits [B, N+1, V_t], real bool [B, N] or None (as in
+    :func:`tree_rejection_verify`) -> (accepted [B], path [B, D], next_token [B])."""
     B, dev = draft_tokens.shape[0], draft_tokens.device
     rows = torch.arange(B, device=dev)
     children = tree.children_table(dev)
@@ -172,6 +182,8 @@ def tree_greedy_verify(tree: TokenTree, draft_tokens: torch.Tensor, target_logit
             child = children[walk.cur, i]
             node = child.clamp_min(0)
             accept = (child >= 0) & ~walk.done & ~found & (draft_tokens[rows, node] == best[rows, walk.cur])
+            if real is not None:
+                accept &= real[rows, node]
             found |= accept
             chosen = torch.where(accept, node, chosen)
         walk.advance(d, found, chosen)
@@ -179,10 +191,14 @@ def tree_greedy_verify(tree: TokenTree, draft_tokens: torch.Tensor, target_logit
 
 
 def check_tree_inputs(tree: TokenTree, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
-                      target_logits: torch.Tensor) -> None:
+                      target_logits: torch.Tensor, real: torch.Tensor | None = None) -> None:
     """Shapes, dtypes and devices as the chain samplers check them (γ = N), plus N against the tree: draft_tokens
-    int64 [B, N], draft_logits [B, N, V_d] or None, target_logits [B, N+1, V_t]. SamplerInputError (one line)."""
+    int64 [B, N], draft_logits [B, N, V_d] or None, target_logits [B, N+1, V_t], real bool [B, N] or None.
+    SamplerInputError (one line)."""
     validate_inputs(draft_tokens, draft_logits, target_logits)
+    if real is not None and (real.shape != draft_tokens.shape or real.dtype != torch.bool):
+        raise SamplerInputError(f"real must be bool {list(draft_tokens.shape)} (one flag per row and node); got "
+                                f"{real.dtype} {list(real.shape)}")
     if draft_tokens.shape[1] != tree.n_nodes:
         raise SamplerInputError(f"draft_tokens has {draft_tokens.shape[1]} nodes but the tree has "
                                 f"{tree.n_nodes}: pass one token per tree node")
@@ -195,7 +211,7 @@ class TreeVerifier:
     replacement  how the stochastic children of a node were drawn: independently (True) or without replacement
 
     ``verifier(tree, draft_tokens [B, N], draft_logits [B, N, V_d] or None, target_logits [B, N+1, V_t],
-    generator)`` -> :class:`SamplerResult` over the
+    generator, real=None)`` (real bool [B, N]: the nodes each row proposed) -> :class:`SamplerResult` over the
     accepted path (tokens int64 [B, D+1], D the depth) with ``path`` int64 [B, D], its node indices (-1 after
     ``accepted``). Shapes, dtypes and devices are checked as the chain samplers check them
     (γ = N), plus N against the tree; a bad call raises SamplerInputError (one line).
@@ -209,11 +225,11 @@ class TreeVerifier:
         self.temperature, self.replacement, self.residual_fn = temperature, bool(replacement), residual_fn
 
     def __call__(self, tree: TokenTree, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
-                 target_logits: torch.Tensor, generator=None) -> SamplerResult:
-        check_tree_inputs(tree, draft_tokens, draft_logits, target_logits)
+                 target_logits: torch.Tensor, generator=None, real: torch.Tensor | None = None) -> SamplerResult:
+        check_tree_inputs(tree, draft_tokens, draft_logits, target_logits, real)
         B = draft_tokens.shape[0]
         if self.temperature == 0.0:
-            accepted, path, nxt = tree_greedy_verify(tree, draft_tokens, target_logits)
+            accepted, path, nxt = tree_greedy_verify(tree, draft_tokens, target_logits, real)
             target_ok = finite_max_ok(target_logits.amax(dim=-1))
             draft_ok = drafted_ok(draft_tokens, draft_logits)
         else:
@@ -222,7 +238,7 @@ class TreeVerifier:
             q = None if draft_logits is None else softmax_fp32(draft_logits, inv_t)  # [B, N, V_d]
             u = uniforms(B, tree.n_nodes, draft_tokens.device, generator)
             accepted, path, nxt = tree_rejection_verify(tree, draft_tokens, p, q, u, self.replacement,
-                                                        self.residual_fn)
+                                                        self.residual_fn, real)
             target_ok = ~p[:, :, 0].isnan().any(dim=1)
             draft_ok = torch.ones_like(target_ok) if q is None else ~q[:, :, 0].isnan().any(dim=1)
         path_tokens = draft_tokens.gather(1, path.clamp_min(0))
@@ -235,9 +251,10 @@ class TreeSampler:
 
     A call without ``tree`` is the chain sampler's (a drafter falls back to a chain near the end of a row); with
     ``tree`` (a :class:`pipeline.tree_shape.TokenTree`) and ``replacement`` (how its stochastic children were
-    drawn) it is :class:`TreeVerifier` at the chain rule's temperature (0 where the rule verifies by argmax), or,
-    for a kernel sampler (``backend="cupy"``), the kernels' verifier it makes (``tree_verifier``: tree_verify in
-    kernels/verify.cu, which computes what TreeVerifier computes).
+    drawn) it is :class:`TreeVerifier` at the chain rule's temperature (0 where the rule verifies by argmax), with
+    ``real`` (bool [B, N]) where rows proposed smaller trees than the step's, or, for a kernel sampler
+    (``backend="cupy"``), the kernels' verifier it makes (``tree_verifier``: tree_verify in kernels/verify.cu, which
+    computes what TreeVerifier computes for full trees; it takes no ``real``).
     Every other attribute is the chain sampler's.
     """
 
@@ -248,11 +265,16 @@ class TreeSampler:
         return getattr(self.inner, name)
 
     def __call__(self, draft_tokens, draft_logits, target_logits, generator=None, lengths=None, tree=None,
-                 replacement: bool = True) -> SamplerResult:
+                 replacement: bool = True, real=None) -> SamplerResult:
         if tree is None:
             extra = {} if lengths is None else {"lengths": lengths}
             return self.inner(draft_tokens, draft_logits, target_logits, generator=generator, **extra)
         temperature = 0.0 if self.inner.verifies_by_argmax else self.inner.temperature
         kernels = getattr(self.inner, "tree_verifier", None)     # a kernel sampler (backend="cupy"): tree_verify
-        verifier = TreeVerifier(temperature, replacement) if kernels is None else kernels(temperature, replacement)
-        return verifier(tree, draft_tokens, draft_logits, target_logits, generator)
+        if kernels is None:
+            return TreeVerifier(temperature, replacement)(tree, draft_tokens, draft_logits, target_logits, generator,
+                                                          real)
+        if real is not None:
+            raise SamplerInputError("the tree kernel verifies full trees: trees of prompt lookup or suffix decoding "
+                                    "(rows with fewer nodes than the step's) verify with backend torch")
+        return kernels(temperature, replacement)(tree, draft_tokens, draft_logits, target_logits, generator)

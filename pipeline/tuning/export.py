@@ -29,6 +29,13 @@ Formats (each from one pick of the schedule, :data:`PICK_OF`):
           --from-config FILE`` (:func:`apply_settings`) and by anything serving with our engine
           (:func:`load_settings`, :meth:`Settings.entry`).
 
+Token trees (``draft_tree``, docs/trees.md): json carries the shape and the children rule, and ``specsweep run
+--from-config`` runs the same tree. transformers' assisted generation, vLLM's draft-model, n-gram and suffix methods
+and TensorRT-LLM's Draft_Target and NGram decoding draft chains (their trees belong to EAGLE and Medusa heads), so hf,
+vllm and trtllm refuse a tree in one line; ``tree_as_chain`` (``--tree-as-chain``) exports the chain of the tree's
+depth instead (its first-child path: the same draft forwards, fewer tokens scored), with a note that this chain is
+not the setting that was measured.
+
 Only standard speculative sampling (exact, hf, greedy at T = 0) exists in transformers, vLLM and TensorRT-LLM, and
 only transformers has an adaptive draft length: hf exports the schedule's ``standard`` pick, vllm and trtllm its
 ``standard_fixed`` pick, json its ``choice`` (any rule within the quality loss). Files are written atomically;
@@ -45,6 +52,7 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic, write_text_atomic
 from pipeline.result import read_result
+from pipeline.tree_shape import TokenTree
 from pipeline.tuning.schedule import (
     KIND,
     MAX_QUALITY_LOSS,
@@ -175,9 +183,11 @@ def entries(schedule: dict, pick: str, context: str | None = None) -> list[dict]
 # ---------------------------------------------------------------------------------------------- formats
 
 def export(schedule: dict, fmt: str, out: str | os.PathLike, *, pick: str | None = None, context: str | None = None,
-           batch_schedule: bool = True, max_batch_size: int | None = None) -> tuple[Path, list[str]]:
+           batch_schedule: bool = True, max_batch_size: int | None = None,
+           tree_as_chain: bool = False) -> tuple[Path, list[str]]:
     """Write ``schedule``'s pick as format ``fmt`` (:data:`FORMATS`) to ``out``; returns (path written, notes: what
-    the target tool cannot express and was left out)."""
+    the target tool cannot express and was left out). ``tree_as_chain``: a token tree goes to hf, vllm and trtllm as
+    the chain of its depth (module docstring) instead of a refusal."""
     if fmt not in FORMATS:
         raise SpecsweepError(f"--format {fmt!r} is not one of {list(FORMATS)}")
     if max_batch_size is not None and max_batch_size < 1:
@@ -191,6 +201,7 @@ def export(schedule: dict, fmt: str, out: str | os.PathLike, *, pick: str | None
     rows = entries(schedule, pick or PICK_OF[fmt], context)
     if fmt == "json":
         return _json(schedule, rows, pick or PICK_OF[fmt], out), []
+    rows, tree_notes = _chains(rows, fmt, tree_as_chain)
     if not schedule.get("draft") and _drafter(rows) is None:
         raise SpecsweepError(f"the schedule names no draft model: --format {fmt} needs one")
     for row in rows:
@@ -206,7 +217,32 @@ def export(schedule: dict, fmt: str, out: str | os.PathLike, *, pick: str | None
             raise SpecsweepError(f"{describe_settings(settings)} (batch size {row['batch_size']}) is not standard "
                                  f"speculative sampling, the only verify rule {fmt} has: use --pick standard")
     writer = {"hf": _hf, "vllm": _vllm, "trtllm": _trtllm}[fmt]
-    return writer(schedule, rows, out, batch_schedule=batch_schedule, max_batch_size=max_batch_size)
+    path, notes = writer(schedule, rows, out, batch_schedule=batch_schedule, max_batch_size=max_batch_size)
+    return path, tree_notes + notes
+
+
+def _chains(rows: list[dict], fmt: str, tree_as_chain: bool) -> tuple[list[dict], list[str]]:
+    """The rows with each token tree replaced by the chain of its depth where ``tree_as_chain`` (and a note per
+    tree), else a one-line refusal at the first tree."""
+    out, notes = [], []
+    for row in rows:
+        settings = row["settings"]
+        if not settings.get("draft_tree") or not settings["gamma"]:
+            out.append(row)
+            continue
+        depth = TokenTree.from_widths(settings["draft_tree"]).depth
+        if not tree_as_chain:
+            raise SpecsweepError(f"{fmt} drafts chains, not token trees, and the pick for batch size "
+                                 f"{row['batch_size']} is {describe_settings(settings)}: export --format json (run it "
+                                 f"with --from-config), or add --tree-as-chain for the chain of its depth (γ {depth}, "
+                                 "not measured)")
+        chain = {k: v for k, v in settings.items() if k not in ("draft_tree", "tree_children")}
+        out.append({**row, "settings": {**chain, "gamma": depth}})
+        notes.append(f"batch size {row['batch_size']}: the pick is {describe_settings(settings)} (measured "
+                     f"{row['speedup']:.2f}x), which {fmt} cannot draft; exported as the chain of its depth, "
+                     f"γ {depth}, which was not measured (it accepts at most as many tokens per step as the tree and "
+                     f"scores fewer): measure it with `specsweep run --gamma {depth}` before relying on it")
+    return out, notes
 
 
 def _adaptive(settings: dict) -> bool:
@@ -436,6 +472,9 @@ def run_values(entry: dict, draft: str | None, rule_keys) -> dict:
         values["temperature"] = s["temperature"]
     if s.get("draft_tokenizer_mode"):
         values["draft_tokenizer_mode"] = s["draft_tokenizer_mode"]
+    if s.get("draft_tree") and s["gamma"] > 0:
+        values["draft_tree"] = s["draft_tree"]
+        values["tree_children"] = s.get("tree_children") or "without-replacement"
     if draft and s["gamma"] > 0:
         values["draft"] = draft
     return values

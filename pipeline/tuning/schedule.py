@@ -159,7 +159,8 @@ def mad(values) -> float:
 
 
 def settings_of(config: dict) -> dict:
-    """The deployable settings of a run's config: γ, rule and its parameters, draft length, temperature."""
+    """The deployable settings of a run's config: γ, rule and its parameters, draft length, temperature, a drafter
+    without a model, and a token tree (draft_tree "2,2,1" and tree_children; γ is then its node count)."""
     rule = RULES.get(config.get("sampler"))
     params = rule.effective({k: config.get(k) for k in rule.param_names}, config.get("preset")) if rule else {}
     draft = {"draft_schedule": config.get("draft_schedule") or "constant",
@@ -171,6 +172,9 @@ def settings_of(config: dict) -> dict:
     drafter = config.get("drafter") or "model"
     if drafter != "model":                                                # a drafter without a draft model
         out["drafter"] = {"drafter": drafter, **{k: config.get(k) for k in DRAFTER_KEYS[drafter]}}
+    if config.get("draft_tree") and out["gamma"]:                       # a token tree: γ is its node count
+        out["draft_tree"] = str(config["draft_tree"])
+        out["tree_children"] = config.get("tree_children") or "without-replacement"
     return out
 
 
@@ -341,11 +345,14 @@ def cell_order(cell: Cell) -> tuple:
 
 def describe_settings(settings: dict) -> str:
     """One short phrase for a setting: ``exact γ 4``, ``exact γ 2 heuristic (≤ 6)``, ``exact γ ≤ 5, confidence 0.6``,
-    ``sigmoid γ 3 (alpha 1, beta -20)``, or ``no speculation``."""
+    ``sigmoid γ 3 (alpha 1, beta -20)``, ``exact tree 2,2,1 (10 nodes, top-k)``, or ``no speculation``."""
     gamma = int(settings.get("gamma") or 0)
     if gamma == 0:
         return "no speculation"
     text = f"{settings.get('sampler')} γ {gamma}"
+    if settings.get("draft_tree"):
+        text = (f"{settings.get('sampler')} tree {settings['draft_tree']} ({gamma} nodes, "
+                f"{settings.get('tree_children')})")
     confidence = settings.get("draft_confidence") or 0
     if settings.get("draft_schedule") == "heuristic":
         text += f" heuristic (≤ {draft_ceiling(settings)})"

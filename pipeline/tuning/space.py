@@ -211,7 +211,7 @@ class SearchSpace:
                 params[name] = trial.suggest_int(name, math.ceil(lo), math.floor(hi), log=log)
             else:
                 params[name] = trial.suggest_float(name, lo, hi, log=log)
-        if self.trees and drafter == "model":
+        if self.trees:      # any drafter: a draft model's tree, or several matches of a drafter without one
             params.update(self._suggest_tree(trial, params["sampler"]))
         if self.searches_drafts and drafter == "model" and "draft_tree" not in params:
             params.update(self._suggest_draft(trial, params["gamma"]))

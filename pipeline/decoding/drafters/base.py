@@ -124,6 +124,10 @@ class Proposal:
     replacement   how a tree's stochastic siblings were drawn: independently (True) or without replacement
     span          how the target attends over the tree (:class:`~pipeline.tree_shape.TreeSpan` of the root and
                   its N nodes, on the device), None for a chain
+    real          bool [b, N] on the device: the nodes each row proposed where some row's tree is smaller than the
+                  step's (a drafter without a model: each row's matches, the others padding the verify step never
+                  tests); None: every node
+    drafted_host  host ints [b]: tokens each row proposed, where ``real`` is given (else None)
     """
 
     tokens: torch.Tensor
@@ -134,6 +138,8 @@ class Proposal:
     tree: TokenTree | None = None
     replacement: bool = True
     span: TreeSpan | None = None
+    real: torch.Tensor | None = None
+    drafted_host: list[int] | None = None
 
     @property
     def width(self) -> int:
@@ -145,7 +151,29 @@ class Proposal:
         args = {} if self.lengths is None else {"lengths": self.lengths}
         if self.tree is not None:
             args.update(tree=self.tree, replacement=self.replacement)
+        if self.real is not None:
+            args["real"] = self.real
         return args
+
+    def proposed(self) -> torch.Tensor | None:
+        """bool [b, K]: the positions each row proposed, or None where every row proposed all K."""
+        if self.real is not None:
+            return self.real
+        if self.lengths is None:
+            return None
+        return torch.arange(self.width, device=self.lengths.device) < self.lengths[:, None]
+
+    def bonus(self, accepted: torch.Tensor, path: torch.Tensor | None) -> torch.Tensor | None:
+        """bool [b]: rows whose emitted token is a bonus (they accepted all their own draft: a chain row its own
+        length, a tree row a node without children of its own), given accepted int64 [b] and a tree's path int64
+        [b, D]; None where that is the verify step's width alone (every row proposed all of it). No host sync."""
+        if self.real is not None:
+            rows = torch.arange(accepted.shape[0], device=accepted.device)
+            last = path.gather(1, (accepted - 1).clamp_min(0)[:, None]).squeeze(1)
+            at = torch.where(accepted > 0, last + 1, 0)                              # 0: the root
+            kids = self.tree.children_table(accepted.device)[at]                     # [b, K]
+            return ~((kids >= 0) & self.real[rows[:, None], kids.clamp_min(0)]).any(dim=1)
+        return None if self.lengths is None else accepted == self.lengths
 
 
 @dataclass

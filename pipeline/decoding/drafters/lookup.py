@@ -14,6 +14,18 @@ Host work. The search runs on the host between steps and reads each step's emitt
 step's one sync (``reads_emitted``); the proposals go to the device in one copy. Both are timed as the "lookup"
 phase. The uniforms the loop draws for the drafter are not used.
 
+Token trees (``widths``, ``--draft-tree 3,2,1``): each row proposes several matches at once, a tree of deterministic
+children. Its proposer returns candidate continuations, best first (prompt lookup: the distinct continuations of the
+longest and then shorter n-gram matches, the chain's own first; suffix decoding: the suffix tree's top-scoring
+branches), merged into a trie that fits the widths per depth (:func:`~pipeline.tree_shape.place_paths`: shared
+prefixes share nodes, a node keeps its first widths[d] children, so the first match is every node's first child).
+A row never proposes more than the shape allows and a row with fewer matches a smaller tree. The step's tree is the
+union of the rows' trees (a subtree of the shape, :meth:`~pipeline.tree_shape.TokenTree.subtree`): the target scores
+only nodes some row proposed, and a row's nodes that others proposed but it did not are padding the verify step never
+tests (``Proposal.real``), so each row is verified exactly as its own tree would be. A step where no row matched
+proposes nothing, as for a chain. The tokens and the real flags go to the device in one copy. With per-example
+seeds a row's uniforms follow the step's tree, so its tokens may depend on its batch (their distribution does not).
+
 Earlier outputs (suffix decoding with ``outputs``): a finished row's output joins a tree shared by later rows (a
 run's later examples, a server's later requests). A row whose prompt was decoded before does not read that tree,
 so that re-decoding a prompt (a run's timed repeats) never proposes its own earlier output back to it.
@@ -30,6 +42,7 @@ from pipeline.decoding.drafters.base import DraftAsk, Drafter, DraftPrompt, Draf
 from pipeline.decoding.drafters.ngram import NgramIndex, Proposer
 from pipeline.decoding.drafters.suffix_tree import OutputCache, SuffixDecoder
 from pipeline.errors import SpecsweepError
+from pipeline.tree_shape import TokenTree, place_paths
 
 
 class LookupDrafter(Drafter):
@@ -37,15 +50,21 @@ class LookupDrafter(Drafter):
 
     make      () -> a fresh proposer for a row; a drafter that shares earlier outputs takes ``make(shared)``
     settings  what the results record about the drafter (its name and parameters)
+    widths    a token tree's children per node at each depth (module docstring), or None: a chain
     """
 
     reads_emitted = True
 
-    def __init__(self, make: Callable[..., Proposer], settings: dict, outputs: OutputCache | None = None) -> None:
+    def __init__(self, make: Callable[..., Proposer], settings: dict, outputs: OutputCache | None = None,
+                 widths: tuple[int, ...] | None = None) -> None:
         super().__init__()
         self.make = make
         self.settings = dict(settings)
         self.outputs = outputs
+        self.widths = None if widths is None else tuple(widths)
+        self.shape = None if widths is None else TokenTree.from_widths(self.widths)
+        if widths is not None:
+            self.settings.update(draft_tree=list(self.widths), tree_children="top-k")
         self.rows: list[Proposer] = []
         self._seen: set[tuple[int, ...]] = set()      # prompts whose output is in ``outputs``
         self._keys: list[tuple[int, ...]] = []        # each active row's prompt
@@ -74,7 +93,9 @@ class LookupDrafter(Drafter):
 
     def propose(self, ask: DraftAsk) -> Proposal:
         """Each row's proposals, at most ask.gamma (its own limit where it has one): int64 [b, K], K the most any
-        row proposed (0 when none matched), no logits."""
+        row proposed (0 when none matched), no logits. With a tree: :meth:`propose_tree`."""
+        if self.shape is not None:
+            return self.propose_tree(ask)
         with self._timer.phase("lookup"):
             limits = ask.wants or [ask.gamma] * len(self.rows)
             found = [row.propose(k) for row, k in zip(self.rows, limits)]
@@ -87,6 +108,29 @@ class LookupDrafter(Drafter):
             lengths = row_limits(own, K, ask.u.device) if K else None
         self.proposed += sum(own)
         return Proposal(tokens, None, lengths, own if lengths is not None else None)
+
+    def propose_tree(self, ask: DraftAsk) -> Proposal:
+        """Each row's matches as a tree (module docstring), no deeper than its limit (ask.gamma, or its own): tokens
+        int64 [b, N] and real bool [b, N] over the step's tree of N nodes (N = 0 when no row matched: no tree)."""
+        with self._timer.phase("lookup"):
+            limits = ask.wants or [ask.gamma] * len(self.rows)
+            depth = self.shape.depth
+            placed = [place_paths(row.propose_many(min(k, depth), self.widths), self.widths, min(k, depth))
+                      for row, k in zip(self.rows, limits)]
+            nodes = sorted(set().union(*placed))
+            host = torch.full((len(placed), len(nodes)), -1, dtype=torch.int64, pin_memory=ask.u.is_cuda)
+            column = {n: i for i, n in enumerate(nodes)}
+            for b, row in enumerate(placed):
+                if row:
+                    host[b, [column[n] for n in row]] = torch.tensor(list(row.values()), dtype=torch.int64)
+            tokens = host.to(ask.u.device, non_blocking=True)
+            own = [len(row) for row in placed]
+        self.proposed += sum(own)
+        if not nodes:
+            return Proposal(tokens, None)
+        tree = self.shape.subtree(nodes)
+        return Proposal(tokens.clamp_min(0), None, tree=tree, span=tree.span(ask.u.device), real=tokens >= 0,
+                        drafted_host=own)
 
     def commit(self, outcome: StepOutcome) -> None:
         with self._timer.phase("lookup"):
@@ -112,24 +156,26 @@ class LookupDrafter(Drafter):
         return {"draft_forwards": 0}
 
 
-def prompt_lookup(min_n: int, max_n: int, stop_ids=()) -> LookupDrafter:
+def prompt_lookup(min_n: int, max_n: int, stop_ids=(), widths: tuple[int, ...] | None = None) -> LookupDrafter:
     """Prompt lookup with n-grams of min_n..max_n tokens (the longest match decides, its earliest occurrence, as
-    transformers and vLLM do); proposals end before a stop id (the target's EOS)."""
+    transformers and vLLM do); proposals end before a stop id (the target's EOS). ``widths``: a token tree of
+    several matches per step (module docstring)."""
     if not 1 <= min_n <= max_n:
         raise SpecsweepError(f"prompt lookup needs 1 <= --lookup-min <= --lookup-max; got {min_n}, {max_n}")
     stops = tuple(stop_ids)
-    return LookupDrafter(lambda shared: NgramIndex(min_n, max_n, "first", stops),
-                         {"drafter": "prompt-lookup", "lookup_min": min_n, "lookup_max": max_n})
+    return LookupDrafter(lambda shared: NgramIndex(min_n, max_n, "first", stops, every=widths is not None),
+                         {"drafter": "prompt-lookup", "lookup_min": min_n, "lookup_max": max_n}, widths=widths)
 
 
 def suffix_decoding(max_depth: int, max_spec_factor: float, min_token_prob: float,
-                    keep_outputs: bool) -> LookupDrafter:
+                    keep_outputs: bool, widths: tuple[int, ...] | None = None) -> LookupDrafter:
     """Suffix decoding (ArcticInference's rule, vLLM's defaults 24, 1.0, 0.1), with a tree of earlier outputs
-    kept across generate calls when ``keep_outputs``."""
+    kept across generate calls when ``keep_outputs``; ``widths``: a token tree of its top-scoring branches per step
+    (module docstring)."""
     if max_depth < 1 or max_spec_factor <= 0 or not 0 <= min_token_prob <= 1:
         raise SpecsweepError(f"suffix decoding needs --suffix-depth >= 1, --suffix-factor > 0 and --suffix-min-prob "
                              f"in [0, 1]; got {max_depth}, {max_spec_factor}, {min_token_prob}")
     outputs = OutputCache(max_depth) if keep_outputs else None
     return LookupDrafter(lambda shared: SuffixDecoder(max_depth, max_spec_factor, min_token_prob, shared),
                          {"drafter": "suffix", "suffix_depth": max_depth, "suffix_factor": max_spec_factor,
-                          "suffix_min_prob": min_token_prob, "suffix_outputs": keep_outputs}, outputs)
+                          "suffix_min_prob": min_token_prob, "suffix_outputs": keep_outputs}, outputs, widths)

@@ -25,10 +25,16 @@ gains nothing: the target emits it as the step's bonus or correction token anywa
 The index maps every n-gram (min_n <= n <= max_n) that has a continuation to its first or last position, so a step
 costs O(new tokens * N) dict updates (N = max_n - min_n + 1) plus O(N * max_n + max_tokens) for the proposal,
 whatever the context's length; memory is one dict entry per position and n.
+
+Several matches (``NgramIndex(..., every=True)``, for a token tree, docs/trees.md): the index also keeps every
+occurrence of each n-gram, and :meth:`NgramIndex.propose_many` returns distinct continuations, best first: the
+chain's proposal, then the other occurrences of the same (longest) n-gram, most recent first, then those of the
+shorter n-grams likewise; at most ``count`` occurrences per n are read (O(N * count * max_tokens) per step).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, Literal, Protocol, TypeVar
 
@@ -42,12 +48,14 @@ class Proposer(Protocol):
 
     def propose(self, max_tokens: int) -> list[int]: ...
 
+    def propose_many(self, max_tokens: int, widths: Sequence[int]) -> list[list[int]]: ...
+
 
 class NgramIndex:
     """One row's prompt lookup (module docstring): an index of the row's n-grams, grown token by token."""
 
     def __init__(self, min_n: int = 1, max_n: int = 3, occurrence: Literal["first", "last"] = "first",
-                 stop_ids: Iterable[int] = ()) -> None:
+                 stop_ids: Iterable[int] = (), every: bool = False) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n; got min_n={min_n}, max_n={max_n}")
         if occurrence not in ("first", "last"):
@@ -56,17 +64,24 @@ class NgramIndex:
         self.stop_ids = frozenset(stop_ids)
         self.tokens: list[int] = []
         self._positions: dict[tuple[int, ...], int] = {}   # n-gram -> its first or last start p (p + n < len)
+        self.every = every
+        self._starts: dict[tuple[int, ...], list[int]] = {}  # with ``every``: n-gram -> all its starts, in order
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         """Forget everything and index ``prompt_ids``: O(len(prompt_ids) * N), in bulk (the index
         :meth:`extend` would build token by token, 2-3 times faster)."""
         self.tokens = tokens = [int(t) for t in prompt_ids]
         self._positions = positions = {}
+        self._starts = {}
         for n in range(self.min_n, self.max_n + 1):
             count = len(tokens) - n   # the n-grams at p < count have a continuation
             if count <= 0:
                 break
             grams = zip(*(tokens[k:k + count] for k in range(n)))
+            if self.every:
+                grams = list(grams)
+                for p, gram in enumerate(grams):
+                    self._starts.setdefault(gram, []).append(p)
             if self.occurrence == "last":
                 positions.update(zip(grams, range(count)))
             else:   # written latest first, so that the earliest position stays
@@ -85,6 +100,8 @@ class NgramIndex:
                     positions[key] = end - n
                 else:
                     positions.setdefault(key, end - n)
+                if self.every:
+                    self._starts.setdefault(key, []).append(end - n)
 
     def propose(self, max_tokens: int) -> list[int]:
         """Up to ``max_tokens`` proposed tokens (module docstring); [] without a match or when max_tokens <= 0."""
@@ -94,12 +111,41 @@ class NgramIndex:
         for n in range(min(self.max_n, m - 1), self.min_n - 1, -1):
             p = self._positions.get(tuple(tokens[m - n:]))
             if p is not None:
-                proposal = tokens[p + n:min(p + n + max_tokens, m)]
-                for i, token in enumerate(proposal):
-                    if token in self.stop_ids:
-                        return proposal[:i]
-                return proposal
+                return self._continuation(p + n, max_tokens)
         return []
+
+    def propose_many(self, max_tokens: int, widths: Sequence[int]) -> list[list[int]]:
+        """Distinct non-empty continuations of up to ``max_tokens`` tokens, best first (module docstring), at most
+        as many as a tree of ``widths`` per depth has leaves; needs ``every``."""
+        if not self.every:
+            raise ValueError("propose_many needs an index built with every=True")
+        tokens, m = self.tokens, len(self.tokens)
+        count = math.prod(widths)
+        out: list[list[int]] = []
+        seen: set[tuple[int, ...]] = set()
+        if max_tokens <= 0:
+            return out
+        for n in range(min(self.max_n, m - 1), self.min_n - 1, -1):
+            key = tuple(tokens[m - n:])
+            starts = self._starts.get(key)
+            if not starts:
+                continue
+            for p in (self._positions[key], *reversed(starts[-count:])):
+                proposal = self._continuation(p + n, max_tokens)
+                if proposal and tuple(proposal) not in seen:
+                    seen.add(tuple(proposal))
+                    out.append(proposal)
+                    if len(out) == count:
+                        return out
+        return out
+
+    def _continuation(self, start: int, max_tokens: int) -> list[int]:
+        """Up to ``max_tokens`` context tokens from ``start``, ending before the first stop token."""
+        proposal = self.tokens[start:min(start + max_tokens, len(self.tokens))]
+        for i, token in enumerate(proposal):
+            if token in self.stop_ids:
+                return proposal[:i]
+        return proposal
 
 
 P = TypeVar("P", bound=Proposer)

@@ -26,6 +26,13 @@ the whole context (L < len(x), which differs only for a context shorter than max
 tree); and it adds a request's output to the shared tree while the request runs, where
 :meth:`SuffixDecoder.finish` adds it at the end.
 
+A token tree (:meth:`SuffixDecoder.propose_many`, docs/trees.md): from the state of the draft speculation picks (the
+same tree and match length), the top-scoring branches: at each node its children by count, the most frequent (the
+chain's choice) first, at most ``widths[d]`` of them at depth d, each kept while its probability (the product of
+child count / parent count along its path) is at least ``min_token_prob``, down to the speculation's token budget;
+its root-to-leaf paths in depth-first order (so siblings keep the tree's own frequency order and the first path is
+the chain's draft). O(nodes * children scanned).
+
 Leaf compression keeps memory linear in practice: a node with count 1 has no children, since the rest of its one
 occurrence is read from its sequence (the node's tail); when a second occurrence reaches it, it gets the child its
 first occurrence continues with. Nodes: at most the number of tokens plus the number of distinct strings of <=
@@ -36,6 +43,7 @@ O(max_depth * max_tokens) and usually far less (match lengths that cannot beat t
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -54,6 +62,7 @@ class Draft:
     score: float = 0.0
     match_len: int = 0
     source: str = ""
+    state: tuple[int, int] | None = field(default=None, compare=False)   # the matched (node, extra)
 
 
 class SuffixTree:
@@ -171,6 +180,32 @@ class SuffixTree:
                 return 0
         return self.counts[state[0]]
 
+    def branches(self, node: int, extra: int, widths: Sequence[int], max_tokens: int, min_prob: float
+                 ) -> list[list[int]]:
+        """The top-scoring branches below state (node, extra) (module docstring): root-to-leaf token paths of at most
+        ``max_tokens`` tokens, depth first, the most frequent child first, at most widths[d] children at depth d."""
+        out: list[list[int]] = []
+        limit = min(max_tokens, len(widths))
+
+        def walk(node: int, extra: int, prefix: list[int], p: float) -> None:
+            kids = self.children[node] if extra == 0 else None
+            if len(prefix) == limit or kids is None:
+                tail = [] if len(prefix) == limit else self.draft(node, extra, limit - len(prefix), min_prob)[0]
+                if prefix or tail:
+                    out.append(prefix + tail)
+                return
+            best = self.best[node]
+            ranked = heapq.nsmallest(widths[len(prefix)], kids.values(),
+                                     key=lambda c: (c != best, -self.counts[c], c))
+            taken = [c for c in ranked if p * self.counts[c] / self.counts[node] >= min_prob]
+            if not taken and prefix:
+                out.append(prefix)
+            for child in taken:
+                walk(child, 0, [*prefix, self.tokens[child]], p * self.counts[child] / self.counts[node])
+
+        walk(node, extra, [], 1.0)
+        return out
+
     def draft(self, node: int, extra: int, max_tokens: int, min_prob: float) -> tuple[list[int], list[float]]:
         """The greedy continuation of state (node, extra) and its tokens' probabilities (module docstring):
         O(max_tokens)."""
@@ -284,6 +319,16 @@ class SuffixDecoder:
     def propose(self, max_tokens: int) -> list[int]:
         return self.speculate(max_tokens).tokens
 
+    def propose_many(self, max_tokens: int, widths: Sequence[int]) -> list[list[int]]:
+        """The top-scoring branches (module docstring) from the state and tree :meth:`speculate` picks, within its
+        token budget for that match length; [] where it proposes nothing."""
+        best = self.speculate(max_tokens)
+        if not best.tokens:
+            return []
+        tree = self.tree if best.source == "request" else self.outputs.tree
+        budget = min(max_tokens, int(best.match_len * self.max_spec_factor + 1e-6))
+        return tree.branches(*best.state, widths, budget, self.min_token_prob)
+
     def finish(self) -> None:
         if self.outputs is not None:
             self.outputs.add(self.context[self.prompt_len:])
@@ -300,5 +345,6 @@ class SuffixDecoder:
             tokens, probs = tree.draft(*states[length - 1], budget, self.min_token_prob)
             score = sum(probs)
             if score > best.score:
-                best = Draft(tokens, list(range(-1, len(tokens) - 1)), probs, score, length, source)
+                best = Draft(tokens, list(range(-1, len(tokens) - 1)), probs, score, length, source,
+                             states[length - 1])
         return best
