@@ -3,7 +3,8 @@ suffix decoding; pipeline/decoding/drafters/), side by side.
 
 Per task and target that ran more than one drafter: a table with each drafter's fastest lossless setting (the
 acceptance rule keeps the target's output at its temperature, pipeline/rules.py; where a drafter ran none, its
-fastest setting, marked lossy) with the paired speedup and its interval, acceptance and tokens per verify step, and
+fastest setting, marked lossy) with the paired speedup and its interval, acceptance, tokens per verify step and a
+draft model's cost ratio c (its forward's time over the target's, as the run measured it), and
 a figure of quality against speedup with every run and trial of every drafter on one front. Flagged measurements are
 left out, as everywhere in the report.
 """
@@ -76,9 +77,10 @@ def _table(group) -> Table:
         ci = f" [{_num(r.get('speedup_ci_low'))}, {_num(r.get('speedup_ci_high'))}]"
         rows.append([r["draft"], r["sampler"] + ("" if r["lossless"] else " (lossy)"), int(to_number(r["gamma"])),
                      f"{_num(r['speedup'])}x{ci}", _num(r.get("acceptance_rate")), _num(r.get("mean_accepted_tokens")),
-                     _num(r.get("quality")), r.get("run")])
-    return Table(["drafter or draft", "rule", "γ", "speedup [interval]", "acceptance", "tokens/step", "quality", "run"],
-                 rows)
+                     _num(r.get("cost_ratio")) if r["drafter"] == "model" else "-", _num(r.get("quality")),
+                     r.get("run")])
+    return Table(["drafter or draft", "rule", "γ", "speedup [interval]", "acceptance", "tokens/step",
+                  "c (draft / target forward)", "quality", "run"], rows)
 
 
 def _figure(group, title: str, path: Path) -> Path:

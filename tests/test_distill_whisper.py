@@ -133,3 +133,13 @@ def test_speak_writes_a_librispeech_manifest(tmp_path, capsys):
         assert float(np.abs(r["audio"]).max()) > 0.05          # speech, not silence
     assert main(["speak", "--texts", str(texts), "--out", str(tmp_path / "again")]) == 2
     assert "--field" in capsys.readouterr().err
+    # a folder written by `specsweep fetch` reads the same
+    articles = tmp_path / "articles.jsonl"
+    articles.write_text(json.dumps({"id": "a1", "article": json.loads(texts.read_text())["article"],
+                                    "highlights": "A cat."}) + "\n")
+    assert main(["fetch", "--task", "cnn_dailymail", "--source", str(articles), "--out", str(tmp_path / "fetched"),
+                 "--no-progress"]) == 0
+    assert main(["speak", "--texts", str(tmp_path / "fetched"), "--field", "article", "--clips", "1", "--words", "8",
+                 "--out", str(tmp_path / "speech2"), "--no-progress"]) == 0
+    again = load_task_data("librispeech", tmp_path / "speech2" / "transcripts.jsonl")
+    assert len(again) == 1 and len(again[0]["text"].split()) >= 8

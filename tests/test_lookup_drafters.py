@@ -259,7 +259,10 @@ def test_the_report_compares_a_targets_drafters(tmp_path):
     from pipeline.results_table import load_runs
 
     runs = tmp_path / "runs"
-    fake_result(runs / "model-g4.json", gamma=4, ratios=[1.5, 1.6, 1.55, 1.52, 1.58, 1.6])
+    model = fake_result(runs / "model-g4.json", gamma=4, ratios=[1.5, 1.6, 1.55, 1.52, 1.58, 1.6])
+    measured = json.loads(model.read_text())
+    measured["metrics"]["cost_ratio"] = 0.12
+    model.write_text(json.dumps(measured))
     fake_result(runs / "model-sigmoid.json", gamma=4, ratios=[1.9, 2.0, 1.95, 1.9, 1.92, 2.0], sampler="sigmoid",
                 rouge=0.49)
     lookup = fake_result(runs / "lookup-g4.json", gamma=4, ratios=[1.2, 1.25, 1.22, 1.22, 1.24, 1.2])
@@ -275,6 +278,11 @@ def test_the_report_compares_a_targets_drafters(tmp_path):
     assert "| models/draft | exact | 4 | 1.56x" in section and "| prompt-lookup | exact | 4 | 1.22x" in section
     assert "sigmoid" not in section                        # the fastest *lossless* setting of each drafter
     assert any(name.startswith("drafters-") for name in written)
+    # a draft model's cost ratio c is shown, a drafter without a model has none
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines()
+            if line.startswith("| models/draft") or line.startswith("| prompt-lookup")}
+    assert "| c (draft / target forward) |" in section
+    assert rows["prompt-lookup"][6] == "-" and rows["models/draft"][6] == "0.12"
 
 
 def test_a_pair_without_a_draft_model_searches_the_drafters_that_need_none():

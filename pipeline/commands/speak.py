@@ -15,7 +15,8 @@ HELP = ("synthesise speech from text with eSpeak NG into a folder of WAV clips a
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--texts", type=Path, required=True,
-                   help="a JSONL file whose --field holds prose (e.g. CNN/DailyMail's test.jsonl, field article)")
+                   help="a JSONL file, or a folder written by `specsweep fetch`, whose --field holds prose (e.g. "
+                        "CNN/DailyMail's, field article)")
     p.add_argument("--field", default="text", help="the JSON field that holds the text (default: text)")
     p.add_argument("--out", type=Path, required=True, help="the corpus folder (must not exist or be empty)")
     p.add_argument("--clips", type=int, default=100, help="clips to speak (default: 100)")
@@ -26,9 +27,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_texts(path: Path, field: str) -> list[str]:
-    """The ``field`` of each JSON line of ``path``; a one-line SpecsweepError when the file or the field is missing."""
+    """The ``field`` of each JSON line of ``path``, or of each row of a folder written by `specsweep fetch` (its
+    data.parquet); a one-line SpecsweepError when the file or the field is missing."""
+    if path.is_dir():
+        from pipeline.data import DATA_FILE
+
+        if not (path / DATA_FILE).is_file():
+            raise SpecsweepError(f"--texts {path} is a folder without {DATA_FILE}: give a JSONL file or a folder "
+                                 "written by specsweep fetch")
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path / DATA_FILE)
+        if field not in table.column_names:
+            raise SpecsweepError(f"{path} has no column {field!r} (it has {', '.join(table.column_names)}): name the "
+                                 "field with --field")
+        return [t for t in table.column(field).to_pylist() if isinstance(t, str)]
     if not path.is_file():
-        raise SpecsweepError(f"--texts {path} does not exist: give a JSONL file")
+        raise SpecsweepError(f"--texts {path} does not exist: give a JSONL file or a folder written by specsweep "
+                             "fetch")
     texts = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
