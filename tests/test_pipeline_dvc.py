@@ -166,9 +166,9 @@ def test_queued_profile_variants_run_side_by_side_in_dvc_queue_workers(repo):
 @pytest.mark.parametrize("profile, stages", [
     ("params.yaml", ["data@toy", "models@toy", "baseline@pair0-float32", "tune@0", "report"]),
     ("params.paper.yaml", ["downloads@", "report"]),
-    ("params.real.yaml", ["data@cnn_dailymail", "data@librispeech", "downloads@smollm2", "downloads@whisper-base",
-                          "downloads@whisper-tiny.en", "baseline@pair1-float32", "run@pair1-grid1-float32",
-                          "tune@1", "report"]),
+    ("params.real.yaml", ["data@cnn_dailymail", "data@librispeech", "data@cnn_dailymail_pool", "downloads@smollm2",
+                          "downloads@whisper-base", "speak@speech_synth", "distill@smollm2", "distill@whisper-base",
+                          "baseline@pair1-float32", "run@pair1-grid2-float32", "tune@1", "report"]),
 ])
 def test_every_profile_resolves_with_the_shared_dvc_yaml(tmp_path, profile, stages):
     """`dvc stage list` of dvc.yaml with each profile as its params.yaml (as `make real` lays out the real one):

@@ -26,7 +26,10 @@ import copy
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.distill.teacher import PROMPT_BATCH, TeacherSequence, continue_batch
+from pipeline.distill.teacher import TeacherSequence, continue_batch
+
+CLIP_BATCH = 8
+"""Clips the target encodes and transcribes together (their decoder prompts are the same length: no padding)."""
 
 
 def is_speech(model) -> bool:
@@ -64,8 +67,8 @@ def teacher_pass(target, processor, records: list[dict], prefix: list[int], eos:
     device = next(target.parameters()).device
     out: list[TeacherSequence] = []
     bar = tqdm(total=len(records), desc=desc, unit="clip", disable=not progress)
-    for start in range(0, len(records), PROMPT_BATCH):
-        chunk = records[start: start + PROMPT_BATCH]
+    for start in range(0, len(records), CLIP_BATCH):
+        chunk = records[start: start + CLIP_BATCH]
         hidden = encode(target, processor, [r["audio"] for r in chunk])
         seqs = continue_batch(encoder_forward(target, hidden), [list(prefix)] * len(chunk), eos, pad,
                               max_new_tokens, 0.0, top_k, None, device, mask_logits)
