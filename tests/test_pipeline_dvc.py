@@ -31,7 +31,7 @@ save_pair(pathlib.Path("models/tiny/text"))
 TINY = {
     "prepare": {"data": {"tiny": {"cmd": "python make_data.py", "out": "data/tiny"}},
                 "models": {"text": {"cmd": "python make_models.py", "dep": "data/tiny", "out": "models/tiny/text"}},
-                "downloads": {}},
+                "downloads": {}, "speak": {}, "distill": {}},
     "run": {"device": "cpu", "temperature": 1.0, "seed": 0, "batch_size": 1, "no_progress": True},
     "tracking": {"wandb_project": "specsweep-test", "wandb_group": "tiny"},
     "pairs": [{"name": "text", "data_dep": "data/tiny", "model_dep": "models/tiny/text",
