@@ -8,6 +8,7 @@ results do not hold is left out, not guessed. Flagged speed measurements are mar
 
 from __future__ import annotations
 
+from pipeline.tree_plan import is_widths
 from pipeline.tree_shape import TokenTree
 
 from .document import Heading, Para, Table
@@ -38,7 +39,13 @@ def section(table) -> list:
         chains = group[group["draft_tree"].isna()]
         rows = []
         for _, tree_row in trees.iterrows():
-            tree = TokenTree.from_widths(tree_row["draft_tree"])
+            parents = tree_row.get("tree_parents")
+            if isinstance(parents, str) and parents:         # as it ran: any shape (best:N, parents:...)
+                tree = TokenTree(tuple(int(p) for p in parents.split(",")))
+            elif is_widths(tree_row["draft_tree"]):
+                tree = TokenTree.from_widths(tree_row["draft_tree"])
+            else:                                            # best:N from a file older than tree_parents: unknown
+                continue
             rows.append(_row(tree_row, f"tree {tree_row['draft_tree']}", tree.depth))
             for gamma, why in ((tree.n_nodes, "as many tokens scored"), (tree.depth, "the tree's depth")):
                 match = chains[[to_number(g) == gamma for g in chains["gamma"]]]

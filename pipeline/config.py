@@ -16,7 +16,8 @@ from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
-from pipeline.tree_shape import TREE_BACKENDS, TREE_CHILDREN, TREE_RULES, TokenTree
+from pipeline.tree_plan import is_widths, resolve_tree
+from pipeline.tree_shape import TREE_BACKENDS, TREE_CHILDREN, TREE_RULES
 from pipeline.tuning.export import apply_settings
 
 ENGINES = ("specsweep", "hf")
@@ -95,7 +96,14 @@ class RunConfig:
                                            "in one forward, and --gamma becomes the node count (tokens scored per "
                                            "step); with --sampler exact or greedy on the static-cache forward "
                                            "(docs/trees.md). A grid lists trees with / (chain: none), e.g. "
-                                           "chain/2,2,1/3,1,1")
+                                           "chain/2,2,1/3,1,1. Also parents:-1,-1,0 (any tree, by each node's "
+                                           "parent, -1 the root) and best:N (or best:N:D, at most D deep): the tree "
+                                           "of N nodes with the most expected tokens per step for the per-node "
+                                           "acceptance of --tree-profile (a draft model's tree)")
+    tree_profile: str | None = setting(None, "with --draft-tree best:N: results JSON of a previous run of the same "
+                                             "pair and temperature (comma-separated: their counts summed), whose "
+                                             "per-node acceptance (metrics.node_acceptance) plans the tree (other "
+                                             "trees ignore it)")
     tree_children: str = setting("without-replacement", "with --draft-tree: a node's children sampled without "
                                                         "replacement, sampled independently (with-replacement), or "
                                                         "the draft's top-k (deterministic); the top-k at "
@@ -273,8 +281,11 @@ class RunConfig:
         count."""
         if self.draft_tree is None:
             return
-        tree = TokenTree.from_widths(self.draft_tree)
+        tree = resolve_tree(self.draft_tree, self.tree_profile, self.target, self.draft, self.temperature)
         if self.drafter != "model":
+            if not is_widths(self.draft_tree):
+                raise SpecsweepError(f"--drafter {self.drafter} places its matches in a tree of widths per depth "
+                                     f"(e.g. --draft-tree 3,2,1); got {self.draft_tree!r}")
             # a drafter without a model proposes its matches: deterministic children, the top-k of its ranking
             if self.tree_children == "with-replacement":
                 raise SpecsweepError(f"--drafter {self.drafter} proposes its matches as deterministic children: "

@@ -28,6 +28,7 @@ from pathlib import Path
 from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 from pipeline.errors import SpecsweepError
 from pipeline.origins import merge_counts
+from pipeline.tree_plan import add_node_counts
 
 # Set by `specsweep run --processes N` for its ranks: the file rank 0 writes a failure's one-line message to.
 ERROR_FILE_ENV = "SPECSWEEP_ERROR_FILE"
@@ -149,7 +150,8 @@ def unshard(shares: list[list]) -> list:
 def merge_totals(parts: list[dict]) -> dict:
     """Every rank's quality-pass totals (pipeline/runner.py ``_quality_pass``) as one run's: the wall time is the
     slowest rank's (the ranks run at once), phase times and calls, draft forwards, the accepted-count histogram,
-    token classes, cuts and a cross-tokenizer draft's statistics are summed, peak memory is the largest.
+    the per-node counts, token classes, cuts and a cross-tokenizer draft's statistics are summed, peak memory is the
+    largest.
     ``rank_wall`` lists each rank's wall time."""
 
     merged = {"wall": max(p["wall"] for p in parts), "rank_wall": [p["wall"] for p in parts],
@@ -162,6 +164,9 @@ def merge_totals(parts: list[dict]) -> dict:
     hists = [p["hist"] for p in parts if p.get("hist")]
     if hists:
         merged["hist"] = [sum(column) for column in zip(*hists)]
+    for part in parts:
+        if part.get("nodes"):
+            merged["nodes"] = add_node_counts(merged.get("nodes"), part["nodes"])
     classes = [p["token_classes"] for p in parts if p.get("token_classes")]
     if classes:
         merged["token_classes"] = {}

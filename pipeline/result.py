@@ -21,7 +21,8 @@ Version history (``specsweep_results``):
      tokenizer); for a task with categories (spec_bench), ``metrics.by_category`` and ``metrics.by_group``
      (pipeline/categories.py), ``measurement.groups`` (each category's timing, pipeline/paired.py ``time_groups``),
      ``resolved.ar_outputs`` (whose outputs the quality compares with) and ``config.categories`` /
-     ``config.per_category`` (absent: every category).
+     ``config.per_category`` (absent: every category); ``metrics.node_acceptance`` (per depth and sibling rank,
+     docs/trees.md) and, for a token tree, ``resolved.tree_parents``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Resolved(TypedDict, total=False):
     speed_measured_on: str           # with processes > 1: where the paired speed measurement ran, "rank 0 (cpu)"
     draft_tokenizer_mode: str        # shared, intersection or string (pipeline/decoding/drafters/cross_tokenizer.py)
     ar_outputs: str | None           # spec_bench: the γ = 0 outputs its quality compares with (None at T > 0)
+    tree_parents: list[int]          # with --draft-tree: the tree's parents list (breadth-first, -1 the root)
     # and the task's record of inputs it cut to fit (pipeline/tasks: e.g. truncated, long_inputs)
 
 
@@ -97,6 +99,8 @@ class Metrics(TypedDict, total=False):
     predicted_speedup: float | None
     accepted_histogram: list[int] | None
     position_acceptance: list[float] | None
+    # per depth, per sibling rank: {"reached", "accepted": [[int]], "rate": [[float | None]]} (None at γ = 0)
+    node_acceptance: dict | None
     # {"token": {class: {offered, accepted}}, "previous": {class or "start": {...}}}: over the positions where a
     # draft token was on offer, how many were accepted, by token class (pipeline/origins.py); None at γ = 0
     token_class_acceptance: dict | None

@@ -63,6 +63,8 @@ def result_row(result: dict, source: str | os.PathLike, name: str | None = None)
         row["draft"] = row["drafter"]
     row["resolved_device"] = result.get("resolved", {}).get("device")
     row["draft_tokenizer_mode"] = result.get("resolved", {}).get("draft_tokenizer_mode") or "shared"
+    parents = result.get("resolved", {}).get("tree_parents")        # a token tree's shape, as it ran (best:N too)
+    row["tree_parents"] = None if parents is None else ",".join(str(p) for p in parents)
     row["ar_outputs"] = result.get("resolved", {}).get("ar_outputs")   # spec_bench: whose outputs it was compared with
     row.update({k: metrics.get(k) for k in METRIC_COLUMNS})
     cross = metrics.get("cross_tokenizer") or {}

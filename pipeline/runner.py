@@ -48,7 +48,7 @@ from pipeline.result import make_result, read_result, write_result
 from pipeline.rng import RowGenerators
 from pipeline.tasks import get_task
 from pipeline.tasks.base import Cuts
-from pipeline.tree_shape import TokenTree
+from pipeline.tree_plan import add_node_counts, node_rates
 
 # Settings that must match between a run and the AR baseline its speedup is measured against.
 BASELINE_KEYS = ("target", "task", "data", "dtype", "max_new_tokens", "max_prompt_tokens", "limit", "seed",
@@ -165,6 +165,8 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
                 "processes": 1 if world is None else world.size, "seed_per_example": decoding.per_example,
                 "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer),
                 "drafter": engine.drafter.settings if getattr(engine, "drafter", None) is not None else None}
+    if config.draft_tree is not None:      # the tree the run decoded with (best:N is planned from its profile)
+        resolved["tree_parents"] = list(stack.run_tree(config).parents)
     if task.wants_ar_outputs:
         resolved["ar_outputs"] = ar_source
     if world is not None:
@@ -282,6 +284,8 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
         if hist:
             hist = hist[: accepted_at_most(config) + 1]   # a tree's step accepts at most its depth
             totals["hist"] = [a + b for a, b in zip(totals.get("hist", [0] * len(hist)), hist)]
+        if result.extra.get("node_acceptance"):
+            totals["nodes"] = add_node_counts(totals.get("nodes"), result.extra["node_acceptance"])
         totals["peak"] = max(totals["peak"], result.peak_memory_mb)
         if "cross_tokenizer" in result.extra:
 
@@ -386,7 +390,7 @@ def _ar_outputs(config: RunConfig, task, loops: dict, fresh_encoder, records: li
 def accepted_at_most(config: RunConfig) -> int:
     """The most draft tokens a step accepts, and the draft forwards it costs: γ, or a token tree's depth (its γ is its
     node count, what the target scores; its draft reads one level per forward, docs/trees.md)."""
-    return TokenTree.from_widths(config.draft_tree).depth if config.draft_tree else config.gamma
+    return stack.run_tree(config).depth if config.draft_tree else config.gamma
 
 
 def _theory(metrics: dict, costs: dict, gamma: int) -> dict:
@@ -451,4 +455,7 @@ def _summarize(samples: list[dict], totals: dict) -> dict:
         # position i is accepted once reached: P(accepted > i | accepted >= i)
         "accepted_histogram": totals.get("hist"),
         "position_acceptance": position_acceptance(totals.get("hist")),
+        # per depth, per sibling rank (a chain: rank 0): nodes the verify steps tried (parent accepted, earlier
+        # siblings rejected), those accepted, and the rate; every step counts (docs/trees.md, --tree-profile)
+        "node_acceptance": node_rates(totals.get("nodes")),
     }

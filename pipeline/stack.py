@@ -48,6 +48,7 @@ from pipeline.samplers import get_sampler
 from pipeline.samplers.cuda_graphs import GraphedVerify  # imports CuPy's launch code: a GPU run only
 from pipeline.samplers.tree import TreeSampler
 from pipeline.tasks import get_task
+from pipeline.tree_plan import resolve_tree
 from pipeline.tree_shape import TokenTree, parse_widths
 
 
@@ -172,13 +173,19 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
                                  target.get_output_embeddings().weight.shape[0], device))
 
 
+def run_tree(config: RunConfig) -> TokenTree:
+    """The run's token tree (--draft-tree: widths, a parents list, or best:N planned from --tree-profile)."""
+    return resolve_tree(config.draft_tree, config.tree_profile, config.target, config.draft, config.temperature)
+
+
 def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: str) -> Drafter | None:
     """The run's drafter (None at γ = 0): prompt lookup or suffix decoding (no draft model; several matches per step
     with --draft-tree), or the draft model, bridged when its tokenizer is not the target's, or restricted to its
     vocabulary map (vocab_map.py)."""
     if config.gamma == 0:
         return None
-    widths = None if config.draft_tree is None else parse_widths(config.draft_tree)
+    # a drafter without a model places its matches in a tree of widths per depth (config: widths only)
+    widths = None if config.draft_tree is None or config.drafter == "model" else parse_widths(config.draft_tree)
     if config.drafter == "prompt-lookup":
         return prompt_lookup(config.lookup_min, config.lookup_max, eos_token_ids(target, tokenizer), widths)
     if config.drafter == "suffix":
@@ -194,7 +201,7 @@ def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: 
                 raise SpecsweepError(f"--draft-tree needs a draft over the target's whole vocabulary; {config.draft} "
                                      f"predicts {len(ids)} of its tokens (specsweep distill --draft-vocab): leave "
                                      "--draft-tree out or give another draft")
-            return TreeDrafter(draft, TokenTree.from_widths(config.draft_tree), config.tree_children)
+            return TreeDrafter(draft, run_tree(config), config.tree_children)
         return ModelDrafter(draft) if ids is None else VocabMapDrafter(draft, ids)
     if config.draft_tree is not None:
         raise SpecsweepError("--draft-tree needs a draft with the target's tokenizer")

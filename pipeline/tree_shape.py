@@ -134,12 +134,49 @@ class TokenTree:
         """int64 [N]: each node's depth (its position offset from the root)."""
         return torch.tensor(self.depths, dtype=torch.int64, device=device)
 
+    @cached_property
+    def ranks(self) -> tuple[int, ...]:
+        """Per node, its place among its siblings (0: its parent's first child, the one the verify step tries
+        first)."""
+        out = [0] * self.n_nodes
+        for kids in self.children:
+            for k, n in enumerate(kids):
+                out[n] = k
+        return tuple(out)
+
+    def outcomes(self, path: torch.Tensor, real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a verify step did at each node, from its accepted path int64 [b, D] (node indices, -1 after the
+        accepted count; D >= the tree's depth) and the rows' own nodes ``real`` bool [b, N] (None: every node) ->
+        (tested, accepted) bool [b, N]: tested where the verify step tried the node (its parent accepted, or the
+        root, and its earlier siblings rejected; a node a row did not propose is never tried), accepted where it is on
+        the accepted path. Tensor ops on path's device, no host sync."""
+        depth_col, parent_pos, earlier = _outcome_tables(self, str(path.device))
+        nodes = torch.arange(self.n_nodes, device=path.device)
+        accepted = path[:, depth_col] == nodes                                            # [b, N]
+        reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted], dim=1)[:, parent_pos]
+        sibling_taken = (accepted.float() @ earlier) > 0      # an earlier sibling accepted: this one never tried
+        tested = reached & ~sibling_taken
+        return (tested if real is None else tested & real), accepted
+
 
 @functools.lru_cache(maxsize=64)
 def _children_table(tree: TokenTree, device: str) -> torch.Tensor:
     K = max(tree.max_width, 1)
     rows = [list(c) + [-1] * (K - len(c)) for c in tree.children]
     return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _outcome_tables(tree: TokenTree, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For :meth:`TokenTree.outcomes`: int64 [N] each node's depth - 1 (its path column), int64 [N] its parent's
+    position (0: the root), float32 [N, N] [s, n] = 1 where s is an earlier sibling of n."""
+    earlier = torch.zeros(tree.n_nodes, tree.n_nodes)
+    for kids in tree.children:
+        for k, n in enumerate(kids):
+            earlier[list(kids[:k]), n] = 1.0
+    depth_col = torch.tensor([d - 1 for d in tree.depths], dtype=torch.int64)
+    parent_pos = torch.tensor([p + 1 for p in tree.parents], dtype=torch.int64)
+    return depth_col.to(device), parent_pos.to(device), earlier.to(device)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -56,8 +56,12 @@ def pair(request, pairs):
     return pairs(request.param)
 
 
+# a tree no widths describe (nodes of one depth with 2, 1 and 0 children), as --draft-tree best:N plans them
+UNEVEN = TokenTree((-1, -1, 0, 0, 1, 2))
+
+
 def tree_engine(target, draft, widths, temperature: float, children: str = "without-replacement", eos=(EOS,)):
-    tree = TokenTree.from_widths(widths)
+    tree = widths if isinstance(widths, TokenTree) else TokenTree.from_widths(widths)
     sampler = TreeSampler(get_sampler("exact", temperature=temperature))
     return SpeculativeEngine(target, TreeDrafter(draft, tree, children), sampler, tree.n_nodes, "cpu", list(eos), 0)
 
@@ -68,7 +72,7 @@ def hf_greedy(model, tok, prompt, max_new):
     return out[0, enc.input_ids.shape[1]:].tolist()
 
 
-@pytest.mark.parametrize("widths", [(2, 2, 1), (3,), (3, 2), (1, 1, 1)])
+@pytest.mark.parametrize("widths", [(2, 2, 1), (3,), (3, 2), (1, 1, 1), UNEVEN])
 def test_greedy_tree_decoding_is_the_target_alone(pair, widths):
     target, draft, tok = pair
     reference = [hf_greedy(target, tok, p, 24) for p in PROMPTS]
@@ -79,8 +83,16 @@ def test_greedy_tree_decoding_is_the_target_alone(pair, widths):
     one = tok(PROMPTS[3], return_tensors="pt")
     assert engine.generate(one.input_ids, one.attention_mask, 24).tokens == [reference[3]]
     stats = batched.row_stats
-    assert 0 < sum(s["accepted"] for s in stats) < sum(s["verify_steps"] for s in stats) * len(widths)
+    depth = widths.depth if isinstance(widths, TokenTree) else len(widths)
+    assert 0 < sum(s["accepted"] for s in stats) < sum(s["verify_steps"] for s in stats) * depth
     assert batched.extra["draft_forwards"] > 0
+    # the per-node counts: every accepted token is an accepted node, every step that drafts (all but at most a
+    # row's last, which has room for the emitted token alone) tries a first child at depth 1
+    nodes = batched.extra["node_acceptance"]
+    assert sum(map(sum, nodes["accepted"])) == sum(s["accepted"] for s in stats)
+    steps = sum(s["verify_steps"] for s in stats)
+    assert steps - len(PROMPTS) <= nodes["reached"][0][0] <= steps
+    assert all(a <= r for ra, rr in zip(nodes["accepted"], nodes["reached"]) for a, r in zip(ra, rr))
 
 
 def branch(tree: TokenTree, node: int) -> list[int]:
@@ -131,16 +143,19 @@ def first_two_laws(target, prompt: torch.Tensor) -> tuple[np.ndarray, np.ndarray
     return p1.numpy(), (p1[:, None] * p2_given).sum(0).numpy()
 
 
-@pytest.mark.parametrize("kind,children", [("gpt2", "without-replacement"), ("gpt2", "with-replacement"),
-                                           ("gpt2", "top-k"), ("llama", "without-replacement")])
-def test_tree_sampling_follows_the_target_distribution(pairs, kind, children):
+@pytest.mark.parametrize("kind,children,shape", [("gpt2", "without-replacement", (2, 2, 1)),
+                                                 ("gpt2", "with-replacement", (2, 2, 1)), ("gpt2", "top-k", (2, 2, 1)),
+                                                 ("llama", "without-replacement", (2, 2, 1)),
+                                                 ("gpt2", "without-replacement", UNEVEN)])
+def test_tree_sampling_follows_the_target_distribution(pairs, kind, children, shape):
     """First and second emitted tokens of a 2,2,1 tree at T = 1 against p(t1) and sum_t1 p(t1) p(t2|t1) (every
-    child rule on GPT-2; on Llama one, as the forward is the model's and the rules the drafter's)."""
+    child rule on GPT-2; on Llama one, as the forward is the model's and the rules the drafter's); and of the uneven
+    tree, decoding 5 tokens so that its first step drafts the whole tree."""
     target, draft, tok = pairs(kind)
     n = 6000
     enc = tok([PROMPTS[0]] * n, return_tensors="pt", padding=True)
-    res = tree_engine(target, draft, (2, 2, 1), 1.0, children, eos=()).generate(
-        enc.input_ids, enc.attention_mask, 2, torch.Generator().manual_seed(1))
+    res = tree_engine(target, draft, shape, 1.0, children, eos=()).generate(
+        enc.input_ids, enc.attention_mask, 2 if shape == (2, 2, 1) else 5, torch.Generator().manual_seed(1))
     out = np.array(res.tokens)
     stats = res.row_stats
     assert 0 < sum(s["accepted"] for s in stats) < sum(s["verify_steps"] for s in stats) * 3

@@ -28,6 +28,8 @@ phase of its own.
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -54,7 +56,10 @@ class GenerationResult:
     row_stats         per row: new_tokens, verify_steps, accepted, drafted, wall_time_s
     phase_time_s      seconds in prefill / draft / target / verify (/ bridge: a draft with another tokenizer)
     phase_calls       forward or verify calls per phase
-    extra             draft_forwards; accepted_histogram [γ+1]: full-γ steps (one per row) that accepted k tokens
+    extra             draft_forwards; accepted_histogram [γ+1]: full-γ steps (one per row) that accepted k tokens;
+                      node_acceptance {"reached", "accepted"}: per depth (1, 2, ...) a list per sibling rank (0:
+                      the first child; a chain has rank 0 only) of the nodes the verify steps tried there (parent
+                      accepted, earlier siblings rejected) and of those accepted, over every step (None at γ = 0)
     origins           per row, aligned with tokens: each token's origin code (pipeline/origins.py: accepted
                       draft, corrected, bonus, target alone); None where the engine cannot know (``--engine hf``)
     origin_steps      per row, aligned with tokens: the verify step (1, 2, ...) each token came from; None likewise
@@ -190,6 +195,7 @@ class SpeculativeEngine:
                 res = self.sampler(proposal.tokens, draft_logits, target_logits, generator=generator,
                                    **proposal.verify_args())
             guard.update(res)
+            self._count_nodes(state, proposal, res)
             finished = self._emit(state, res, res.tokens.shape[1] - 1, max_new_tokens,
                                   proposal.bonus(res.accepted, res.path))
             host = self._sync(state, res, finished, proposal, time.perf_counter() - t_start, on_step)
@@ -319,6 +325,25 @@ class SpeculativeEngine:
         state.act_len = state.act_len + n_emit
         return finished
 
+    def _count_nodes(self, state: _Decoding, proposal: Proposal, res) -> None:
+        """Add the step's tried and accepted nodes per (depth, sibling rank) to ``state.node_counts`` on the device
+        (no host sync; read once in :meth:`_result`). A chain's position j is depth j + 1, rank 0; a row's own
+        shorter draft (``proposal.lengths``) or tree (``proposal.real``) counts only its own positions."""
+        width = proposal.width
+        if state.node_counts is None or width == 0:
+            return
+        if proposal.tree is not None:
+            tested, accepted = proposal.tree.outcomes(res.path, proposal.real)                # [b, N] each
+            group = _node_groups(proposal.tree, self.gamma, str(self.device))
+        else:
+            j = torch.arange(width, device=self.device)
+            tested = res.accepted[:, None] >= j                                                  # [b, K]
+            if proposal.lengths is not None:
+                tested &= j < proposal.lengths[:, None]
+            accepted = res.accepted[:, None] > j
+            group = j * self.gamma
+        state.node_counts.index_add_(1, group, torch.stack([tested.sum(0), (accepted & tested).sum(0)]))
+
     def _sync(self, state: _Decoding, res, finished: torch.Tensor, proposal: Proposal, now: float,
               on_step=None) -> dict:
         """The one host sync of the step (:func:`to_host`): accepted counts, finished flags and emitted lengths, the
@@ -406,7 +431,13 @@ class SpeculativeEngine:
         state.rows, state.pending, state.act_len = state.rows[keep_t], state.pending[keep_t], state.act_len[keep_t]
 
     def _result(self, state: _Decoding, timer: PhaseTimer, wall: float) -> GenerationResult:
-        out_h, packed_h = torch.stack([state.out, state.origin]).tolist()   # one transfer, at the end
+        parts = [state.out, state.origin] + ([] if state.node_counts is None else [state.node_counts])
+        flat = torch.cat([t.flatten() for t in parts]).tolist()             # one transfer, at the end
+        size = state.out.numel()
+        width = state.out.shape[1]
+        out_h, packed_h = ([flat[k + r * width: k + (r + 1) * width] for r in range(state.out.shape[0])]
+                           for k in (0, size))
+        node_counts = None if state.node_counts is None else flat[2 * size:]
         phase_time = timer.totals()
         peak = peak_memory_mb(self.device)
         B = len(state.len_host)
@@ -418,13 +449,34 @@ class SpeculativeEngine:
         if self.char_lengths is not None:
             for r, stats in enumerate(row_stats):
                 stats.update(accepted_chars=state.accepted_chars[r], drafted_chars=state.drafted_chars[r])
-        extra = {"accepted_histogram": state.accepted_hist,
+        extra = {"accepted_histogram": state.accepted_hist, "node_acceptance": _node_table(node_counts),
                  **(self.drafter.statistics() if self.drafter is not None else {"draft_forwards": 0})}
         return GenerationResult(tokens=tokens, row_stats=row_stats, wall_time_s=wall, verify_steps=state.steps,
                                 phase_time_s=phase_time, phase_calls=dict(timer.counts), peak_memory_mb=peak,
                                 extra=extra,
                                 origins=[[c % N_ORIGINS for c in row] for row in packed],
                                 origin_steps=[[c // N_ORIGINS for c in row] for row in packed])
+
+
+@functools.lru_cache(maxsize=256)
+def _node_groups(tree, gamma: int, device: str) -> torch.Tensor:
+    """int64 [N]: each node's slot in ``_Decoding.node_counts``, (depth - 1) · γ + its sibling rank."""
+    return torch.tensor([(d - 1) * gamma + k for d, k in zip(tree.depths, tree.ranks)], dtype=torch.int64,
+                        device=device)
+
+
+def _node_table(counts: list[int] | None) -> dict | None:
+    """``_Decoding.node_counts`` [2, γ·γ] as host ints (flat) -> {"reached": [[int per rank] per depth],
+    "accepted": likewise}, cut to the depths and ranks ever tried; None at γ = 0."""
+    if counts is None:
+        return None
+    gamma = math.isqrt(len(counts) // 2)
+    rows = [counts[i: i + gamma] for i in range(0, len(counts), gamma)]
+    reached, accepted = rows[:gamma], rows[gamma:]
+    depths = max((d + 1 for d in range(gamma) if any(reached[d])), default=0)
+    ranks = max((k + 1 for row in reached for k in range(gamma) if row[k]), default=0)
+    return {"reached": [row[:ranks] for row in reached[:depths]],
+            "accepted": [row[:ranks] for row in accepted[:depths]]}
 
 
 @dataclass
@@ -454,6 +506,8 @@ class _Decoding:
     accepted_chars: list[int]    # characters of the accepted drafts (with the engine's char_lengths)
     drafted_chars: list[int]
     accepted_hist: list[int]     # full-γ steps (one per row) that accepted k = 0..γ tokens
+    # int64 [2, γ·γ] on the device (None at γ = 0): nodes tried / accepted at (depth - 1) · γ + sibling rank
+    node_counts: torch.Tensor | None
     pending: torch.Tensor | None = None
     steps: int = 0
 
@@ -467,7 +521,8 @@ class _Decoding:
                    prompt=input_ids, prompt_valid=attention_mask, padded=padded, rows_host=list(range(B)),
                    len_host=[0] * B, accepted=[0] * B, drafted=[0] * B, row_steps=[0] * B, finish_time=[0.0] * B,
                    accepted_chars=[0] * B, drafted_chars=[0] * B,
-                   accepted_hist=[0] * (gamma + 1))
+                   accepted_hist=[0] * (gamma + 1),
+                   node_counts=torch.zeros(2, gamma * gamma, dtype=torch.int64, device=dev) if gamma else None)
 
     @property
     def batch(self) -> int:

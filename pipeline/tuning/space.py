@@ -22,6 +22,7 @@ from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.models import load_tokenizer
 from pipeline.rules import get_rule, param_names, tunable
+from pipeline.tree_plan import is_widths
 from pipeline.tree_shape import CHAIN, TREE_RULES, parse_widths
 
 OBJECTIVES = ("speedup", "quality")
@@ -130,6 +131,9 @@ class SearchSpace:
             raise SpecsweepError(f"{where}: lookup_max needs 1 <= low <= high and suffix_factor 0 < low <= high; got "
                                  f"{list(self.lookup_max)}, {list(self.suffix_factor[:2])}")
         for tree in self.trees:
+            if not is_widths(tree):      # best:N needs a profile run of the pair: plan it, then run it as parents:
+                raise SpecsweepError(f"{where}: draft_tree takes widths (or chain), not {tree!r}: run best:N with "
+                                     "specsweep run --tree-profile")
             if tree != CHAIN:
                 parse_widths(tree)
         if self.trees and not set(self.samplers) & set(TREE_RULES):

@@ -1,6 +1,7 @@
 """A draft model proposing a token tree: several children per node, one draft forward per level.
 
-The tree's shape is widths per depth (pipeline/tree_shape.py, ``--draft-tree 2,2,1``). From the draft's
+The tree's shape is any :class:`~pipeline.tree_shape.TokenTree`: widths per depth (``--draft-tree 2,2,1``), a
+parents list, or the best tree for a node budget (pipeline/tree_plan.py, ``best:N``). From the draft's
 distribution at the root (the step's first logits, as for a chain) it picks the root's children, reads them in one
 forward in which each attends to the context and itself, picks their children from the logits that forward gives,
 and so on: depth D costs D draft forwards, as a chain of D tokens does, and the target scores all N nodes in one
@@ -29,29 +30,36 @@ from pipeline.tree_shape import TREE_CHILDREN, TokenTree, TreeSpan
 
 
 class TreeDrafter(ModelDrafter):
-    """A :class:`ModelDrafter` whose full steps propose ``tree`` (a :class:`TokenTree` of uniform widths per
-    depth) with children chosen by ``children`` (one of TREE_CHILDREN)."""
+    """A :class:`ModelDrafter` whose full steps propose ``tree`` (any :class:`TokenTree`: the nodes of a depth may
+    have different numbers of children, some none) with children chosen by ``children`` (one of TREE_CHILDREN)."""
 
     def __init__(self, model, tree: TokenTree, children: str = "without-replacement") -> None:
         super().__init__(model)
         if children not in TREE_CHILDREN:
             raise ValueError(f"children must be one of {TREE_CHILDREN}; got {children!r}")
         self.tree, self.children = tree, children
-        self.settings = {"drafter": "model", "draft_tree": list(self.widths()), "tree_children": children}
+        self.levels = _levels(tree)
+        widths = self.widths()
+        self.settings = {"drafter": "model", "draft_tree": None if widths is None else list(widths),
+                         "tree_parents": list(tree.parents), "tree_children": children}
 
-    def widths(self) -> tuple[int, ...]:
-        """Children per node at each depth (the tree is built from widths: every node of a depth has as many)."""
-        return tuple(self._width_at(depth) for depth in range(self.tree.depth))
-
-    def _width_at(self, depth: int) -> int:
-        """Children of the first node at ``depth`` (0: the root)."""
-        position = 0 if depth == 0 else self.tree.depths.index(depth) + 1
-        return len(self.tree.children[position])
+    def widths(self) -> tuple[int, ...] | None:
+        """Children per node at each depth where every node of a depth has as many (a tree of widths), else None."""
+        out = []
+        for depth in range(self.tree.depth):
+            positions = [0] if depth == 0 else [n + 1 for n, d in enumerate(self.tree.depths) if d == depth]
+            counts = {len(self.tree.children[p]) for p in positions}
+            if len(counts) != 1:
+                return None
+            out.append(counts.pop())
+        return tuple(out)
 
     def bind(self, setup: DraftSetup) -> None:
         super().bind(setup)
         self.target_span = TreeSpan.whole(self.tree, setup.device)
         self.level_spans = [TreeSpan.level(self.tree, d, setup.device) for d in range(1, self.tree.depth)]
+        self.level_index = [(torch.tensor(parent, device=setup.device), torch.tensor(slot, device=setup.device))
+                            for parent, slot, _ in self.levels]
         self.deterministic = self.children == "top-k" or self.temperature == 0.0
 
     def propose(self, ask: DraftAsk) -> Proposal:
@@ -66,18 +74,22 @@ class TreeDrafter(ModelDrafter):
         logits = self.first_logits()[:, None]                                  # [b, 1, V_d]: the root's
         b = logits.shape[0]
         tokens, node_logits, start = [], [], 0
-        for depth, width in enumerate(self.widths()):
+        for depth, ((parent, slot), (_, _, width)) in enumerate(zip(self.level_index, self.levels)):
             if self.mask_logits is not None:
                 logits = self.mask_logits(logits, first_position=False)
                 if ask.first_step and depth == 0:
                     self.mask_logits(logits, first_position=True)
-            parents = logits.shape[1]
-            u = None if deterministic else ask.u[:, start: start + parents * width].reshape(b * parents, width)
+            parents, count = logits.shape[1], parent.shape[0]        # the level's positions; its children
+            u = None
+            if not deterministic:       # node n draws with column n; slots no child takes draw a discarded token
+                u = ask.u.new_full((b, parents * width), 0.5).index_copy(1, slot, ask.u[:, start: start + count])
+                u = u.reshape(b * parents, width)
             kids = self.pick(logits.reshape(b * parents, -1), width, u, deterministic).reshape(b, parents * width)
+            kids = kids if count == parents * width else kids[:, slot]                  # [b, count]
             tokens.append(kids)
             if not deterministic:
-                node_logits.append(logits[:, :, None].expand(-1, -1, width, -1).reshape(b, parents * width, -1))
-            start += parents * width
+                node_logits.append(logits[:, parent])                                    # [b, count, V_d]
+            start += count
             if depth + 1 < self.tree.depth:          # the deepest level is never read by the draft
                 logits = self.model.forward(self._readable(kids), span=self.level_spans[depth])
                 self.forwards += 1
@@ -111,3 +123,20 @@ class TreeDrafter(ModelDrafter):
                           outcome.path[:, :kept], read)
         leaf = outcome.proposal.tokens.gather(1, outcome.path[:, -1:].clamp_min(0)).squeeze(1)
         self.queue(outcome, depth, leaf)
+
+
+def _levels(tree: TokenTree) -> list[tuple[list[int], list[int], int]]:
+    """Per depth d = 0 .. D-1 (0: the root), how its positions' children (the nodes of depth d + 1, in order) are
+    drawn: each child's parent among the level's positions, its slot parent · K + rank in a [positions, K] draw,
+    and K, the most children of any position of the level."""
+    out = []
+    for depth in range(tree.depth):
+        positions = [0] if depth == 0 else [n + 1 for n, d in enumerate(tree.depths) if d == depth]
+        width = max(len(tree.children[p]) for p in positions)
+        parent, slot = [], []
+        for i, p in enumerate(positions):
+            for k, _ in enumerate(tree.children[p]):
+                parent.append(i)
+                slot.append(i * width + k)
+        out.append((parent, slot, width))
+    return out
