@@ -364,7 +364,10 @@ def test_an_agent_style_invocation_runs_to_a_result_offline(path, tiny, tmp_path
     assert result["config"]["gamma"] == point["gamma"] and result["config"]["sampler"] == point["sampler"]
     assert result["config"]["baseline"] == str(root / "runs" / "text-ar-float32.json")
     assert result["metrics"]["speedup"] > 0
-    assert "warning" not in proc.stderr  # W&B started and logged; the flags agreed with wandb.config
+    # W&B started and logged, and the flags agreed with wandb.config: no warning but a busy machine's speed flag
+    warnings = [line for line in proc.stderr.splitlines()
+                if "warning" in line and "speed measurement flagged" not in line]
+    assert not warnings, warnings
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
