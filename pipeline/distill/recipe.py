@@ -168,9 +168,9 @@ def target_sequences(settings: DistillSettings, target, tokenizer, processor, re
     gc = target.generation_config
     mask = LogitMask(getattr(gc, "suppress_tokens", None) or (), getattr(gc, "begin_suppress_tokens", None) or (),
                      next(target.parameters()).device)
-    prefix = get_task(settings.task).decoder_prompt(target, tokenizer)
-    return whisper.teacher_pass(target, processor, records, prefix, eos, pad, settings.max_new_tokens,
-                                settings.top_k, mask, settings.progress, f"target transcribes the {part} clips")
+    encode = get_task(settings.task).encoder(target, tokenizer, processor, run_config(settings))
+    return whisper.teacher_pass(target, encode, records, eos, pad, settings.max_new_tokens, settings.top_k, mask,
+                                settings.progress, f"target transcribes the {part} clips")
 
 
 def teacher_summary(train_seqs, heldout_seqs, seconds: float) -> dict:

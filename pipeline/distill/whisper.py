@@ -8,10 +8,10 @@ target's config with ``is_encoder_decoder`` off) that ``specsweep run --draft DI
 target's encoder output (docs/engine.md): no second encoder pass.
 
     forward = encoder_forward(target, hidden)                         # hidden float32 [B, F, H]
-    sequences = teacher_pass(target, processor, records, prefix, eos, pad, max_new_tokens, top_k, mask)
+    sequences = teacher_pass(target, encode, records, eos, pad, max_new_tokens, top_k, mask)   # encode: the task's
     draft = build_student(target, settings)                           # WhisperForCausalLM, float32, train mode
 
-The teacher pass: the target encodes each clip once (its feature extractor, clips cut to its 30 s window) and
+The teacher pass: the target encodes each clip once (the task's encoder, as `specsweep run` reads the clip) and
 transcribes it greedily with its suppress lists (as ``specsweep run`` decodes it), keeping its law at every decoder
 position (:mod:`pipeline.distill.teacher`); each :class:`~pipeline.distill.teacher.TeacherSequence` carries its
 clip's encoder output as ``context`` [F, H], which the draft's cross-attention reads in training as it will in
@@ -47,30 +47,23 @@ def encoder_forward(target, hidden: torch.Tensor):
     return forward
 
 
-@torch.inference_mode()
-def encode(target, processor, audios: list) -> torch.Tensor:
-    """Clips (float32 [N] each, 16 kHz) -> the target's encoder output float32 [B, F, H]."""
-    from pipeline.audio import SAMPLE_RATE, truncate_audio
-
-    window = processor.feature_extractor.chunk_length
-    cut = [truncate_audio(a, max_seconds=window, sample_rate=SAMPLE_RATE).audio for a in audios]
-    device = next(target.parameters()).device
-    features = processor.feature_extractor(cut, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-    return target.get_encoder()(features.to(device, next(target.parameters()).dtype)).last_hidden_state
-
-
-def teacher_pass(target, processor, records: list[dict], prefix: list[int], eos: list[int], pad: int,
-                 max_new_tokens: int, top_k: int, mask_logits, progress: bool = True,
+def teacher_pass(target, encode, records: list[dict], eos: list[int], pad: int, max_new_tokens: int, top_k: int,
+                 mask_logits, progress: bool = True,
                  desc: str = "target transcribes the clips") -> list[TeacherSequence]:
-    """A :class:`TeacherSequence` per clip record (``{"audio": float32 [N]}``), in order: the decoder prompt
-    ``prefix``, the target's greedy transcript, its law at every position, the clip's encoder output as context."""
-    device = next(target.parameters()).device
+    """A :class:`TeacherSequence` per clip record, in order: the decoder prompt, the target's greedy transcript, its
+    law at every position, the clip's encoder output as context. ``encode`` is the task's encoder, as `specsweep run`
+    builds it (records -> the decoder prompts [B, P] and the log-mel ``input_features``, long clips cut to the
+    window)."""
+    device, dtype = next(target.parameters()).device, next(target.parameters()).dtype
     out: list[TeacherSequence] = []
     bar = tqdm(total=len(records), desc=desc, unit="clip", disable=not progress)
     for start in range(0, len(records), CLIP_BATCH):
         chunk = records[start: start + CLIP_BATCH]
-        hidden = encode(target, processor, [r["audio"] for r in chunk])
-        seqs = continue_batch(encoder_forward(target, hidden), [list(prefix)] * len(chunk), eos, pad,
+        batch, _ = encode(chunk)
+        with torch.inference_mode():
+            features = batch["encoder_inputs"]["input_features"].to(device, dtype)
+            hidden = target.get_encoder()(features).last_hidden_state                       # [B, F, H]
+        seqs = continue_batch(encoder_forward(target, hidden), batch["input_ids"].tolist(), eos, pad,
                               max_new_tokens, 0.0, top_k, None, device, mask_logits)
         for seq, h in zip(seqs, hidden):
             seq.context = h.float().cpu()
