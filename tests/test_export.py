@@ -20,6 +20,7 @@ import yaml
 from test_schedule import fake_result
 from tiny_models import PROMPTS, save_pair
 
+from pipeline import stack
 from pipeline.cli import main
 from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
@@ -286,11 +287,15 @@ def test_specsweep_run_reads_the_json_back(tmp_path):
 
 # ---- token trees -----------------------------------------------------------------------------------------------
 
-def _tree_study(tmp_path, tree: str = "2,2,1", children: str = "top-k", drafter: dict | None = None) -> dict:
-    """A one-cell schedule whose only trial drafts a token tree (γ its node count) with ``drafter``'s settings."""
+def _tree_study(tmp_path, tree: str = "2,2,1", children: str = "top-k", drafter: dict | None = None,
+                parents: list[int] | None = None) -> dict:
+    """A one-cell schedule whose only trial drafts a token tree (γ its node count) with ``drafter``'s settings;
+    ``parents``: the tree the run recorded it ran (resolved.tree_parents)."""
     path = fake_result(tmp_path / "tree" / "trials" / "00000.json", gamma=10, ratios=_speedup(1.6))
     result = json.loads(path.read_text())
     result["config"].update(draft_tree=tree, tree_children=children, **(drafter or {}))
+    if parents is not None:
+        result["resolved"]["tree_parents"] = parents
     path.write_text(json.dumps(result))
     return build_schedule([(Cell(1), tmp_path / "tree")], study="s")
 
@@ -307,6 +312,32 @@ def test_a_tree_travels_through_our_json_and_back_into_a_run(tmp_path):
     assert (config.draft_tree, config.tree_children, config.gamma) == ("2,2,1", "top-k", 10)
     with pytest.raises(SpecsweepError, match="--draft-tree 3,1,1 disagrees with --from-config"):
         RunConfig.from_dict({"target": "t", "data": str(data), "from_config": str(path), "draft_tree": "3,1,1"})
+
+
+# the tree a best:10 run planned from its profile and ran (breadth-first, -1 the root): 5 deep
+PLANNED = [-1, -1, 0, 0, 1, 2, 3, 5, 7, 7]
+
+
+def test_a_planned_tree_exports_as_the_tree_it_ran_and_runs_without_its_profile(tmp_path):
+    """best:N names a tree only together with --tree-profile files a deployment lacks: the export writes the
+    parents list the run recorded, and --from-config runs that tree."""
+    schedule = _tree_study(tmp_path, "best:10", parents=PLANNED)
+    settings = schedule["cells"][0]["choice"]["settings"]
+    assert settings["draft_tree"] == "parents:" + ",".join(map(str, PLANNED)) and settings["gamma"] == 10
+    path, _ = export(schedule, "json", tmp_path / "ours.json")
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"id": "a", "prompt": "the storm"}\n')
+    config = RunConfig.from_dict({"target": "models/target", "data": str(data), "from_config": str(path)}).validate()
+    assert config.tree_profile is None and list(stack.run_tree(config).parents) == PLANNED
+    _, notes = export(schedule, "vllm", tmp_path / "v.json", tree_as_chain=True)
+    assert any("chain of its depth, γ 5," in n for n in notes)                  # PLANNED is 5 deep
+    assert json.loads((tmp_path / "v.json").read_text())["num_speculative_tokens"] == 5
+
+
+def test_a_planned_tree_whose_run_recorded_no_tree_is_one_line(tmp_path):
+    with pytest.raises(SpecsweepError, match=r"recorded no resolved\.tree_parents") as e:
+        _tree_study(tmp_path, "best:10")
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("fmt", ["hf", "vllm", "trtllm"])

@@ -52,7 +52,7 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic, write_text_atomic
 from pipeline.result import read_result
-from pipeline.tree_shape import TokenTree
+from pipeline.tree_plan import resolve_tree
 from pipeline.tuning.schedule import (
     KIND,
     MAX_QUALITY_LOSS,
@@ -124,7 +124,7 @@ def _from_report(csv: Path, task: str | None, max_quality_loss: float) -> dict:
         if result is None:
             raise SpecsweepError(f"{csv}: the recommended run's results file {row['source']} is missing: export from "
                                  "the study folder or the schedule instead")
-        settings = settings_of(result["config"])
+        settings = settings_of(result["config"], result.get("resolved"))
         picks[row["choice"]] = {"settings": settings, "speedup": float(row["speedup"]),
                                 "ci_low": float(row["speedup_ci_low"]), "ci_high": float(row["speedup_ci_high"]),
                                 "source": str(row["source"]), "within_noise": [],
@@ -230,7 +230,7 @@ def _chains(rows: list[dict], fmt: str, tree_as_chain: bool) -> tuple[list[dict]
         if not settings.get("draft_tree") or not settings["gamma"]:
             out.append(row)
             continue
-        depth = TokenTree.from_widths(settings["draft_tree"]).depth
+        depth = resolve_tree(settings["draft_tree"]).depth
         if not tree_as_chain:
             raise SpecsweepError(f"{fmt} drafts chains, not token trees, and the pick for batch size "
                                  f"{row['batch_size']} is {describe_settings(settings)}: export --format json (run it "

@@ -40,6 +40,7 @@ from pipeline.io import write_json_atomic
 from pipeline.objectives import quality_ratio
 from pipeline.result import read_result
 from pipeline.rules import RULES, is_lossless
+from pipeline.tree_plan import PARENTS, is_widths
 
 KIND = "specsweep-schedule"
 VERSION = 1
@@ -158,9 +159,11 @@ def mad(values) -> float:
     return float(np.median(np.abs(x - np.median(x))))
 
 
-def settings_of(config: dict) -> dict:
+def settings_of(config: dict, resolved: dict | None = None) -> dict:
     """The deployable settings of a run's config: γ, rule and its parameters, draft length, temperature, a drafter
-    without a model, and a token tree (draft_tree "2,2,1" and tree_children; γ is then its node count)."""
+    without a model, and a token tree (draft_tree "2,2,1" and tree_children; γ is then its node count). A tree the
+    run planned (``best:N``, from --tree-profile files a deployment does not have) or gave by parents is written as
+    the tree it ran, ``parents:...``, from the run's ``resolved.tree_parents``."""
     rule = RULES.get(config.get("sampler"))
     params = rule.effective({k: config.get(k) for k in rule.param_names}, config.get("preset")) if rule else {}
     draft = {"draft_schedule": config.get("draft_schedule") or "constant",
@@ -173,9 +176,20 @@ def settings_of(config: dict) -> dict:
     if drafter != "model":                                                # a drafter without a draft model
         out["drafter"] = {"drafter": drafter, **{k: config.get(k) for k in DRAFTER_KEYS[drafter]}}
     if config.get("draft_tree") and out["gamma"]:                       # a token tree: γ is its node count
-        out["draft_tree"] = str(config["draft_tree"])
+        out["draft_tree"] = ran_tree(str(config["draft_tree"]), (resolved or {}).get("tree_parents"))
         out["tree_children"] = config.get("tree_children") or "without-replacement"
     return out
+
+
+def ran_tree(spec: str, parents: list[int] | None) -> str:
+    """A run's --draft-tree as a setting that needs nothing but itself: widths as given, else (best:N, parents:...)
+    the parents list the run recorded (``resolved.tree_parents``). One line where a planned tree's run recorded none."""
+    if is_widths(spec):
+        return spec
+    if not parents:
+        raise SpecsweepError(f"a run with --draft-tree {spec} recorded no resolved.tree_parents (a results file older "
+                             "than the tree planner's): run it again to export its tree")
+    return PARENTS + ",".join(str(int(p)) for p in parents)
 
 
 # each drafter without a model: the run settings that define it
@@ -206,7 +220,7 @@ def candidate(result: dict, source: str, penalty: float) -> dict | None:
     if metrics.get("flagged") or metrics.get("speedup") is None or not ratios:
         return None
     config = result["config"]
-    settings = settings_of(config)
+    settings = settings_of(config, result.get("resolved"))
     spread = mad(ratios)
     median = float(np.median(ratios))
     task = config.get("task")
