@@ -135,7 +135,29 @@ def recommend(table, max_quality_loss: float = 0.01):
                 "speedup", "speedup_ci_low", "speedup_ci_high", "quality", "quality_loss", "reference",
                 "reference_source", "acceptance_rate", "draft_tokenizer_mode",
                 "source", "device_name", "date", "cpu_only")}, "note": _slower_note(best)})
-    return pd.DataFrame(out)
+    return pd.DataFrame(_point_to_a_faster_draft(out))
+
+
+def _point_to_a_faster_draft(rows: list[dict]) -> list[dict]:
+    """A choice slower than the target alone names the draft or drafter of the same task, target and choice that is
+    shown faster than the target alone (its interval above 1x; the fastest such), where there is one: "decode with
+    the target alone" would be the wrong advice when another draft of the same target wins."""
+    for row in rows:
+        if not str(row.get("note") or "").startswith(SLOWER):
+            continue
+        faster = [r for r in rows if r.get("run") is not None and r is not row
+                  and all(r.get(k) == row.get(k) for k in ("task", "target", "choice"))
+                  and (to_number(r.get("speedup_ci_low")) or 0.0) > 1]
+        if faster:
+            best = max(faster, key=lambda r: to_number(r.get("speedup")) or 0.0)
+            faster_one = (f"on this target, {best['draft']} is faster ({best['speedup']:.2f}x "
+                          f"[{best['speedup_ci_low']:.2f}, {best['speedup_ci_high']:.2f}], run {best['run']})")
+            row["note"] = row["note"].replace(ALONE, faster_one)
+    return rows
+
+
+SLOWER = "slower than the target alone"
+ALONE = "with this pair on this machine, decode with the target alone"
 
 
 def _slower_note(row) -> str:
@@ -146,8 +168,7 @@ def _slower_note(row) -> str:
     if top is None:
         return ""
     if top < 1:
-        return (f"slower than the target alone (speedup {speedup:.2f}x, interval below 1x): with this pair on this "
-                "machine, decode without a draft")
+        return f"{SLOWER} (speedup {speedup:.2f}x, interval below 1x): {ALONE}"
     if low is not None and low < 1:
         return (f"not shown faster than the target alone (speedup {speedup:.2f}x, but its interval "
                 f"[{low:.2f}, {high:.2f}] reaches below 1x): more repeats (--repeats) would settle it")

@@ -378,6 +378,29 @@ def test_a_recommendation_slower_than_the_target_alone_says_so(tmp_path):
     assert "(`other-unsure`): not shown faster" in md
 
 
+def test_a_slow_draft_of_a_target_points_to_the_faster_drafter_of_the_same_target(tmp_path):
+    """SmolLM2's distilled draft ran slower than the target alone while prompt lookup on the same target was
+    faster: the note names prompt lookup rather than advising to decode with the target alone."""
+    runs = tmp_path / "runs"
+    ar = str(write(runs / "ar.json", result(gamma=0, speedup=None, score=0.40, temperature=0.0)))
+    slow = result(speedup=0.63, score=0.40, temperature=0.0, baseline=ar, sampler="greedy")
+    slow["metrics"].update(speedup_ci_low=0.62, speedup_ci_high=0.64)
+    write(runs / "distilled.json", slow)
+    lookup = result(speedup=1.23, score=0.40, temperature=0.0, baseline=ar, sampler="greedy")
+    lookup["config"].update(drafter="prompt-lookup", draft=None)
+    lookup["metrics"].update(speedup_ci_low=1.22, speedup_ci_high=1.25)
+    write(runs / "lookup.json", lookup)
+    rec = recommend(load_runs(runs), 0.01)
+    notes = dict(zip(rec["run"], rec["note"]))
+    assert notes["distilled"].startswith("slower than the target alone (speedup 0.63x")
+    assert "on this target, prompt-lookup is faster (1.23x [1.22, 1.25], run lookup)" in notes["distilled"]
+    assert notes["lookup"] == ""
+    lookup["metrics"].update(speedup_ci_low=0.95)                     # not shown faster: no pointer to it
+    write(runs / "lookup.json", lookup)
+    notes = dict(zip(*(lambda r: (r["run"], r["note"]))(recommend(load_runs(runs), 0.01))))
+    assert notes["distilled"].endswith("decode with the target alone")
+
+
 def test_every_acceptance_rule_appears_side_by_side_with_its_parameters_and_losslessness(tmp_path):
     runs = tmp_path / "runs"
     ar = str(write(runs / "ar.json", result(gamma=0, speedup=None, score=0.40)))
