@@ -32,7 +32,7 @@ from pipeline.distill.settings import DistillSettings
 from pipeline.distill.student import Vocabulary, build_student, frequent_tokens, layer_stack
 from pipeline.distill.teacher import teacher_pass
 from pipeline.distill.train import train
-from pipeline.env_info import ThreadSettings, default_threads, provenance
+from pipeline.env_info import ThreadSettings, provenance, usable_cores
 from pipeline.errors import SpecsweepError
 from pipeline.io import atomic_dir, write_json_atomic, write_text_atomic
 from pipeline.models import (
@@ -103,7 +103,8 @@ def distill(settings: DistillSettings) -> dict:
     settings.validate()
     previous = torch.get_num_threads()
     try:
-        threads = ThreadSettings(settings.threads or default_threads(), None).apply()
+        # every usable core: training is not a timed measurement, and a DVC stage runs alone
+        threads = ThreadSettings(settings.threads or usable_cores(), None).apply()
         return _distill(settings, threads)
     finally:
         torch.set_num_threads(previous)

@@ -68,7 +68,7 @@ class DistillSettings:
     eval_every: float = option(0.1, "held-out evaluation every this share of the budget")
     seed: int = option(0, "initialisation, data order and sampling seed")
     device: str = option("auto", "cpu, cuda, cuda:N or auto")
-    threads: int | None = option(None, "torch intra-op threads (default: half the usable cores, at least 1)")
+    threads: int | None = option(None, "torch intra-op threads (default: every usable core; nothing here is timed)")
     progress: bool = True
 
     def validate(self) -> DistillSettings:
