@@ -107,6 +107,34 @@ def test_suppressed_ids_are_masked_in_a_reduced_heads_rows():
     assert torch.isinf(logits[0]).tolist() == [False, True, True, True, False]
 
 
+def test_the_curves_agreement_masks_the_targets_suppressed_ids_in_the_drafts_rows(monkeypatch):
+    """The held-out agreement reads the draft as `specsweep run` decodes with it: Whisper's suppressed ids masked
+    in its rows (begin_suppress at the first continuation position only), here over a reduced head."""
+    from pipeline.distill import train as train_module
+    from pipeline.distill.settings import DistillSettings
+    from pipeline.distill.student import Vocabulary
+    from pipeline.distill.teacher import TeacherSequence
+
+    vocab = Vocabulary.of([0, 3, 5, 6, 7], 10, True)             # rows 0..4 are target ids 0, 3, 5, 6, 7
+    seq = TeacherSequence(ids=torch.tensor([1, 2, 5, 6, 6]), prompt=2, positions=torch.arange(4),
+                          top_ids=torch.tensor([[0], [5], [6], [6]]), top_logp=torch.zeros(4, 1))
+    # the draft's rows at positions 1 (the first continuation token), 2 and 3: its best is a suppressed id (7), or
+    # a begin-suppressed one (3) at the first position, which the mask removes, or 3 where it is allowed
+    table = {1: [0, 9, 5, 0, 0], 2: [0, 0, 0, 5, 9], 3: [0, 9, 0, 5, 0]}
+
+    def fake_logits(draft, input_ids, attention_mask, rows, cols, vocab, context=None):
+        return torch.tensor([table[int(c)] for c in cols], dtype=torch.float32)
+
+    monkeypatch.setattr(train_module, "student_logits", fake_logits)
+    settings = DistillSettings(target="t", data="d", out="o", steps=1)
+    draft = torch.nn.Linear(1, 1)
+    plain = train_module.evaluate(draft, [seq], vocab, settings, 0, "cpu")
+    masked = train_module.evaluate(draft, [seq], vocab, settings, 0, "cpu",
+                                   LogitMask([7], [3], torch.device("cpu")))
+    assert plain["positions"] == masked["positions"] == 3
+    assert plain["agreement"] == 0.0 and masked["agreement"] == pytest.approx(2 / 3)
+
+
 def test_bad_speech_settings_fail_in_one_line(distilled, tmp_path, capsys):
     target, data, _, _ = distilled
     for extra, needle in ((["--on-policy", "0.5"], "--on-policy"), (["--width", "32", "--init", "fresh"], "--width")):

@@ -134,7 +134,8 @@ def _distill(settings: DistillSettings, threads: dict) -> dict:
     meta = {"target": settings.target, "divergence": settings.divergence}
     with atomic_dir(settings.out) as folder:
         log = train(draft, target, train_seqs, heldout_seqs, vocab, settings, eos, pad,
-                    on_point=lambda curve: write_curve(folder, curve, meta))
+                    on_point=lambda curve: write_curve(folder, curve, meta),
+                    suppress=suppress_mask(target, processor))
         record = {"settings": settings.to_dict(), "threads": threads, "provenance": provenance(device),
                   "data": {"records": len(records), "excluded": excluded, "train": len(train_records),
                            "heldout": len(heldout_records),
@@ -166,12 +167,20 @@ def target_sequences(settings: DistillSettings, target, tokenizer, processor, re
         return teacher_pass(target, prompt_tokens(settings, target, tokenizer, records), eos, pad,
                             settings.max_new_tokens, settings.teacher_temperature, settings.top_k, seed,
                             settings.progress, f"target continues the {part} prompts")
-    gc = target.generation_config
-    mask = LogitMask(getattr(gc, "suppress_tokens", None) or (), getattr(gc, "begin_suppress_tokens", None) or (),
-                     next(target.parameters()).device)
     encode = get_task(settings.task).encoder(target, tokenizer, processor, run_config(settings))
-    return whisper.teacher_pass(target, encode, records, eos, pad, settings.max_new_tokens, settings.top_k, mask,
-                                settings.progress, f"target transcribes the {part} clips")
+    return whisper.teacher_pass(target, encode, records, eos, pad, settings.max_new_tokens, settings.top_k,
+                                suppress_mask(target, processor), settings.progress,
+                                f"target transcribes the {part} clips")
+
+
+def suppress_mask(target, processor) -> LogitMask | None:
+    """A speech target's ids never emitted (Whisper's suppress_tokens, and begin_suppress_tokens first), as
+    `specsweep run` masks them; None for a text target (``processor`` None)."""
+    if processor is None:
+        return None
+    gc = target.generation_config
+    return LogitMask(getattr(gc, "suppress_tokens", None) or (), getattr(gc, "begin_suppress_tokens", None) or (),
+                     next(target.parameters()).device)
 
 
 def teacher_summary(train_seqs, heldout_seqs, seconds: float) -> dict:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from pipeline.decoding.engine import LogitMask
 from pipeline.distill.divergence import acceptance, agreement, divergence
 from pipeline.distill.on_policy import on_policy_batch
 from pipeline.distill.settings import DistillSettings
@@ -82,19 +83,28 @@ def make_batch(seqs: list[TeacherSequence], pad: int, prompt_positions: int | No
 
 @torch.no_grad()
 def evaluate(draft, sequences: list[TeacherSequence], vocab: Vocabulary, settings: DistillSettings, pad: int,
-             device) -> dict | None:
+             device, suppress: LogitMask | None = None) -> dict | None:
     """The draft on held-out teacher sequences, over their continuation positions: the mean divergence (``loss``),
     the share of positions where its most probable token is the target's (``agreement``: a T = 0 step's per-token
     acceptance, given the target's prefix) and Σ min(p, q) on the target's top tokens (``acceptance_t1``, a lower
-    bound of a T = 1 step's). None without held-out sequences."""
+    bound of a T = 1 step's). ``suppress``: the target's ids never emitted (Whisper's suppress lists, over target
+    ids), masked in the draft's rows as `specsweep run` masks them (begin_suppress at each first continuation
+    position). None without held-out sequences."""
     if not sequences:
         return None
     draft.eval()
+    rows_mask = suppress.restricted(vocab.d2t.tolist()) if suppress is not None and suppress.active else None
     sums, n = torch.zeros(3, dtype=torch.float64), 0
     for i in range(0, len(sequences), settings.batch_size):
-        batch = make_batch(sequences[i: i + settings.batch_size], pad, None, 0.0, torch.Generator(), device)
+        seqs = sequences[i: i + settings.batch_size]
+        batch = make_batch(seqs, pad, None, 0.0, torch.Generator(), device)
         logits = student_logits(draft, batch.input_ids, batch.attention_mask, batch.rows, batch.cols, vocab,
                                 batch.context)
+        if rows_mask is not None:
+            prompts = torch.tensor([s.prompt for s in seqs], device=batch.cols.device)
+            first = batch.cols == prompts[batch.rows] - 1           # the law of each continuation's first token
+            logits = rows_mask(logits.clone(), False)
+            logits[first] = rows_mask(logits[first], True)
         values = [divergence(settings.divergence, logits, batch.top_ids, batch.top_logp, vocab.t2d),
                   agreement(logits, batch.top_ids, vocab.d2t).float(),
                   acceptance(logits, batch.top_ids, batch.top_logp, vocab.t2d)]
@@ -121,18 +131,19 @@ class Budget:
 
 
 def train(draft, target, train_seqs: list[TeacherSequence], heldout: list[TeacherSequence], vocab: Vocabulary,
-          settings: DistillSettings, eos: list[int], pad: int, on_point=None) -> dict:
+          settings: DistillSettings, eos: list[int], pad: int, on_point=None,
+          suppress: LogitMask | None = None) -> dict:
     """Train ``draft`` in place within the budget. Returns the record: steps, seconds (training, and of it the
     on-policy steps'), the curve (a point per evaluation: step, seconds, mean training loss since the last point,
-    the held-out record of :func:`evaluate`). ``on_point(curve)`` is called after each point (the caller writes the
-    curve as it grows)."""
+    the held-out record of :func:`evaluate`, with ``suppress``). ``on_point(curve)`` is called after each point (the
+    caller writes the curve as it grows)."""
     device = next(draft.parameters()).device
     g = torch.Generator().manual_seed(settings.seed)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.98))
     budget = Budget(settings.time_budget, settings.steps)
     curve = [{"step": 0, "seconds": 0.0, "train_loss": None,
-              "heldout": evaluate(draft, heldout, vocab, settings, pad, device)}]
+              "heldout": evaluate(draft, heldout, vocab, settings, pad, device, suppress)}]
     if on_point:
         on_point(curve)
     order, cursor, step, losses, policy_steps, policy_s = [], 0, 0, [], 0, 0.0
@@ -157,7 +168,7 @@ def train(draft, target, train_seqs: list[TeacherSequence], heldout: list[Teache
         if budget.used(step, elapsed) >= min(1.0, next_eval - 1e-9):
             next_eval += settings.eval_every
             curve.append({"step": step, "seconds": elapsed, "train_loss": sum(losses) / len(losses),
-                          "heldout": evaluate(draft, heldout, vocab, settings, pad, device)})
+                          "heldout": evaluate(draft, heldout, vocab, settings, pad, device, suppress)})
             losses = []
             if curve[-1]["heldout"]:
                 bar.set_postfix(loss=f"{curve[-1]['train_loss']:.3f}", agree=f"{curve[-1]['heldout']['agreement']:.3f}")
@@ -167,7 +178,7 @@ def train(draft, target, train_seqs: list[TeacherSequence], heldout: list[Teache
     if curve[-1]["step"] != step:
         curve.append({"step": step, "seconds": time.perf_counter() - t0,
                       "train_loss": sum(losses) / len(losses) if losses else None,
-                      "heldout": evaluate(draft, heldout, vocab, settings, pad, device)})
+                      "heldout": evaluate(draft, heldout, vocab, settings, pad, device, suppress)})
         if on_point:
             on_point(curve)
     draft.eval()
