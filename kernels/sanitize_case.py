@@ -52,7 +52,8 @@ def main() -> int:
 def tree_steps(g: torch.Generator) -> None:
     """tree_verify on the tree 3,2,1 (N = 15): with and without replacement, deterministic children and T = 0, each
     dtype, at V_t = 5003 / V_d = 4999 (odd, padded), random tokens (most rows reject every child of the root: the
-    residual passes run), one token out of range."""
+    residual passes run), one token out of range; the deterministic children also with rows of smaller trees (``real``:
+    row 0 proposed nothing, row 1 the first child of the root only)."""
     shape = TokenTree.from_widths("3,2,1")
     n = shape.n_nodes
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -63,6 +64,11 @@ def tree_steps(g: torch.Generator) -> None:
         sampler = cupy_backend.ExactSampler(temperature=0.8)
         for temperature, replacement, draft in ((0.8, True, dl), (0.8, False, dl), (0.8, True, None), (0.0, True, dl)):
             sampler.tree_verifier(temperature, replacement)(shape, dt, draft, tl, generator=g)
+        real = torch.ones(3, n, dtype=torch.bool, device="cuda")
+        real[0] = False
+        real[1, 1:] = False
+        for temperature in (0.8, 0.0):
+            sampler.tree_verifier(temperature, True)(shape, dt, None, tl, generator=g, real=real)
 
 
 if __name__ == "__main__":

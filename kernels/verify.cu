@@ -915,6 +915,7 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const long lon
 // (children are contiguous, breadth-first: pipeline/tree_shape.py). Shapes:
 //   draft_tokens  int64 [B, N]      target logits  T [B, N+1, V_t]      draft logits  T [B, N, V_d] or null
 //   u             fp32  [B, N+1]    (column n tests node n, column N draws the emitted token)
+//   real          bool  [B, N] or null (row stride real_ld; null: every node is real): the nodes each row proposed
 //   tokens        int64 [B, D+1]    accepted int64 [B]    path int64 [B, D] (node indices, -1 after accepted)
 // Node n's draft row is the distribution its parent's children were drawn from. At a node with target distribution
 // p (softmax of its target row) its children c_0, c_1, ... (tokens x_j) are tried in order; child j is accepted iff
@@ -927,6 +928,10 @@ __device__ void greedy_impl(const long long* __restrict__ tokens, const long lon
 // An accepted child is the next node (its own target row); a node whose children are all rejected emits a token
 // drawn from its last residual, a leaf from its target row, by inverse CDF with u_N exactly as draw_token. At T = 0
 // (`greedy`) the walk follows the first child equal to the target's argmax and emits the argmax where none is.
+// A node that is not real (padding: a drafter without a model proposed a smaller tree in that row) is never tested,
+// at any temperature: it is neither accepted nor taken out of p or q, so the j above count the real children only
+// (child j's draft row is the j-th real child's) and a node whose children are all padding emits from p itself; each
+// row is verified as its own smaller tree would be.
 //
 // Two launches on one stream:
 //   tree_verify_partials<T>  grid (S1, rows, B), rows = N+1 target rows, then the N draft rows (stochastic with
@@ -962,10 +967,11 @@ struct TreeWalk {
   int arg[kMaxTreeNodes + 1];     // T = 0: argmax of each target row
   int bad[kMaxTreeRows];
   float chunk[kMaxChunks];        // chunk sums of the emitted token's weights
-  // the node being verified: its target row's normalisers, its first child, and per rejected child j its token,
-  // the residual's mass and (without replacement) the mass of q left after removing x_j
+  // the node being verified: its target row's normalisers, its first child, and per tested (real) child j its node
+  // index and token, the residual's mass and (without replacement) the mass of q left after removing x_j
   float mt, st;
   int first;
+  int node[kMaxTreeNodes];
   long long x[kMaxTreeNodes];
   float mass[kMaxTreeNodes];
   float qmass[kMaxTreeNodes];
@@ -984,6 +990,9 @@ __device__ __forceinline__ float block_sum(float v, float* sh /* [kWarps] */) {
   return t;
 }
 
+// Whether a row proposed node n (real: that row's flags [N], or null: every node).
+__device__ __forceinline__ bool is_real(const bool* __restrict__ real, int n) { return real == nullptr || real[n]; }
+
 // q_j(v) of a stochastic child drawn from node `node`'s draft row: its softmax, 0 past V_d.
 template <typename T>
 __device__ __forceinline__ float draft_w(const TreeRow<T>& r, const TreeWalk& w, int node, int v) {
@@ -993,7 +1002,8 @@ __device__ __forceinline__ float draft_w(const TreeRow<T>& r, const TreeWalk& w,
 
 // p_k(v): the current node's target distribution at entry v after its first k children were rejected, evaluated
 // as the reference computes it (the same fp32 operations in the same order; only the masses are summed in another
-// order). With `q`, also *q = q_k(v), the distribution child k is tested against (x[k] set for a deterministic child).
+// order). j counts the tested (real) children of the node. With `q`, also *q = q_k(v), the distribution the k-th
+// tested child is tested against (node[k] and x[k] set).
 template <typename T>
 __device__ float tree_weight(const TreeRow<T>& r, const TreeWalk& w, int k, int v, float* q) {
   float p = softmax_w(to_float(r.trow[v]), r.inv_t, w.mt, w.st);
@@ -1001,7 +1011,7 @@ __device__ float tree_weight(const TreeRow<T>& r, const TreeWalk& w, int k, int 
   float qw = without && (k > 0 || q != nullptr) ? draft_w<T>(r, w, w.first, v) : 0.0f;   // q_j(v), running
   const int last = q != nullptr ? k : k - 1;
   for (int j = 0; j <= last; ++j) {
-    const float qj = det ? (v == w.x[j] ? 1.0f : 0.0f) : (without ? qw : draft_w<T>(r, w, w.first + j, v));
+    const float qj = det ? (v == w.x[j] ? 1.0f : 0.0f) : (without ? qw : draft_w<T>(r, w, w.node[j], v));
     if (j == k) {
       *q = qj;
       break;
@@ -1014,11 +1024,11 @@ __device__ float tree_weight(const TreeRow<T>& r, const TreeWalk& w, int k, int 
 }
 
 // The walk at T > 0: returns the emitted token (all threads); writes the accepted nodes to path[0..] (thread 0)
-// and their count to *accepted.
+// and their count to *accepted. real: the row's flags [N] or null (every node real).
 template <typename T>
 __device__ int tree_walk(TreeRow<T>& r, TreeWalk& w, const int* __restrict__ tree, const long long* __restrict__ tok,
-                         const float* __restrict__ u, const T* __restrict__ trow_b, long long tsr,
-                         long long* __restrict__ path, int& accepted, Shared& sh) {
+                         const bool* __restrict__ real, const float* __restrict__ u, const T* __restrict__ trow_b,
+                         long long tsr, long long* __restrict__ path, int& accepted, Shared& sh) {
   const bool det = r.draft == nullptr, without = !det && !r.replacement;
   int pos = 0, k = 0;
   accepted = 0;
@@ -1032,20 +1042,24 @@ __device__ int tree_walk(TreeRow<T>& r, TreeWalk& w, const int* __restrict__ tre
     }
     __syncthreads();
     int chosen = -1;
-    for (k = 0; k < count; ++k) {
-      // thread 0 tests child k against (p_k, q_k); the block learns the decision at the barrier
+    k = 0;                                         // children tested so far (the real ones)
+    for (int i = 0; i < count; ++i) {
+      const int child = first + i;
+      if (!is_real(real, child)) continue;         // padding: never tested (the same in every thread)
+      // thread 0 tests the child against (p_k, q_k); the block learns the decision at the barrier
       bool accept = false;
       if (threadIdx.x == 0) {
-        const long long x = tok[first + k];
+        const long long x = tok[child];
         w.x[k] = x;
+        w.node[k] = child;
         if (x >= 0 && x < r.vd) {
           float q;
           const float p = tree_weight<T>(r, w, k, static_cast<int>(x), &q);
-          accept = q > 0.0f && u[first + k] * q < p;
+          accept = q > 0.0f && u[child] * q < p;
         }
       }
       if (__syncthreads_or(accept)) {
-        chosen = first + k;
+        chosen = child;
         break;
       }
       // child k rejected: the mass of max(0, p_k - q_k) (and, without replacement, of q_k without x_k)
@@ -1064,8 +1078,9 @@ __device__ int tree_walk(TreeRow<T>& r, TreeWalk& w, const int* __restrict__ tre
         w.qmass[k] = sq;
       }
       __syncthreads();
+      ++k;
     }
-    if (chosen < 0) break;                          // every child rejected, or a leaf: emit from p_k
+    if (chosen < 0) break;                          // every real child rejected, or none: emit from p_k
     if (threadIdx.x == 0) path[accepted] = chosen;
     ++accepted;
     pos = chosen + 1;
@@ -1110,8 +1125,9 @@ __device__ void tree_verify_partials_impl(const T* __restrict__ target, const T*
 template <typename T>
 __device__ void tree_verify_impl(const long long* __restrict__ tokens, const int* __restrict__ tree,
                                  const T* __restrict__ target, const T* __restrict__ draft, const float* __restrict__ u,
-                                 int n_nodes, int depth, int vt, int vd, long long tsb, long long tsr, long long dsb,
-                                 long long dsr, float inv_t, int greedy, int replacement, int slices,
+                                 const bool* __restrict__ real, long long real_ld, int n_nodes, int depth, int vt,
+                                 int vd, long long tsb, long long tsr, long long dsb, long long dsr, float inv_t,
+                                 int greedy, int replacement, int slices,
                                  const float2* __restrict__ part, long long* __restrict__ out_tokens, long long out_ld,
                                  long long* __restrict__ out_accepted, long long acc_stride,
                                  long long* __restrict__ out_path, long long path_ld, bool* __restrict__ draft_ok,
@@ -1123,6 +1139,7 @@ __device__ void tree_verify_impl(const long long* __restrict__ tokens, const int
   const bool det = draft == nullptr;
   const int rows = n_nodes + 1 + (greedy || det ? 0 : n_nodes);
   const long long* tok = tokens + static_cast<long long>(b) * n_nodes;
+  const bool* rrow = real == nullptr ? nullptr : real + b * real_ld;
   long long* path = out_path + b * path_ld;
 
   // 1) combine the slice partials of every row (one warp per row): normalisers or argmax, and the flags
@@ -1168,7 +1185,7 @@ __device__ void tree_verify_impl(const long long* __restrict__ tokens, const int
         const int first = tree[pos], count = tree[n_nodes + 1 + pos];
         int chosen = -1;
         for (int k = 0; k < count && chosen < 0; ++k)
-          if (tok[first + k] == w.arg[pos]) chosen = first + k;
+          if (tok[first + k] == w.arg[pos] && is_real(rrow, first + k)) chosen = first + k;
         if (chosen < 0) break;
         path[accepted++] = chosen;
         pos = chosen + 1;
@@ -1177,8 +1194,8 @@ __device__ void tree_verify_impl(const long long* __restrict__ tokens, const int
     }
   } else {
     TreeRow<T> r = {nullptr, det ? nullptr : draft + b * dsb, dsr, n_nodes, vt, vd, inv_t, replacement != 0};
-    token = tree_walk<T>(r, w, tree, tok, u + static_cast<long long>(b) * (n_nodes + 1), target + b * tsb, tsr, path,
-                         accepted, sh);
+    token = tree_walk<T>(r, w, tree, tok, rrow, u + static_cast<long long>(b) * (n_nodes + 1), target + b * tsb, tsr,
+                         path, accepted, sh);
   }
   __syncthreads();                                 // the path written by thread 0 is read below
   if (threadIdx.x == 0) {
@@ -1245,15 +1262,16 @@ tree_verify_partials(const T* target, const T* draft, int n_nodes, int vt, int v
                                           part);
 }
 
-// `tree`: int32 [2, N+1], per position its first child's node index, then its child count (see tree_verify_impl).
+// `tree`: int32 [2, N+1], per position its first child's node index, then its child count; `real`: bool [B, N]
+// (row stride real_ld) or null (see tree_verify_impl).
 template <typename T>
 __global__ void __launch_bounds__(specsweep::kThreads, specsweep::kMinBlocksPerSM)
-tree_verify(const long long* tokens, const int* tree, const T* target, const T* draft, const float* u, int n_nodes,
-            int depth, int vt, int vd, long long tsb, long long tsr, long long dsb, long long dsr, float inv_t,
-            int greedy, int replacement, int slices, const float2* part, long long* out_tokens, long long out_ld,
-            long long* out_accepted, long long acc_stride, long long* out_path, long long path_ld, bool* draft_ok,
-            bool* target_ok) {
-  specsweep::tree_verify_impl<T>(tokens, tree, target, draft, u, n_nodes, depth, vt, vd, tsb, tsr, dsb, dsr, inv_t,
-                                 greedy, replacement, slices, part, out_tokens, out_ld, out_accepted, acc_stride,
-                                 out_path, path_ld, draft_ok, target_ok);
+tree_verify(const long long* tokens, const int* tree, const T* target, const T* draft, const float* u,
+            const bool* real, long long real_ld, int n_nodes, int depth, int vt, int vd, long long tsb, long long tsr,
+            long long dsb, long long dsr, float inv_t, int greedy, int replacement, int slices, const float2* part,
+            long long* out_tokens, long long out_ld, long long* out_accepted, long long acc_stride,
+            long long* out_path, long long path_ld, bool* draft_ok, bool* target_ok) {
+  specsweep::tree_verify_impl<T>(tokens, tree, target, draft, u, real, real_ld, n_nodes, depth, vt, vd, tsb, tsr, dsb,
+                                 dsr, inv_t, greedy, replacement, slices, part, out_tokens, out_ld, out_accepted,
+                                 acc_stride, out_path, path_ld, draft_ok, target_ok);
 }

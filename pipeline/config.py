@@ -291,10 +291,8 @@ class RunConfig:
                 raise SpecsweepError(f"--drafter {self.drafter} proposes its matches as deterministic children: "
                                      "leave out --tree-children (or give top-k)")
             self.tree_children = "top-k"
-        # the tree kernel verifies full trees; a drafter without a model proposes smaller ones row by row
-        backends = TREE_BACKENDS if self.drafter == "model" else ("torch",)
         needs = {"--sampler exact or greedy": self.sampler in TREE_RULES,
-                 f"--backend {' or '.join(backends)}": self.backend in backends,
+                 f"--backend {' or '.join(TREE_BACKENDS)}": self.backend in TREE_BACKENDS,
                  "no --verify-graphs (a tree step is not captured in CUDA graphs)": not self.verify_graphs,
                  "--engine specsweep": self.engine == "specsweep", "the static-cache forward": self.static_cache,
                  "a constant draft length": self.draft_schedule == "constant" and self.draft_confidence == 0,

@@ -4,7 +4,7 @@ The shared cases and agreement rule of tests/kernel_cases.py (also run on the CP
 what only a GPU can show: half precision against fp32 at full size, no host sync, and the verify step captured
 and replayed in CUDA graphs (growing B, two streams). Deterministic drafts (draft logits None): the shared cases,
 plus no host sync, graph replay, and the deterministic mode against one-hot logits at full size. Token trees
-(tree_verify): the cases of tests/tree_kernel_cases.py, and no host sync.
+(tree_verify): the cases of tests/tree_kernel_cases.py (rows with smaller trees among them), and no host sync.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kernel_cases import (
     make_inputs,
     one_hot_logits,
 )
-from tree_kernel_cases import TreeKernelCases, tree_inputs
+from tree_kernel_cases import TreeKernelCases, real_masks, tree_inputs
 
 from pipeline.samplers import cupy_backend
 from pipeline.tree_shape import TokenTree
@@ -50,9 +50,11 @@ class TestTreeVerifyOnGpu(TreeKernelCases):
 
 
 def test_tree_verify_makes_no_host_sync():
-    """tree_verify at T = 1 (with and without replacement, deterministic children) and at T = 0, bf16, V = 128256:
-    no host sync once the tree's table is on the device (made at the first call)."""
+    """tree_verify at T = 1 (with and without replacement, deterministic children) and at T = 0, bf16, V = 128256,
+    with and without rows of smaller trees (``real``): no host sync once the tree's table is on the device (made at
+    the first call)."""
     tree = TokenTree.from_widths("3,2,1")
+    real = real_masks(tree, 16, CUDA, seed=15)
     runs = []
     for mode, temperature in (("with", 1.0), ("without", 1.0), ("top", 1.0), ("with", 0.0)):
         inputs = tree_inputs(CUDA, tree, 16, 128_256, 128_256, "bfloat16", mode, seed=13)
@@ -63,7 +65,8 @@ def test_tree_verify_makes_no_host_sync():
     torch.cuda.set_sync_debug_mode("error")
     try:
         for verifier, inputs in runs:
-            verifier(tree, *inputs, generator=torch.Generator(device="cuda").manual_seed(14))
+            for mask in (None, real):
+                verifier(tree, *inputs, generator=torch.Generator(device="cuda").manual_seed(14), real=mask)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

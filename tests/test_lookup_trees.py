@@ -317,19 +317,30 @@ def test_tree_settings_with_a_drafter_without_a_model(tmp_path):
     assert "\n" not in str(e.value)
     with pytest.raises(SpecsweepError, match="--sampler exact or greedy"):
         RunConfig.from_dict({**base, "sampler": "sigmoid"}).validate_decoding()
+    # the tree kernel skips a row's padding nodes as the reference does (tests/test_tree_verify_cpu.py)
+    assert RunConfig.from_dict({**base, "backend": "cupy"}).validate_decoding().gamma == 15
+    with pytest.raises(SpecsweepError, match="no --verify-graphs") as e:
+        RunConfig.from_dict({**base, "backend": "cupy", "verify_graphs": True, "device": "cuda"}).validate_decoding()
+    assert "\n" not in str(e.value)
+
+
+def _lookup_run_args(tmp_path, name: str, device: str = "cpu") -> list[str]:
+    """`specsweep run` arguments for a lookup drafter on the tiny GPT-2 target and the repeating prompts, at T = 0
+    (no --out, --draft-tree or --gamma)."""
+    root = tmp_path / "pair"
+    load_saved_pair(root, kind="gpt2")
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": p}) + "\n" for i, p in enumerate(REPEATING)))
+    return ["run", "--target", str(root / "target"), "--drafter", name, "--data", str(data), "--device", device,
+            "--temperature", "0", "--max-new-tokens", "12", "--repeats", "3", "--samples-per-repeat", "2",
+            "--threads", "1", "--no-progress"]
 
 
 @pytest.mark.parametrize("name", ["prompt-lookup", "suffix"])
 def test_specsweep_run_with_a_lookup_tree(tmp_path, name):
     from pipeline.cli import main
 
-    root = tmp_path / "pair"
-    load_saved_pair(root, kind="gpt2")
-    data = tmp_path / "p.jsonl"
-    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": p}) + "\n" for i, p in enumerate(REPEATING)))
-    common = ["run", "--target", str(root / "target"), "--drafter", name, "--data", str(data), "--device", "cpu",
-              "--temperature", "0", "--max-new-tokens", "12", "--repeats", "3", "--samples-per-repeat", "2",
-              "--threads", "1", "--no-progress"]
+    common = _lookup_run_args(tmp_path, name)
     assert main([*common, "--draft-tree", "3,2,1", "--out", str(tmp_path / "tree.json")]) == 0
     assert main([*common, "--gamma", "0", "--out", str(tmp_path / "alone.json")]) == 0
     tree = json.loads((tmp_path / "tree.json").read_text())
@@ -339,6 +350,21 @@ def test_specsweep_run_with_a_lookup_tree(tmp_path, name):
     assert tree["resolved"]["drafter"]["draft_tree"] == [3, 2, 1]
     assert tree["metrics"]["accepted_tokens"] > 0 and tree["metrics"]["draft_forwards"] == 0
     assert len(tree["metrics"]["accepted_histogram"]) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_specsweep_run_with_a_lookup_tree_on_the_kernel(tmp_path):
+    """`specsweep run --drafter prompt-lookup --draft-tree 3,2,1 --backend cupy` (the tree kernel skipping each row's
+    padding nodes) emits the tokens of `--backend torch` (on the CPU runtime: tests/test_tree_verify_cpu.py)."""
+    from pipeline.cli import main
+
+    common = [*_lookup_run_args(tmp_path, "prompt-lookup", "cuda"), "--draft-tree", "3,2,1"]
+    for backend in ("cupy", "torch"):
+        assert main([*common, "--backend", backend, "--out", str(tmp_path / f"{backend}.json")]) == 0
+    runs = [json.loads((tmp_path / f"{backend}.json").read_text()) for backend in ("cupy", "torch")]
+    assert [s["token_ids"] for s in runs[0]["samples"]] == [s["token_ids"] for s in runs[1]["samples"]]
+    assert runs[0]["config"]["backend"] == "cupy" and runs[0]["metrics"]["accepted_tokens"] > 0
 
 
 def test_the_grid_and_the_search_space_take_trees_with_these_drafters():

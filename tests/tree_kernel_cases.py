@@ -16,6 +16,11 @@ reproduced by the reference with every uniform of the row scaled by 1 - BOUNDARY
 of 1e-5, as the chain rule's boundary), and at most 1 % of rows (at least one) may differ at all. (A residual whose
 mass lies within rounding of the zero tolerance, which the chain rule also allows, is not looked for: these cases do
 not come near it.) At T = 0 no row may differ. The flags must be equal in every row.
+
+Rows with smaller trees (``real_masks``): the nodes each row proposed, as a drafter without a model leaves them (a
+node's real children are its first few, or none; a row with no real node, a row with every node), and masks with
+holes among siblings (a node real only if its parent is); the padding nodes keep the tokens and draft rows drawn for
+them, so a kernel that tested them would decide otherwise. The same agreement rule, with ``real`` given to both.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from pipeline.tree_shape import TokenTree
 
 SHAPES = ("1,1,1", "2,2,1", "3,2,1", "4,2")
 MODES = ("with", "without", "top")            # how the children are drawn (top: the draft's top-k, deterministic)
+# (mode, temperature) of the cases with rows of smaller trees: deterministic children (what lookup trees propose) at
+# T = 1, 0.7 and 0, stochastic children with and without replacement, and T = 0 with draft logits
+REAL_CASES = (("top", 1.0), ("top", 0.7), ("top", 0.0), ("with", 1.0), ("without", 1.0), ("with", 0.0))
 V_T, V_D = 5_003, 4_999                       # odd (rows off 16-byte alignment), 5 chunks, a padded draft vocabulary
 
 
@@ -64,12 +72,34 @@ def tree_inputs(device, tree: TokenTree, B: int, vt: int, vd: int, dtype: str, m
     return tokens, draft, tl.to(torch_dtype(dtype))
 
 
-def reference(tree: TokenTree, inputs, temperature: float, replacement: bool, u: torch.Tensor) -> SamplerResult:
-    """The torch reference at T > 0 on ``inputs`` with the uniforms u float32 [B, N+1] given (accepted count, path
-    and tokens; the flags are not computed: all True)."""
+def real_masks(tree: TokenTree, B: int, device, seed: int) -> torch.Tensor:
+    """bool [B, N] on ``device``: the nodes each row proposed, a node real only where its parent is (or it is a child
+    of the root). Row 0 has no real node, row 1 every node; of the others, even rows keep the first m children of each
+    real position (m uniform in 0..width: the subtrees pipeline.tree_shape.place_paths leaves), odd rows each child
+    of a real position with probability 0.6 (holes among siblings)."""
+    g = torch.Generator().manual_seed(seed)
+    real = torch.zeros(B, tree.n_nodes, dtype=torch.bool)
+    real[1] = True
+    for b in range(2, B):
+        for position, kids in enumerate(tree.children):
+            if not kids or (position > 0 and not real[b, position - 1]):
+                continue
+            if b % 2 == 0:
+                m = int(torch.randint(0, len(kids) + 1, (1,), generator=g))
+                real[b, kids[0]: kids[0] + m] = True
+            else:
+                real[b, list(kids)] = torch.rand(len(kids), generator=g) < 0.6
+    return real.to(device)
+
+
+def reference(tree: TokenTree, inputs, temperature: float, replacement: bool, u: torch.Tensor,
+              real: torch.Tensor | None = None) -> SamplerResult:
+    """The torch reference at T > 0 on ``inputs`` with the uniforms u float32 [B, N+1] given and ``real`` bool [B, N]
+    or None (accepted count, path and tokens; the flags are not computed: all True)."""
     dt, dl, tl = inputs
     q = None if dl is None else softmax_fp32(dl, 1.0 / temperature)
-    accepted, path, nxt = tree_rejection_verify(tree, dt, softmax_fp32(tl, 1.0 / temperature), q, u, replacement)
+    accepted, path, nxt = tree_rejection_verify(tree, dt, softmax_fp32(tl, 1.0 / temperature), q, u, replacement,
+                                                real=real)
     ok = torch.ones_like(accepted, dtype=torch.bool)
     tokens = contract.assemble_tokens(dt.gather(1, path.clamp_min(0)), accepted, nxt)
     return SamplerResult(accepted=accepted, tokens=tokens, draft_ok=ok, target_ok=ok, path=path)
@@ -81,15 +111,16 @@ def _same(a: SamplerResult, b: SamplerResult) -> torch.Tensor:
 
 
 def assert_tree_agrees(kb: KernelBackend, tree: TokenTree, inputs, temperature: float, replacement: bool, seed: int,
-                       kernel_replacement: bool | None = None) -> SamplerResult:
-    """The kernel (run with ``kernel_replacement``, default ``replacement``) and the reference, same inputs and
-    uniforms: identical but for rounding (module docstring). Returns the kernel's result."""
+                       kernel_replacement: bool | None = None, real: torch.Tensor | None = None) -> SamplerResult:
+    """The kernel (run with ``kernel_replacement``, default ``replacement``) and the reference, same inputs,
+    uniforms and ``real`` (bool [B, N] or None): identical but for rounding (module docstring). Returns the kernel's
+    result."""
     dt, dl, tl = inputs
     B = dt.shape[0]
     u = contract.uniforms(B, tree.n_nodes, kb.device, kb.generator(seed))
     mode = replacement if kernel_replacement is None else kernel_replacement
-    got = cupy_backend.tree_verify(kb.samplers["exact"].launcher, tree, dt, dl, tl, temperature, mode, u=u)
-    ref = TreeVerifier(temperature, replacement)(tree, dt, dl, tl, generator=kb.generator(seed))
+    got = cupy_backend.tree_verify(kb.samplers["exact"].launcher, tree, dt, dl, tl, temperature, mode, u=u, real=real)
+    ref = TreeVerifier(temperature, replacement)(tree, dt, dl, tl, generator=kb.generator(seed), real=real)
     assert got.tokens.shape == (B, tree.depth + 1) and got.path.shape == (B, tree.depth)
     assert torch.equal(got.draft_ok, ref.draft_ok) and torch.equal(got.target_ok, ref.target_ok)
     pos = torch.arange(tree.depth + 1, device=kb.device)
@@ -98,7 +129,7 @@ def assert_tree_agrees(kb: KernelBackend, tree: TokenTree, inputs, temperature: 
     explained = torch.zeros_like(differ)
     if temperature > 0 and bool(differ.any()):
         for factor in (1 - BOUNDARY, 1 + BOUNDARY):
-            explained |= _same(got, reference(tree, inputs, temperature, replacement, u * factor))
+            explained |= _same(got, reference(tree, inputs, temperature, replacement, u * factor, real))
     unexplained = differ & ~explained
     assert_rounding_rare(differ, unexplained, got, ref)
     return got
@@ -143,6 +174,24 @@ class TreeKernelCases:
             inputs = tree_inputs(kb.device, tree, self.B, V_T, V_D, "float32", mode, seed=21, noise=0.3)
             got = assert_tree_agrees(kb, tree, inputs, 0.0, True, seed=0)
             assert bool((got.accepted > 0).any()), "greedy never accepted: no test of the walk"
+
+    @pytest.mark.parametrize("mode,temperature", REAL_CASES)
+    @pytest.mark.parametrize("shape", SHAPES)
+    def test_rows_with_smaller_trees_match_reference(self, kb, shape, mode, temperature):
+        """``real`` (rows that proposed fewer nodes than the step's tree, as in lookup and suffix trees): the kernel
+        never tests a padding node, as the reference, row for row; the row without real nodes accepts nothing and
+        emits from the root's p. The case has teeth: the padding changes some rows' outcome."""
+        tree = TokenTree.from_widths(shape)
+        seed = len(shape) + len(mode) + int(10 * temperature)
+        inputs = tree_inputs(kb.device, tree, self.B, V_T, V_D, "float32", mode, seed=seed,
+                             noise=0.3 if temperature == 0 else 0.6)
+        real = real_masks(tree, self.B, kb.device, seed=seed)
+        got = assert_tree_agrees(kb, tree, inputs, temperature, mode != "without", seed=seed + 1, real=real)
+        assert int(got.accepted[0]) == 0
+        assert bool(real.gather(1, got.path.clamp_min(0))[got.path >= 0].all()), "a padding node was accepted"
+        full = TreeVerifier(temperature, mode != "without")(tree, *inputs, generator=kb.generator(seed + 1))
+        assert bool((~_same(got, full)).any()), "the padding decided nothing: no test of real"
+        assert bool((got.accepted > 0).any())
 
     @pytest.mark.parametrize("dtype,shape", [("bfloat16", "2,2,1"), ("float16", "4,2")])
     def test_half_precision_logits(self, kb, dtype, shape):
@@ -230,12 +279,14 @@ class TreeKernelCases:
         and exact at T = 0), and chains with the chain kernels."""
         tree = TokenTree.from_widths("2,2,1")
         inputs = tree_inputs(kb.device, tree, 8, 3_001, 3_001, "float32", "without", seed=91)
+        real = real_masks(tree, 8, kb.device, seed=93)
         for name, params, temperature in (("exact", {"temperature": 1.0}, 1.0), ("greedy", {}, 0.0),
                                           ("exact", {"temperature": 0.0}, 0.0)):
             sampler = TreeSampler(kb.samplers[name](**params))
-            got = sampler(*inputs, generator=kb.generator(92), tree=tree, replacement=False)
-            want = TreeVerifier(temperature, False)(tree, *inputs, generator=kb.generator(92))
-            assert torch.equal(got.tokens, want.tokens) and torch.equal(got.path, want.path), name
+            for mask in (None, real):
+                got = sampler(*inputs, generator=kb.generator(92), tree=tree, replacement=False, real=mask)
+                want = TreeVerifier(temperature, False)(tree, *inputs, generator=kb.generator(92), real=mask)
+                assert torch.equal(got.tokens, want.tokens) and torch.equal(got.path, want.path), (name, mask)
             assert isinstance(sampler.tree_verifier(temperature, False), cupy_backend.TreeVerifier)
 
     def test_bad_input_is_one_line_error(self, kb):
@@ -251,4 +302,9 @@ class TreeKernelCases:
             verifier(tree, dt.to(other), dl.to(other), tl.to(other))
         with pytest.raises(SamplerInputError, match="temperature must be >= 0"):
             kb.samplers["exact"](temperature=1.0).tree_verifier(-1.0, True)
+        real = torch.ones_like(dt, dtype=torch.bool)
+        for bad in (real[:, :5], real.to(torch.uint8), real.to(other)):
+            with pytest.raises(SamplerInputError, match="real must be bool") as e:
+                verifier(tree, dt, dl, tl, real=bad)
+            assert "\n" not in str(e.value)
 

@@ -11,8 +11,8 @@ Launches go to torch's current stream; nothing waits for the device.
     greedy   1 launch:   greedy_verify (also exact/sigmoid at temperature 0)
     tree     2 launches: tree_verify_partials (row normalisers, or the argmax at temperature 0), then tree_verify
              (one block per row walks the token tree): :func:`tree_verify`, what pipeline/samplers/tree.py's
-             TreeVerifier computes; the exact and greedy samplers hand it out (``tree_verifier``), and TreeSampler
-             uses it for a kernel sampler
+             TreeVerifier computes, rows with smaller trees (``real``) included; the exact and greedy samplers hand
+             it out (``tree_verifier``), and TreeSampler uses it for a kernel sampler
 
 Per-row draft lengths (the contract's ``lengths``, int64 [B] on the step's device, or None) go to every kernel as
 a pointer (a null pointer for None); the kernels clamp them into [0, γ] and never hand them to the host.
@@ -356,15 +356,17 @@ def _tree_table(shape: TokenTree, device: str) -> torch.Tensor:
 
 def tree_verify(launcher: Launcher, shape: TokenTree, draft_tokens, draft_logits, target_logits, temperature: float,
                 replacement: bool = True, generator: torch.Generator | None = None,
-                u: torch.Tensor | None = None) -> SamplerResult:
+                u: torch.Tensor | None = None, real: torch.Tensor | None = None) -> SamplerResult:
     """Exact verification of a token tree (pipeline/samplers/tree.py), two launches: tree_verify_partials (the
     normalisers of the N+1 target and N draft rows, or the target rows' argmax at T = 0), then tree_verify (one block
     per row walks the tree).
 
     draft_tokens int64 [B, N], draft_logits [B, N, V_d] or None (deterministic children), target_logits
     [B, N+1, V_t]; uniforms ``u`` float32 [B, N+1] where given (tests), else drawn from ``generator`` as the
-    reference draws them (none at T = 0). Returns the SamplerResult over the accepted path: tokens int64 [B, D+1],
-    accepted [B], path int64 [B, D] (node indices, -1 after accepted), draft_ok / target_ok [B].
+    reference draws them (none at T = 0); ``real`` bool [B, N] on draft_tokens' device, the nodes each row proposed
+    (the others are never tested), or None: every node (a null pointer); the kernel reads the flags in place.
+    Returns the SamplerResult over the accepted path: tokens int64 [B, D+1], accepted [B], path int64 [B, D] (node
+    indices, -1 after accepted), draft_ok / target_ok [B].
     """
     depth = shape.depth
     step = _Step(launcher, draft_tokens, draft_logits, target_logits, max_gamma=MAX_TREE_NODES,
@@ -373,6 +375,9 @@ def tree_verify(launcher: Launcher, shape: TokenTree, draft_tokens, draft_logits
     if not greedy and u is None:
         u = step.uniforms(generator)
     tokens, _, target, draft, n, vt, vd, tsb, tsr, dsb, dsr = step.common_args()
+    if real is not None and real.stride(1) != 1:
+        real = real.contiguous()
+    real_args = (_NULL, i64(0)) if real is None else (ptr(real), i64(real.stride(0)))
     inv_t = f32(1.0 if greedy else 1.0 / temperature)
     rows = step.gamma + 1 if greedy or step.deterministic else 2 * step.gamma + 1
     slices, per = _split(step.n_chunks, _BLOCKS_PER_SM * step.sms / (rows * step.B))
@@ -382,9 +387,9 @@ def tree_verify(launcher: Launcher, shape: TokenTree, draft_tokens, draft_logits
     ld = i64(2 * depth + 2)
     out = step.out
     step.launch("tree_verify", (1, step.B, 1),
-                (tokens, ptr(_tree_table(shape, str(step.device))), target, draft, _NULL if greedy else ptr(u), n,
-                 i32(depth), vt, vd, tsb, tsr, dsb, dsr, inv_t, i32(greedy), i32(replacement), i32(slices),
-                 ptr(ws.part), ptr(out), ld, ptr(out[:, depth + 1]), ld, ptr(out[:, depth + 2:]), ld,
+                (tokens, ptr(_tree_table(shape, str(step.device))), target, draft, _NULL if greedy else ptr(u),
+                 *real_args, n, i32(depth), vt, vd, tsb, tsr, dsb, dsr, inv_t, i32(greedy), i32(replacement),
+                 i32(slices), ptr(ws.part), ptr(out), ld, ptr(out[:, depth + 1]), ld, ptr(out[:, depth + 2:]), ld,
                  ptr(step.ok[0]), ptr(step.ok[1])))
     return SamplerResult(accepted=out[:, depth + 1], tokens=out[:, : depth + 1], draft_ok=step.ok[0],
                          target_ok=step.ok[1], path=out[:, depth + 2:])
@@ -399,10 +404,10 @@ class TreeVerifier(tree.TreeVerifier):
         self.launcher = launcher
 
     def __call__(self, shape: TokenTree, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
-                 target_logits: torch.Tensor, generator=None) -> SamplerResult:
-        tree.check_tree_inputs(shape, draft_tokens, draft_logits, target_logits)
+                 target_logits: torch.Tensor, generator=None, real: torch.Tensor | None = None) -> SamplerResult:
+        tree.check_tree_inputs(shape, draft_tokens, draft_logits, target_logits, real)
         return tree_verify(self.launcher, shape, draft_tokens, draft_logits, target_logits, self.temperature,
-                           self.replacement, generator)
+                           self.replacement, generator, real=real)
 
 
 def _min_chunks(dtype: str) -> int:

@@ -193,12 +193,13 @@ def tree_greedy_verify(tree: TokenTree, draft_tokens: torch.Tensor, target_logit
 def check_tree_inputs(tree: TokenTree, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
                       target_logits: torch.Tensor, real: torch.Tensor | None = None) -> None:
     """Shapes, dtypes and devices as the chain samplers check them (γ = N), plus N against the tree: draft_tokens
-    int64 [B, N], draft_logits [B, N, V_d] or None, target_logits [B, N+1, V_t], real bool [B, N] or None.
-    SamplerInputError (one line)."""
+    int64 [B, N], draft_logits [B, N, V_d] or None, target_logits [B, N+1, V_t], real bool [B, N] (on draft_tokens'
+    device) or None. SamplerInputError (one line)."""
     validate_inputs(draft_tokens, draft_logits, target_logits)
-    if real is not None and (real.shape != draft_tokens.shape or real.dtype != torch.bool):
-        raise SamplerInputError(f"real must be bool {list(draft_tokens.shape)} (one flag per row and node); got "
-                                f"{real.dtype} {list(real.shape)}")
+    if real is not None and (real.shape != draft_tokens.shape or real.dtype != torch.bool
+                             or real.device != draft_tokens.device):
+        raise SamplerInputError(f"real must be bool {list(draft_tokens.shape)} on {draft_tokens.device} (one flag per "
+                                f"row and node); got {real.dtype} {list(real.shape)} on {real.device}")
     if draft_tokens.shape[1] != tree.n_nodes:
         raise SamplerInputError(f"draft_tokens has {draft_tokens.shape[1]} nodes but the tree has "
                                 f"{tree.n_nodes}: pass one token per tree node")
@@ -254,7 +255,7 @@ class TreeSampler:
     drawn) it is :class:`TreeVerifier` at the chain rule's temperature (0 where the rule verifies by argmax), with
     ``real`` (bool [B, N]) where rows proposed smaller trees than the step's, or, for a kernel sampler
     (``backend="cupy"``), the kernels' verifier it makes (``tree_verifier``: tree_verify in kernels/verify.cu, which
-    computes what TreeVerifier computes for full trees; it takes no ``real``).
+    computes what TreeVerifier computes, ``real`` included).
     Every other attribute is the chain sampler's.
     """
 
@@ -271,10 +272,5 @@ class TreeSampler:
             return self.inner(draft_tokens, draft_logits, target_logits, generator=generator, **extra)
         temperature = 0.0 if self.inner.verifies_by_argmax else self.inner.temperature
         kernels = getattr(self.inner, "tree_verifier", None)     # a kernel sampler (backend="cupy"): tree_verify
-        if kernels is None:
-            return TreeVerifier(temperature, replacement)(tree, draft_tokens, draft_logits, target_logits, generator,
-                                                          real)
-        if real is not None:
-            raise SamplerInputError("the tree kernel verifies full trees: trees of prompt lookup or suffix decoding "
-                                    "(rows with fewer nodes than the step's) verify with backend torch")
-        return kernels(temperature, replacement)(tree, draft_tokens, draft_logits, target_logits, generator)
+        verifier = TreeVerifier if kernels is None else kernels
+        return verifier(temperature, replacement)(tree, draft_tokens, draft_logits, target_logits, generator, real)
