@@ -14,7 +14,8 @@ three run in interleaved rounds (a change of machine load lands on all of them);
 median of ``calls`` calls, and the table gives the median over rounds with the rounds' range. Writes
 results/bench/forward-<device>.json.
 
-With --model: a real model from a local PATH (a save_pretrained folder; a .gguf file, dequantised to float32, which
+With --model: a real model from a local PATH (a save_pretrained folder, a Whisper's included: its decoder, over a
+random encoder output of its shape; a .gguf file, dequantised to float32, which
 needs the ``gguf`` package; or a folder holding only a config.json: random weights of that shape, as timings do
 not depend on the values). For each number of new tokens per forward (1: a draft step or autoregressive decoding;
 γ + 1: a target's verify forward), transformers' forward and ours, both through CachedModel as the engine calls
@@ -37,7 +38,7 @@ from pathlib import Path
 import torch
 
 from pipeline.benchmarks.timing import format_table, time_calls
-from pipeline.decoding.cache import CachedModel
+from pipeline.decoding.cache import CachedModel, model_kind
 from pipeline.env_info import provenance
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
@@ -116,11 +117,14 @@ def _run(layers, width, heads, vocab, context, rounds, calls, compile, threads, 
 
 
 def load_model(path: str, device: str = "cpu"):
-    """A causal LM from a local ``path`` in float32 with sdpa attention, in eval mode (see the module docstring)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A causal LM (or a Whisper: its decoder is what is timed) from a local ``path`` in float32 with sdpa attention,
+    in eval mode (see the module docstring)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, WhisperForConditionalGeneration
 
     p = Path(path)
     kwargs = {"dtype": torch.float32, "attn_implementation": "sdpa"}
+    if p.is_dir() and getattr(AutoConfig.from_pretrained(p), "is_encoder_decoder", False):
+        return WhisperForConditionalGeneration.from_pretrained(p, **kwargs).to(device).eval()
     if p.suffix == ".gguf":
         try:
             import gguf  # noqa: F401
@@ -170,12 +174,18 @@ def _pair(model, context: int, q: int, rounds: int, calls: int, device: str) -> 
     prompt = torch.randint(0, vocab, (1, context), generator=g).to(dev)
     tokens = torch.randint(0, vocab, (1, q), generator=g).to(dev)
     keep_none = torch.zeros(1, dtype=torch.int64, device=dev)
-    ways = {"transformers": CachedModel(model, static=False), "static": CachedModel(model, static=True)}
+    # a Whisper's decoder (or a Whisper draft decoder) attends to an encoder output: random values of its shape
+    kind = model_kind(model, target_is_seq2seq=type(model).__name__ == "WhisperForCausalLM")
+    hidden = None
+    if kind != "causal":
+        frames, width = model.config.max_source_positions, model.config.d_model
+        hidden = torch.randn(1, frames, width, generator=g).to(dev)
+    ways = {"transformers": CachedModel(model, kind, static=False), "static": CachedModel(model, kind, static=True)}
     if ways["static"].static is None:
         raise SystemExit(f"{type(model).__name__} has no static forward here (pipeline/decoding/static/)")
     logits = {}
     for name, cached in ways.items():
-        cached.reset(1, dev, capacity=context + q + 8)
+        cached.reset(1, dev, hidden, capacity=context + q + 8)
         cached.forward(prompt, last=1)
         logits[name] = cached.forward(tokens, last=q)
         cached.retain(q, keep_none, 0, 0)

@@ -68,7 +68,8 @@ class CachedModel:
     tokens for each row.
 
     static    the static-cache forward (pipeline/decoding/static/) when ``static`` is asked for and the model's
-              family has one; None: transformers' forward with a DynamicCache
+              family has one (a Whisper decoder's holds its cross-attention keys and values too); None:
+              transformers' forward with a DynamicCache (an EncoderDecoderCache for a decoder)
 
     length    int                host: cache positions (common to all rows)
     mask      bool  [B, length]  True where cache position l of row b holds a real token; None while every
@@ -81,7 +82,7 @@ class CachedModel:
     def __init__(self, model, kind: str = "causal", static: bool = False) -> None:
         self.model = model
         self.kind = kind
-        self.static = static_forward_for(model) if static and kind == "causal" else None
+        self.static = static_forward_for(model) if static else None
         self._ids, self._mask, self._pos = _CALL_NAMES[kind]
         config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
             else model.config
@@ -115,6 +116,8 @@ class CachedModel:
 
         if self.static is not None:
             self.static.allocate(batch, max(capacity, 16), device)
+            if self.kind != "causal":                   # a decoder: its cross-attention keys and values, once
+                self.static.set_encoder(encoder_hidden)
             self.cache = None
         elif self.kind != "causal":
             self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())

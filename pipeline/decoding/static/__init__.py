@@ -1,5 +1,5 @@
 """Static-KV-cache forwards: the engine's fast path for the model families it knows (GPT-2; Llama,
-Mistral and Qwen2).
+Mistral and Qwen2; Whisper's decoder).
 
 Why. A speculative loop makes γ draft forwards and one target forward per step, each over a handful of tokens.
 At the toy pairs' sizes, and for any small draft on a GPU, such a forward is mostly fixed per-call cost, not
@@ -25,6 +25,8 @@ next append overwrites them. No allocation, no copy, no host sync per forward.
     base.py    StaticForward: the call CachedModel makes, the cache, its growth and row selection
     gpt2.py    GPT2LMHeadModel
     llama.py   LlamaForCausalLM, and MistralForCausalLM / Qwen2ForCausalLM without sliding windows
+    whisper.py the decoder of WhisperForConditionalGeneration and WhisperForCausalLM, with the cross-attention
+               keys and values of the encoder output computed once per generate call
 
 :func:`static_forward_for` picks the implementation for a model, or None when the model's family (or one of
 its options) has none; the engine then uses transformers' forward with a DynamicCache.
@@ -34,9 +36,10 @@ from __future__ import annotations
 
 from pipeline.decoding.static.gpt2 import GPT2StaticForward
 from pipeline.decoding.static.llama import LlamaStaticForward
+from pipeline.decoding.static.whisper import WhisperStaticForward
 
 # model families with a static forward, tried in order
-STATIC_FORWARDS = (GPT2StaticForward, LlamaStaticForward)
+STATIC_FORWARDS = (GPT2StaticForward, LlamaStaticForward, WhisperStaticForward)
 
 
 def static_forward_for(model):
