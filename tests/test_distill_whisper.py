@@ -135,6 +135,29 @@ def test_the_curves_agreement_masks_the_targets_suppressed_ids_in_the_drafts_row
     assert plain["agreement"] == 0.0 and masked["agreement"] == pytest.approx(2 / 3)
 
 
+def test_the_decoder_only_check_reads_local_folders_only(distilled, monkeypatch):
+    """The check reads a draft folder's config; a Hub id is left to loading (offline, transformers would retry the
+    request for about 20 s before the run even loads its models)."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from pipeline import stack
+
+    read = []
+    original = transformers.AutoConfig.from_pretrained
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        lambda name, *a, **k: read.append(str(name)) or original(name, *a, **k))
+    stack.check_decoder_only(SimpleNamespace(draft="some-org/some-whisper-draft", draft_decoder_only=False))
+    assert read == []
+    from pipeline.errors import SpecsweepError
+
+    draft = distilled[2]
+    with pytest.raises(SpecsweepError, match="add --draft-decoder-only"):
+        stack.check_decoder_only(SimpleNamespace(draft=str(draft), draft_decoder_only=False))
+    assert read == [str(draft)]
+
+
 def test_bad_speech_settings_fail_in_one_line(distilled, tmp_path, capsys):
     target, data, _, _ = distilled
     for extra, needle in ((["--on-policy", "0.5"], "--on-policy"), (["--width", "32", "--init", "fresh"], "--width")):

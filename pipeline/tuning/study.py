@@ -208,6 +208,7 @@ def bucket_data(base: RunConfig, cell, folder: Path) -> Path:
 
     from transformers import AutoConfig
 
+    from pipeline.weights import resolve
 
     task = get_task(base.task)
     records = load_task_data(base.task, base.data)
@@ -215,7 +216,7 @@ def bucket_data(base: RunConfig, cell, folder: Path) -> Path:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     try:
-        target_config = AutoConfig.from_pretrained(base.target)
+        target_config = AutoConfig.from_pretrained(resolve(base.target))   # a registry name: its folder
     except (OSError, ValueError) as e:
         raise SpecsweepError(f"--target {base.target}: cannot read its config ({' '.join(str(e).split())[:120]})") \
             from None
