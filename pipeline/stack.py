@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from pathlib import Path
 from typing import NamedTuple
 
 from pipeline.config import RunConfig
@@ -108,11 +107,9 @@ def check_decoder_only(config: RunConfig) -> None:
     is used, as distil-large-v2 is.)"""
     from transformers import AutoConfig
 
-    folder = Path(resolve(config.draft))              # a registry name or pypi: source: its converted folder
-    if not folder.is_dir():
-        return                                        # a Hub id: read only when loaded (no request here, no retries)
+    source = resolve(config.draft)    # a registry name or pypi: source: its converted folder (not a Hub request)
     try:
-        decoder_only = not getattr(AutoConfig.from_pretrained(folder), "is_encoder_decoder", True)
+        decoder_only = not getattr(AutoConfig.from_pretrained(source), "is_encoder_decoder", True)
     except (OSError, ValueError):
         return                                        # not a model folder: loading says what is wrong
     if decoder_only and not config.draft_decoder_only:

@@ -135,27 +135,25 @@ def test_the_curves_agreement_masks_the_targets_suppressed_ids_in_the_drafts_row
     assert plain["agreement"] == 0.0 and masked["agreement"] == pytest.approx(2 / 3)
 
 
-def test_the_decoder_only_check_reads_local_folders_only(distilled, monkeypatch):
-    """The check reads a draft folder's config; a Hub id is left to loading (offline, transformers would retry the
-    request for about 20 s before the run even loads its models)."""
+def test_the_decoder_only_check_reads_a_registry_drafts_converted_folder(distilled, monkeypatch):
+    """A draft named from the registry is checked in its converted folder: its name is not a Hub id (offline,
+    transformers retried that request for about 20 s before the run loaded anything)."""
     from types import SimpleNamespace
 
     import transformers
 
     from pipeline import stack
+    from pipeline.errors import SpecsweepError
 
+    draft = str(distilled[2])
     read = []
     original = transformers.AutoConfig.from_pretrained
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
                         lambda name, *a, **k: read.append(str(name)) or original(name, *a, **k))
-    stack.check_decoder_only(SimpleNamespace(draft="some-org/some-whisper-draft", draft_decoder_only=False))
-    assert read == []
-    from pipeline.errors import SpecsweepError
-
-    draft = distilled[2]
+    monkeypatch.setattr(stack, "resolve", lambda name: draft if name == "my-registry-draft" else name)
     with pytest.raises(SpecsweepError, match="add --draft-decoder-only"):
-        stack.check_decoder_only(SimpleNamespace(draft=str(draft), draft_decoder_only=False))
-    assert read == [str(draft)]
+        stack.check_decoder_only(SimpleNamespace(draft="my-registry-draft", draft_decoder_only=False))
+    assert read == [draft]
 
 
 def test_bad_speech_settings_fail_in_one_line(distilled, tmp_path, capsys):
