@@ -32,7 +32,10 @@ TINY = {
     "prepare": {"data": {"tiny": {"cmd": "python make_data.py", "out": "data/tiny"}},
                 "models": {"text": {"cmd": "python make_models.py", "dep": "data/tiny", "out": "models/tiny/text"}},
                 "downloads": {}, "speak": {}, "distill": {}},
-    "run": {"device": "cpu", "temperature": 1.0, "seed": 0, "batch_size": 1, "no_progress": True},
+    # the measurement flags off (they are tested in test_paired.py and test_measure.py): this test checks the
+    # pipeline's plumbing, and a busy machine would otherwise fail the tune trials as contended
+    "run": {"device": "cpu", "temperature": 1.0, "seed": 0, "batch_size": 1, "no_progress": True,
+            "max_cpu_wait": 1.0, "max_spread": 1000.0},
     "tracking": {"wandb_project": "specsweep-test", "wandb_group": "tiny"},
     "pairs": [{"name": "text", "data_dep": "data/tiny", "model_dep": "models/tiny/text",
                "config": {"task": "cnn_dailymail", "data": "data/tiny/test.jsonl", "target": "models/tiny/text/target",
