@@ -23,6 +23,7 @@ from pipeline.decoding.engine import LogitMask
 STEPS = 150
 CLIPS = 48
 HOLDOUT = 8
+EOS = 0                     # the tiny Whisper's end of text (and its pad)
 
 
 def write_noise_clips(root, n: int, seed: int = 0):
@@ -156,13 +157,95 @@ def test_the_decoder_only_check_reads_a_registry_drafts_converted_folder(distill
     assert read == [draft]
 
 
+def _whisper_on_policy(target_dir, data, masked: bool, batches: int = 6):
+    """The tiny target with suppress lists (half of its ids; first also EOS, the ids its transcripts start with and
+    a sixth of its ids), its transcripts of 8 clips, and ``batches`` on-policy batches of 4 from a random one-layer
+    draft over a reduced vocabulary (its row k is not target id k), the mask given to on_policy_batch or not:
+    (target, the mask, the teacher sequences, the sampled ones)."""
+    from pipeline.config import RunConfig
+    from pipeline.data import load_task_data
+    from pipeline.distill import whisper
+    from pipeline.distill.on_policy import on_policy_batch
+    from pipeline.distill.recipe import suppress_mask
+    from pipeline.distill.settings import DistillSettings
+    from pipeline.distill.student import Vocabulary, build_student
+    from pipeline.models import load_processor, load_speech_seq2seq
+    from pipeline.tasks import get_task
+
+    processor = load_processor(str(target_dir))
+    target = load_speech_seq2seq(str(target_dir), torch.float32, "cpu")
+    V = target.get_output_embeddings().weight.shape[0]
+    config = RunConfig(target=str(target_dir), data=str(data), task="librispeech", max_new_tokens=8)
+    encode = get_task("librispeech").encoder(target, processor.tokenizer, processor, config)
+    records = load_task_data("librispeech", str(data))[:8]
+    gc = target.generation_config
+    gc.suppress_tokens = list(range(5, V, 2))
+    starts = {int(t.ids[t.prompt]) for t in whisper.teacher_pass(target, encode, records, [EOS], EOS, 8, 5,
+                                                                 suppress_mask(target, processor), progress=False)}
+    gc.begin_suppress_tokens = sorted(starts | {EOS} | set(range(6, V, 6)))    # half the draft's rows left
+    mask = suppress_mask(target, processor)
+    teachers = whisper.teacher_pass(target, encode, records, [EOS], EOS, 8, 5, mask, progress=False)
+    draft = build_student(target, DistillSettings(target="t", data="d", out="o", steps=1, layers=1, init="fresh"))
+    vocab = Vocabulary.of(list(range(0, V, 3)), V, True)
+    g = torch.Generator().manual_seed(0)
+    sampled = [s for i in range(batches)
+               for s in on_policy_batch(draft, target, vocab, teachers[4 * (i % 2): 4 * (i % 2) + 4], 6, [EOS], EOS,
+                                        5, g, mask if masked else None)]
+    return target, mask, teachers, sampled
+
+
+def test_whisper_on_policy_laws_are_the_targets_own_and_never_suppressed(distilled):
+    """An on-policy batch for a Whisper draft: the draft samples after a prefix reading the clip's encoder output,
+    never a suppressed id (nor a begin-suppressed one first), and each kept law is the target's own on prefix +
+    sample with that encoder output, its suppress lists applied as the teacher pass applies them."""
+    target_dir, data, _, _ = distilled
+    target, mask, teachers, sampled = _whisper_on_policy(target_dir, data, masked=True)
+    suppress, begin = set(mask.ids), set(mask.begin_ids)
+    prompt, starts, unmasked_top = teachers[0].prompt, 0, set()
+    for s in sampled:
+        assert s.source == "draft" and s.context is not None and s.continuation.all()
+        assert any(torch.equal(s.context, t.context) and torch.equal(s.ids[: s.prompt], t.ids[: s.prompt])
+                   for t in teachers)
+        drawn = s.ids[s.prompt:].tolist()
+        assert drawn and not set(drawn) & suppress
+        with torch.no_grad():
+            logits = target(encoder_outputs=(s.context[None],), decoder_input_ids=s.ids[None]).logits[0].float()
+        unmasked_top |= set(torch.log_softmax(logits, -1)[s.positions].topk(5).indices.flatten().tolist())
+        logp = torch.log_softmax(mask.at(logits, torch.arange(len(s.ids)) == prompt - 1), -1)[s.positions]
+        values, ids = logp.topk(5)
+        assert torch.equal(s.top_ids, ids) and torch.allclose(s.top_logp, values, atol=1e-4)
+        assert logp[:, sorted(suppress)].exp().sum() == 0 and not set(s.top_ids.flatten().tolist()) & suppress
+        if s.prompt == prompt:                          # the sample starts the transcript: begin_suppress too
+            starts += 1
+            assert drawn[0] not in begin and not set(s.top_ids[0].tolist()) & begin
+    assert starts > 0
+    # the mask is what keeps them out: unmasked, the target's top 5 and the draft's samples hold suppressed ids
+    assert unmasked_top & suppress
+    _, _, _, unmasked = _whisper_on_policy(target_dir, data, masked=False, batches=2)
+    assert any(set(s.ids[s.prompt:].tolist()) & suppress for s in unmasked)
+
+
+def test_on_policy_steps_run_for_a_whisper_draft(distilled, tmp_path):
+    target, data, _, _ = distilled
+    out = tmp_path / "on-policy"
+    assert main(["distill", "--target", str(target), "--task", "librispeech", "--data", str(data), "--limit", "12",
+                 "--holdout", "2", "--steps", "12", "--layers", "1", "--init", "fresh", "--max-new-tokens", "12",
+                 "--on-policy", "0.5", "--on-policy-tokens", "4", "--threads", "1", "--no-progress",
+                 "--out", str(out)]) == 0
+    record = json.loads((out / "distill.json").read_text())
+    training = record["training"]
+    assert training["steps"] == 12 and 0 < training["on_policy_steps"] <= 9 and training["on_policy_seconds"] > 0
+    assert record["settings"]["on_policy"] == 0.5 and record["final"]["heldout"]["positions"] > 0
+
+
 def test_bad_speech_settings_fail_in_one_line(distilled, tmp_path, capsys):
     target, data, _, _ = distilled
-    for extra, needle in ((["--on-policy", "0.5"], "--on-policy"), (["--width", "32", "--init", "fresh"], "--width")):
+    for extra, needle in ((["--teacher-temperature", "0.5"], "--teacher-temperature"),
+                          (["--width", "32", "--init", "fresh"], "--width")):
         assert main(["distill", "--target", str(target), "--task", "librispeech", "--data", str(data), "--steps", "1",
                      "--out", str(tmp_path / "x"), "--no-progress", *extra]) == 2
         err = capsys.readouterr().err.strip()
-        assert needle in err and len(err.splitlines()) == 1
+        assert needle in err and "--on-policy" not in err and len(err.splitlines()) == 1
         assert not (tmp_path / "x").exists()
 
 

@@ -359,6 +359,7 @@ def test_show_copes_with_samples_without_origins(piped_run, capsys, tmp_path):
 
 def test_wandb_samples_table_has_the_coloured_output(piped_run):
     import wandb
+
     from pipeline.tracking import samples_table
 
     path, _ = piped_run

@@ -565,6 +565,13 @@ class LogitMask:
             logits.index_fill_(-1, ids, float("-inf"))
         return logits
 
+    def at(self, logits: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """In place: suppress at every position of logits [..., V], begin_suppress too where ``first`` bool [...]
+        (the positions whose law is a continuation's first token's)."""
+        self(logits, False)
+        logits[first] = self(logits[first], True)
+        return logits
+
 
 def to_host(parts: dict[str, torch.Tensor]) -> dict[str, list]:
     """One device-to-host transfer of several int64 tensors of the same batch b, each [b] or [k, b]: a dict of the

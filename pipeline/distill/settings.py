@@ -86,8 +86,8 @@ class DistillSettings:
         if self.task not in TASKS:
             raise SpecsweepError(f"--task {self.task} is not distilled yet: choose {', '.join(TASKS)} (a task whose "
                                  "prompts do not depend on the decoded text)")
-        if self.task == "librispeech" and (self.on_policy > 0 or self.teacher_temperature > 0):
-            raise SpecsweepError("--task librispeech distils on the target's greedy transcripts: drop --on-policy and "
+        if self.task == "librispeech" and self.teacher_temperature > 0:
+            raise SpecsweepError("--task librispeech distils on the target's greedy transcripts: drop "
                                  "--teacher-temperature")
         if self.draft_vocab is not None and self.draft_vocab < 2:
             raise SpecsweepError(f"--draft-vocab K must be >= 2 (the draft's tokens); got {self.draft_vocab}")

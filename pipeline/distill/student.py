@@ -141,6 +141,11 @@ class Vocabulary:
     def to(self, device) -> Vocabulary:
         return Vocabulary(self.d2t.to(device), self.t2d.to(device), self.reduced)
 
+    def mask(self, suppress):
+        """``suppress`` (a :class:`~pipeline.decoding.engine.LogitMask` over target ids: a speech target's ids never
+        emitted) over the draft's rows, as `specsweep run` masks them; None when there is nothing to mask."""
+        return suppress.restricted(self.d2t.tolist()) if suppress is not None and suppress.active else None
+
 
 def frequent_tokens(sequences: list[torch.Tensor], k: int, always: list[int], target_vocab: int) -> list[int]:
     """The ``k`` most frequent target ids in ``sequences`` (each int64 [L]; ties by id), ``always`` among them."""

@@ -71,16 +71,19 @@ def causal_forward(target):
 
 
 @torch.inference_mode()
-def target_laws(forward, input_ids: torch.Tensor, attention_mask: torch.Tensor, top_k: int, mask_logits=None):
+def target_laws(forward, input_ids: torch.Tensor, attention_mask: torch.Tensor, top_k: int, mask_logits=None,
+                first: torch.Tensor | None = None):
     """One forward (:func:`causal_forward`'s signature) over a left-padded batch int64 [B, L] -> (top ids int64
-    [B, L, k], top log-probs float32 [B, L, k], the logits [B, L, V], the KV cache). ``mask_logits(logits,
-    first_position)`` (a speech target's suppressed ids, :class:`pipeline.decoding.engine.LogitMask`) is applied
-    first: at every position, and at the last one also as the first new token's. Row by row, so [B, L, V] float32
-    exists once."""
+    [B, L, k], top log-probs float32 [B, L, k], the logits [B, L, V], the KV cache). ``mask_logits`` (a speech
+    target's suppressed ids, :class:`pipeline.decoding.engine.LogitMask`) is applied first: at every position, and
+    where ``first`` bool [B, L] (default: the last column, the first new token's law) also as a continuation's first
+    token's. Row by row, so [B, L, V] float32 exists once."""
     logits, cache = forward(input_ids, attention_mask, position_ids(attention_mask), None)
     if mask_logits is not None:
-        mask_logits(logits, first_position=False)
-        mask_logits(logits[:, -1:], first_position=True)
+        if first is None:
+            first = torch.zeros(input_ids.shape, dtype=torch.bool, device=logits.device)
+            first[:, -1] = True
+        mask_logits.at(logits, first.to(logits.device))
     parts = [top_law(logits[b], top_k) for b in range(input_ids.shape[0])]
     return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), logits, cache
 

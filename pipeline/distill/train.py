@@ -93,7 +93,7 @@ def evaluate(draft, sequences: list[TeacherSequence], vocab: Vocabulary, setting
     if not sequences:
         return None
     draft.eval()
-    rows_mask = suppress.restricted(vocab.d2t.tolist()) if suppress is not None and suppress.active else None
+    rows_mask = vocab.mask(suppress)
     sums, n = torch.zeros(3, dtype=torch.float64), 0
     for i in range(0, len(sequences), settings.batch_size):
         seqs = sequences[i: i + settings.batch_size]
@@ -103,8 +103,7 @@ def evaluate(draft, sequences: list[TeacherSequence], vocab: Vocabulary, setting
         if rows_mask is not None:
             prompts = torch.tensor([s.prompt for s in seqs], device=batch.cols.device)
             first = batch.cols == prompts[batch.rows] - 1           # the law of each continuation's first token
-            logits = rows_mask(logits.clone(), False)
-            logits[first] = rows_mask(logits[first], True)
+            logits = rows_mask.at(logits.clone(), first)
         values = [divergence(settings.divergence, logits, batch.top_ids, batch.top_logp, vocab.t2d),
                   agreement(logits, batch.top_ids, vocab.d2t).float(),
                   acceptance(logits, batch.top_ids, batch.top_logp, vocab.t2d)]
@@ -157,7 +156,8 @@ def train(draft, target, train_seqs: list[TeacherSequence], heldout: list[Teache
         used = budget.used(step, time.perf_counter() - t0)
         if used >= ON_POLICY_AFTER and settings.on_policy > 0 and torch.rand((), generator=g) < settings.on_policy:
             t_policy = time.perf_counter()
-            seqs = on_policy_batch(draft, target, vocab, seqs, settings.on_policy_tokens, eos, pad, settings.top_k, g)
+            seqs = on_policy_batch(draft, target, vocab, seqs, settings.on_policy_tokens, eos, pad, settings.top_k, g,
+                                   suppress)
             policy_steps, policy_s = policy_steps + 1, policy_s + time.perf_counter() - t_policy
         losses.append(_step(draft, opt, params, seqs, vocab, settings, pad, g, device, lr_at(round(used * 1000), 1000,
                                                                                              settings.lr)))

@@ -39,10 +39,11 @@ def is_speech(model) -> bool:
 
 def encoder_forward(target, hidden: torch.Tensor):
     """The target's decoder over its encoder output ``hidden`` float32 [B, F, H], as
-    :func:`pipeline.distill.teacher.target_laws` calls a forward (the prompts all have the same length, so the
-    mask and positions are not needed)."""
+    :func:`pipeline.distill.teacher.target_laws` calls a forward (left-padded decoder tokens: the teacher pass's
+    prompts all have the same length, an on-policy batch's prefixes do not)."""
     def forward(ids, mask, positions, cache):
-        out = target(encoder_outputs=(hidden,), decoder_input_ids=ids, past_key_values=cache, use_cache=True)
+        out = target(encoder_outputs=(hidden,), decoder_input_ids=ids, decoder_attention_mask=mask,
+                     decoder_position_ids=positions, past_key_values=cache, use_cache=True)
         return out.logits, out.past_key_values
     return forward
 
