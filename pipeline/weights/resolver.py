@@ -2,8 +2,8 @@
 folders.
 
 * :func:`resolve` (every loader calls it, :mod:`pipeline.models`): a registry name or ``pypi:`` source is
-  downloaded and converted into the cache on first use, ``<cache>/models/v1/<source>`` (``<cache>`` is
-  :func:`pipeline.roofline.cache_dir`), built in a temporary folder beside it and renamed into place, under a lock
+  downloaded and converted into the cache on first use, ``<models>/v1/<source>`` (``<models>`` is
+  ``$SPECSWEEP_MODELS_DIR``, else ``models/`` under :func:`pipeline.roofline.cache_dir`), built in a temporary folder beside it and renamed into place, under a lock
   so parallel processes build it once; later calls return it at once. Anything else (a local folder, a Hub id)
   comes back unchanged, for transformers to load as before.
 * :func:`fetch` (``specsweep fetch --model``): any of the four into a folder the user names, written the same
@@ -15,6 +15,7 @@ A name that is both a registry name and a folder in the working directory means 
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.io import atomic_dir, file_lock
 from pipeline.weights import pypi, registry
 
-CACHE_LAYOUT = "models/v1"  # raise the version when a converter changes what it writes: cached folders are rebuilt
+CACHE_LAYOUT = "v1"  # raise the version when a converter changes what it writes: cached folders are rebuilt
 # other frameworks' weights and llama.cpp files, which a transformers checkpoint on the Hub may carry as well
 HUB_IGNORE = ("*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.tflite", "*.ot", "*.gguf", "*.mlmodel")
 
@@ -53,13 +54,20 @@ def kind(name_or_source: str) -> str:
     return "hub"
 
 
-def cached_path(name_or_source: str) -> Path:
-    """Where :func:`resolve` keeps a registry name's or ``pypi:`` source's converted folder (one per source)."""
+def models_dir() -> Path:
+    """Where converted models are kept: $SPECSWEEP_MODELS_DIR, else ``<cache>/models``."""
     from pipeline.roofline import cache_dir  # kept local: not loaded by `specsweep --help`
 
+    if os.environ.get("SPECSWEEP_MODELS_DIR"):
+        return Path(os.environ["SPECSWEEP_MODELS_DIR"]).expanduser()
+    return cache_dir() / "models"
+
+
+def cached_path(name_or_source: str) -> Path:
+    """Where :func:`resolve` keeps a registry name's or ``pypi:`` source's converted folder (one per source)."""
     source = registry.MODELS[name_or_source].source if name_or_source in registry.MODELS else name_or_source
     key = "+".join(f"{r.dist}-{r.version}" for r in pypi.parse(source))
-    return cache_dir() / CACHE_LAYOUT / key
+    return models_dir() / CACHE_LAYOUT / key
 
 
 def resolve(name_or_source: str, progress: bool = True) -> str:
