@@ -5,8 +5,7 @@ folders.
   downloaded and converted into the cache on first use, ``<models>/v1/<source>`` (``<models>`` is
   ``$SPECSWEEP_MODELS_DIR``, else ``models/`` under :func:`pipeline.roofline.cache_dir`), built in a temporary
   folder beside it and renamed into place, under a lock so parallel processes build it once; later calls return it
-  at once. Anything else (a local folder, a Hub id)
-  comes back unchanged, for transformers to load as before.
+  at once. Anything else (a local folder, a Hub id) comes back unchanged, for transformers to load as before.
 * :func:`fetch` (``specsweep fetch --model``): any of the four into a folder the user names, written the same
   atomic way, so a failure leaves nothing behind.
 
