@@ -31,10 +31,11 @@ def fixtures_dir() -> Path:
     return path
 
 
-def _converted_models_folder() -> Path:
+def _converted_models_folder() -> Path | None:
     """Where the suite keeps the registry's converted models between runs: one folder per version of the converters
     (the sources of pipeline/weights/) and of the libraries they call, so a change to either converts again; older
-    versions' folders are removed. Converting SmolLM2 and the two Whispers takes about a minute."""
+    versions' folders are removed; None where no cache folder can be made. Converting SmolLM2 and the two Whispers
+    takes about half a minute."""
     import hashlib
     import shutil
     from importlib import metadata
@@ -49,10 +50,13 @@ def _converted_models_folder() -> Path:
             digest.update(f"{dist}: none".encode())
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specsweep" / "test-models"
     folder = root / digest.hexdigest()[:16]
-    if root.is_dir():
-        for old in root.iterdir():
-            if old != folder and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:          # no writable cache: the session's temporary one, as before
+        return None
+    for old in root.iterdir():
+        if old != folder and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
     return folder
 
 
@@ -63,6 +67,6 @@ def _machine_cache_in_a_temporary_folder(tmp_path_factory):
     registry models go to $SPECSWEEP_MODELS_DIR, kept between runs (:func:`_converted_models_folder`)."""
     if "SPECSWEEP_CACHE_DIR" not in os.environ:
         os.environ["SPECSWEEP_CACHE_DIR"] = str(tmp_path_factory.mktemp("specsweep-cache"))
-    if "SPECSWEEP_MODELS_DIR" not in os.environ:
-        os.environ["SPECSWEEP_MODELS_DIR"] = str(_converted_models_folder())
+    if "SPECSWEEP_MODELS_DIR" not in os.environ and (models := _converted_models_folder()) is not None:
+        os.environ["SPECSWEEP_MODELS_DIR"] = str(models)
     yield
