@@ -34,10 +34,11 @@ def fixtures_dir() -> Path:
 def _converted_models_folder() -> Path | None:
     """Where the suite keeps the registry's converted models between runs: one folder per version of the converters
     (the sources of pipeline/weights/) and of the libraries they call, so a change to either converts again; older
-    versions' folders are removed; None where no cache folder can be made. Converting SmolLM2 and the two Whispers
-    takes about half a minute."""
+    versions' folders are removed once unused for a week; None where no cache folder can be made. Converting SmolLM2
+    and the two Whispers takes about half a minute."""
     import hashlib
     import shutil
+    import time
     from importlib import metadata
 
     digest = hashlib.sha256()
@@ -52,10 +53,11 @@ def _converted_models_folder() -> Path | None:
     folder = root / digest.hexdigest()[:16]
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        os.utime(folder)     # its last use: another checkout's suite may be using another version's folder now
     except OSError:          # no writable cache: the session's temporary one, as before
         return None
     for old in root.iterdir():
-        if old != folder and old.is_dir():
+        if old != folder and old.is_dir() and time.time() - old.stat().st_mtime > 7 * 86400:
             shutil.rmtree(old, ignore_errors=True)
     return folder
 
