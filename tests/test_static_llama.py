@@ -188,3 +188,25 @@ def test_bench_forward_on_a_model_folder_pairs_both_forwards_and_writes_json(tmp
     for r in result["results"]:
         assert len(r["ratios"]) == 3 and r["speedup"]["ci_low"] <= r["speedup"]["median"] <= r["speedup"]["ci_high"]
         assert r["transformers_ms"] > 0 and r["static_ms"] > 0 and r["max_abs_logit_diff"] < 1e-4
+
+
+def test_bench_forward_times_each_dtype_in_the_same_rounds(tmp_path):
+    """`--dtypes float32,bfloat16`: a row per (dtype, new tokens) with the verify cost r = ms(q) / ms(1), and a row per
+    new tokens pairing the two dtypes' static forwards."""
+    import json
+
+    from pipeline.benchmarks.forward import main
+
+    build(num_attention_heads=6, num_key_value_heads=2).config.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "f.json"
+    assert main(["--model", str(tmp_path / "tiny"), "--context", "16", "--new-tokens", "1,3", "--rounds", "3",
+                 "--calls", "2", "--dtypes", "float32,bfloat16", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [(r["dtype"], r["new_tokens"]) for r in result["results"]] == [
+        ("float32", 1), ("float32", 3), ("bfloat16", 1), ("bfloat16", 3)]
+    for r in result["results"]:
+        assert len(r["rounds_ms"]["static"]) == 3 and r["verify_cost"]["ci_low"] <= r["verify_cost"]["median"]
+    assert [r["verify_cost"]["median"] for r in result["results"] if r["new_tokens"] == 1] == [1.0, 1.0]
+    assert [(r["over"], r["dtype"], r["new_tokens"]) for r in result["dtypes"]] == [
+        ("float32", "bfloat16", 1), ("float32", "bfloat16", 3)]
+    assert all(r["max_abs_logit_diff"] < 0.05 for r in result["results"])  # ours computes transformers' operations

@@ -15,7 +15,7 @@ median of ``calls`` calls, and the table gives the median over rounds with the r
 results/bench/forward-<device>.json.
 
 With --model: a real model from a local PATH (a save_pretrained folder, a Whisper's included: its decoder, over a
-random encoder output of its shape; a .gguf file, dequantised to float32, which
+random encoder output of its shape; a .gguf file, dequantised, which
 needs the ``gguf`` package; or a folder holding only a config.json: random weights of that shape, as timings do
 not depend on the values). For each number of new tokens per forward (1: a draft step or autoregressive decoding;
 γ + 1: a target's verify forward), transformers' forward and ours, both through CachedModel as the engine calls
@@ -24,7 +24,12 @@ The two alternate in paired rounds; each round's ratio (transformers' median tim
 the median over rounds with its order-statistic interval (pipeline/measure.py). The first forward's logits of
 the two are compared as well. Writes results/bench/forward-<model>-<device>.json.
 
-Batch 1, fp32, torch's threads as set (1 by default here, as `specsweep run` uses on 2 cores).
+With --dtypes float32,bfloat16 the model is loaded in each dtype and every forward of every dtype and number of new
+tokens is timed in the same rounds: each dtype's row gives ours against transformers' and the verify cost
+r = ms(q) / ms(1) of ours (what a target's verify forward over q = γ + 1 tokens costs in one-token forwards), and
+a row per number of new tokens gives our forward in the first dtype over ours in the second (paired by round).
+
+Batch 1, torch's threads as set (1 by default here, as `specsweep run` uses on 2 cores).
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from pipeline.benchmarks.timing import format_table, time_calls
 from pipeline.decoding.cache import CachedModel, model_kind
+from pipeline.dtypes import DTYPES, torch_dtype
 from pipeline.env_info import provenance
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
@@ -116,13 +123,13 @@ def _run(layers, width, heads, vocab, context, rounds, calls, compile, threads, 
     return result
 
 
-def load_model(path: str, device: str = "cpu"):
-    """A causal LM (or a Whisper: its decoder is what is timed) from a local ``path`` in float32 with sdpa attention,
-    in eval mode (see the module docstring)."""
+def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """A causal LM (or a Whisper: its decoder is what is timed) from a local ``path`` in ``dtype`` with sdpa
+    attention, in eval mode (see the module docstring)."""
     from transformers import AutoConfig, AutoModelForCausalLM, WhisperForConditionalGeneration
 
     p = Path(path)
-    kwargs = {"dtype": torch.float32, "attn_implementation": "sdpa"}
+    kwargs = {"dtype": dtype, "attn_implementation": "sdpa"}
     if p.is_dir() and getattr(AutoConfig.from_pretrained(p), "is_encoder_decoder", False):
         return WhisperForConditionalGeneration.from_pretrained(p, **kwargs).to(device).eval()
     if p.suffix == ".gguf":
@@ -140,81 +147,109 @@ def load_model(path: str, device: str = "cpu"):
 
 
 def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5, 11), rounds: int = 10,
-              calls: int = 10, threads: int = 1, device: str = "cpu", out: Path | None = None) -> dict:
-    """Time transformers' forward and ours on the model at ``path`` (see the module docstring); torch's thread
-    count is put back afterwards."""
+              calls: int = 10, threads: int = 1, device: str = "cpu", dtypes: tuple[str, ...] = ("float32",),
+              out: Path | None = None) -> dict:
+    """Time transformers' forward and ours on the model at ``path``, in each of ``dtypes``, all in the same
+    interleaved rounds (see the module docstring); torch's thread count is put back afterwards."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            model = load_model(path, device)
+            models = {name: load_model(path, device, torch_dtype(name)) for name in dtypes}
             load = os.getloadavg()
-            rows = [_pair(model, context, q, rounds, calls, device) for q in new_tokens]
+            rows, dtype_rows = _measure(models, context, new_tokens, rounds, calls, device)
     finally:
         torch.set_num_threads(previous)
-    config = model.config
+    config = next(iter(models.values())).config
     result = {"benchmark": "forward", "provenance": provenance(device), "model": str(path),
               "config": {k: getattr(config, k, None) for k in ("model_type", "num_hidden_layers", "hidden_size",
                                                                 "num_attention_heads", "num_key_value_heads",
                                                                 "vocab_size")},
               "settings": {"context": context, "new_tokens": list(new_tokens), "rounds": rounds, "calls": calls,
-                           "threads": threads, "batch": 1, "dtype": "float32"},
-              "load_average": {"before": list(load), "after": list(os.getloadavg())}, "results": rows}
+                           "threads": threads, "batch": 1, "dtypes": list(dtypes)},
+              "load_average": {"before": list(load), "after": list(os.getloadavg())}, "results": rows,
+              "dtypes": dtype_rows}
     if out is not None:
         write_json_atomic(out, result)
     return result
 
 
-def _pair(model, context: int, q: int, rounds: int, calls: int, device: str) -> dict:
-    """One paired comparison at ``q`` new tokens per forward: ms per forward of each, and the speedup."""
-
+def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: int, calls: int,
+             device: str) -> tuple[list[dict], list[dict]]:
+    """Every (forward, dtype, new tokens) timed in the same rounds, in an order that rotates from round to round.
+    Returns the rows per (dtype, new tokens): ms of each forward, ours against transformers' (paired by round),
+    the verify cost r = ms(q) / ms(1) of ours (paired by round; 1 must be among ``new_tokens``) and the first
+    forward's logit difference; and the rows per new tokens comparing the dtypes: ours in the first dtype over ours
+    in each other (> 1: the other is faster)."""
     dev = torch.device(device)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    g = torch.Generator().manual_seed(q)
+    first = next(iter(models.values()))
+    vocab = first.get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=g).to(dev)
-    tokens = torch.randint(0, vocab, (1, q), generator=g).to(dev)
+    tokens = {q: torch.randint(0, vocab, (1, q), generator=g).to(dev) for q in new_tokens}
     keep_none = torch.zeros(1, dtype=torch.int64, device=dev)
     # a Whisper's decoder (or a Whisper draft decoder) attends to an encoder output: random values of its shape
-    kind = model_kind(model, target_is_seq2seq=type(model).__name__ == "WhisperForCausalLM")
+    kind = model_kind(first, target_is_seq2seq=type(first).__name__ == "WhisperForCausalLM")
     hidden = None
     if kind != "causal":
-        frames, width = model.config.max_source_positions, model.config.d_model
-        hidden = torch.randn(1, frames, width, generator=g).to(dev)
-    ways = {"transformers": CachedModel(model, kind, static=False), "static": CachedModel(model, kind, static=True)}
-    if ways["static"].static is None:
-        raise SystemExit(f"{type(model).__name__} has no static forward here (pipeline/decoding/static/)")
-    logits = {}
-    for name, cached in ways.items():
-        cached.reset(1, dev, hidden, capacity=context + q + 8)
-        cached.forward(prompt, last=1)
-        logits[name] = cached.forward(tokens, last=q)
-        cached.retain(q, keep_none, 0, 0)
+        hidden = torch.randn(1, first.config.max_source_positions, first.config.d_model, generator=g).to(dev)
+    cached, logits = {}, {}
+    for dtype, model in models.items():
+        for forward in ("transformers", "static"):
+            c = CachedModel(model, kind, static=forward == "static")
+            if forward == "static" and c.static is None:
+                raise SystemExit(f"{type(model).__name__} has no static forward here (pipeline/decoding/static/)")
+            c.reset(1, dev, None if hidden is None else hidden.to(model.dtype), capacity=context + max(new_tokens) + 8)
+            c.forward(prompt, last=1)
+            for q in new_tokens:
+                logits[forward, dtype, q] = c.forward(tokens[q], last=q).float()
+                c.retain(q, keep_none, 0, 0)
+            cached[forward, dtype] = c
 
-    def step(cached):
+    def step(c, q):
         def call(_):
-            cached.forward(tokens, last=q)
-            cached.retain(q, keep_none, 0, 0)
+            c.forward(tokens[q], last=q)
+            c.retain(q, keep_none, 0, 0)
         return call
 
-    per_round: dict[str, list[float]] = {name: [] for name in ways}
-    for r in range(rounds):
-        for name in (list(ways) if r % 2 == 0 else list(reversed(ways))):       # alternate which goes first
-            per_round[name].append(statistics.median(time_calls(step(ways[name]), device, calls, warmup=2)))
-    ratios = [t / s for t, s in zip(per_round["transformers"], per_round["static"])]
-    return {"new_tokens": q,
-            **{f"{name}_ms": statistics.median(r) * 1e3 for name, r in per_round.items()},
-            "speedup": median_ci(ratios).to_dict(), "ratios": ratios,
-            "rounds_ms": {name: [x * 1e3 for x in r] for name, r in per_round.items()},
-            "max_abs_logit_diff": float((logits["static"] - logits["transformers"]).abs().max())}
+    ways = [(f, d, q) for d in models for f in ("transformers", "static") for q in new_tokens]
+    times: dict[tuple, list[float]] = {w: [] for w in ways}
+    for r in tqdm(range(rounds), desc="rounds", leave=False):
+        shift = r % len(ways)
+        for f, d, q in ways[shift:] + ways[:shift]:                # rotate which goes first
+            times[f, d, q].append(statistics.median(time_calls(step(cached[f, d], q), device, calls, warmup=1)))
+    rows = []
+    for d in models:
+        for q in new_tokens:
+            t, s = times["transformers", d, q], times["static", d, q]
+            ratios = [a / b for a, b in zip(t, s)]
+            row = {"dtype": d, "new_tokens": q, "transformers_ms": statistics.median(t) * 1e3,
+                   "static_ms": statistics.median(s) * 1e3, "speedup": median_ci(ratios).to_dict(), "ratios": ratios,
+                   "rounds_ms": {"transformers": [x * 1e3 for x in t], "static": [x * 1e3 for x in s]},
+                   "max_abs_logit_diff": float((logits["static", d, q] - logits["transformers", d, q]).abs().max())}
+            if 1 in new_tokens:
+                row["verify_cost"] = median_ci([a / b for a, b in zip(s, times["static", d, 1])]).to_dict()
+            rows.append(row)
+    base, *others = list(models)
+    dtype_rows = [{"new_tokens": q, "over": base, "dtype": d,
+                   "speedup": median_ci([a / b for a, b in zip(times["static", base, q], times["static", d, q])])
+                   .to_dict()} for d in others for q in new_tokens]
+    return rows, dtype_rows
 
 
 def print_model_table(result: dict) -> None:
-    table = [{"new tokens": r["new_tokens"], "transformers ms": f"{r['transformers_ms']:.2f}",
-              "static ms": f"{r['static_ms']:.2f}",
-              "speedup [interval]": f"{r['speedup']['median']:.3f} [{r['speedup']['ci_low']:.3f}, "
-                                    f"{r['speedup']['ci_high']:.3f}] ({r['speedup']['ci_coverage']:.0%})",
+    def ci(x):
+        return f"{x['median']:.3f} [{x['ci_low']:.3f}, {x['ci_high']:.3f}] ({x['ci_coverage']:.0%})"
+
+    table = [{"dtype": r["dtype"], "new tokens": r["new_tokens"], "transformers ms": f"{r['transformers_ms']:.2f}",
+              "static ms": f"{r['static_ms']:.2f}", "static over transformers": ci(r["speedup"]),
+              "r = ms(q) / ms(1)": ci(r["verify_cost"]) if "verify_cost" in r else "",
               "max |logit diff|": f"{r['max_abs_logit_diff']:.1e}"} for r in result["results"]]
     print(format_table(table, list(table[0])))
+    if result["dtypes"]:
+        table = [{"new tokens": r["new_tokens"], "static": f"{r['dtype']} over {r['over']}",
+                  "speedup [interval]": ci(r["speedup"])} for r in result["dtypes"]]
+        print(format_table(table, list(table[0])))
     print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}, after: {:.2f} {:.2f} {:.2f}".format(
         *result["load_average"]["before"], *result["load_average"]["after"]))
 
@@ -240,14 +275,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, help="calls per round (default: 200, with --model 10)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", help="with --model: cpu or cuda")
+    p.add_argument("--dtypes", default="float32", help="with --model: dtypes, comma-separated, timed in the same "
+                                                       "rounds (e.g. float32,bfloat16: the second against the first)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.model:
+        dtypes = tuple(args.dtypes.split(","))
+        if bad := [d for d in dtypes if d not in DTYPES]:
+            p.error(f"--dtypes: unknown dtype {bad[0]!r}: choose from {', '.join(DTYPES)}")
         out = args.out or Path(f"results/bench/forward-{Path(args.model).stem.lower()}-{args.device}.json")
         result = run_model(args.model, context=args.context or 600,
                            new_tokens=tuple(int(x) for x in args.new_tokens.split(",")), rounds=args.rounds or 10,
-                           calls=args.calls or 10, threads=args.threads, device=args.device, out=out)
+                           calls=args.calls or 10, threads=args.threads, device=args.device, dtypes=dtypes, out=out)
         print_model_table(result)
     else:
         out = args.out or Path("results/bench/forward-cpu.json")
