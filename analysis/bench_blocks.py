@@ -29,6 +29,8 @@ DETERMINISTIC_TIMED = {(1, 4, 32000, "float32"), (1, 8, 128256, "float32"), (16,
                        (16, 8, 128256, "float32")}
 LOSSLESS = "results/bench/lossless-cpu.json"
 PROCESSES = "results/bench/processes-cpu.json"
+SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
+SERVE_SMOLLM2 = "results/bench/serve-cpu-smollm2-prompt-lookup.json"
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -170,3 +172,41 @@ def bench_processes(root: Path) -> str:
     header = ["setting (processes x threads)", "examples/s [interval]", "tokens/s", f"vs {base[len('speedup_vs_'):]} "
               "[interval]", "scaling efficiency", "pass wall per rank (s), repeat 1", "command (s)"]
     return table(header, body)
+
+
+def _rate(value: float) -> str:
+    """Requests or tokens per second as the serving tables write them: "1022", "22.8", "6.6", "0.25"."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.2f}"
+
+
+def _serve_table(data: dict) -> str:
+    """`bench serve`: per client count, the dynamic-batching server and the one-at-a-time server, and their ratio
+    (the goal's client count in bold)."""
+    ratios = {r["concurrency"]: r for r in data["dynamic_over_one_at_a_time"]}
+    goal = data["goals"]["concurrency"]
+    body = []
+    for r in data["results"]:
+        label = f"dynamic (max batch {r['max_batch']})" if r["server"] == "dynamic" else "one at a time"
+        ratio = ""
+        if r["server"] == "dynamic":
+            x = ratios[r["concurrency"]]
+            median = f"**{num(x['median'])}x**" if r["concurrency"] == goal else f"{num(x['median'])}x"
+            ratio = f"{median} (repeats {', '.join(num(v) for v in x['per_repeat'])})"
+        body.append([label, str(r["concurrency"]), f"{r['ok']}/{r['sent']}", str(r["failed"]), str(r["lost"]),
+                     f"{r['latency_p50_s'] * 1e3:.0f}", f"{r['latency_p99_s'] * 1e3:.0f}",
+                     _rate(r["requests_per_second"]), _rate(r["tokens_per_second"]), num(r["mean_batch_size"], 1),
+                     ratio])
+    header = ["server", "clients", "ok/sent", "failed", "lost", "p50 ms", "p99 ms", "req/s", "tok/s", "mean batch",
+              "dynamic / one at a time"]
+    return table(header, body)
+
+
+def serve_toy(root: Path) -> str:
+    """docs/serve.md: `bench serve` on the toy text pair."""
+    return _serve_table(read_source(root, SERVE_TOY, f"specsweep bench serve --out {SERVE_TOY}"))
+
+
+def serve_smollm2(root: Path) -> str:
+    """docs/serve.md: `bench serve` with SmolLM2-135M-Instruct and prompt lookup, through the chat endpoint."""
+    return _serve_table(read_source(root, SERVE_SMOLLM2, "specsweep bench serve --target smollm2-135m-instruct "
+                                                         f"--drafter prompt-lookup --chat --out {SERVE_SMOLLM2}"))

@@ -47,6 +47,9 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-deterministic-gpu": gpu_blocks.bench_deterministic_gpu,
     "bench-lossless-cpu": bench_blocks.bench_lossless_cpu,
     "bench-processes": bench_blocks.bench_processes,
+    # docs/serve.md
+    "serve-toy": bench_blocks.serve_toy,
+    "serve-smollm2": bench_blocks.serve_smollm2,
     # docs/gpu.md
     "gpu-machine": gpu_blocks.gpu_machine,
     "gpu-kernels": gpu_blocks.gpu_kernels_bullet,
