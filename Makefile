@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test lint bench constraints real real-setup
+.PHONY: all setup test lint bench constraints real real-setup publish docs check-docs
 
 # The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
@@ -34,6 +34,22 @@ real-setup: setup
 	cp params.real.yaml $(REAL)/params.yaml
 	cp sweeps/optuna_space.real.yaml $(REAL)/sweeps/
 	test -d $(REAL)/.dvc || (cd $(REAL) && $(abspath $(BIN))/dvc init --no-scm --quiet)
+
+# Published results and the figures generated from them (docs/README.md, "Generated figures"). `make publish` copies
+# what a profile's `dvc repro` wrote (PROFILE=default: results/runs after `make`; PROFILE=real: real/results/runs after
+# `make real`) into results/published/$(PROFILE)/summary.json, small and committed; `make docs` rewrites every
+# generated block of README.md and docs/*.md from the committed results; `make check-docs` changes nothing and fails
+# (with a diff) when a block differs from what `make docs` would write.
+PROFILE ?= default
+
+publish: setup
+	$(BIN)/python -m pipeline.analysis.publish --profile $(PROFILE)
+
+docs: setup
+	$(BIN)/python -m pipeline.analysis.docs
+
+check-docs: setup
+	$(BIN)/python -m pipeline.analysis.docs --check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

@@ -11,4 +11,11 @@ could shadow another). Modules, in the order the report uses them:
   figures     the matplotlib figures (Agg backend, PNG, written atomically)
   document    a small block model rendered to Markdown and to self-contained HTML
   build       assembles the sections and writes report.md, report.html, results.csv and figures/
+
+Beside the report, the published results and the figures of README.md and docs/ (docs/README.md, "Generated figures"):
+
+  publish         `make publish`: a profile's runs made small into results/published/<profile>/summary.json
+  docs            `make docs` / `make check-docs`: the generated blocks and their registry
+  run_tables, bench_blocks, gpu_blocks, doc_sources    what renders the blocks
+  paired_tokens   two settings' tokens per step compared prompt by prompt (docs/trees.md)
 """

@@ -46,6 +46,54 @@ def device_info(device: str = "cpu") -> dict[str, str | int | None]:
     return info
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo's "model name"), else what platform reports (e.g. "x86_64")."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_names() -> list[str]:
+    """The names of the machine's NVIDIA GPUs from nvidia-smi, without importing torch; [] where there is none (or
+    no nvidia-smi)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def machine() -> dict:
+    """The machine, for a file that publishes results: {"cpu": model name, "cores": logical cores, "gpus": [names]}.
+    Needs no torch (unlike :func:`device_info`)."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "gpus": gpu_names()}
+
+
+def git_commit(root: str | os.PathLike = ".") -> dict:
+    """The checkout's commit: {"commit": sha or None (not a git checkout, or no git), "dirty": whether tracked files
+    differ from it (None where unknown)}."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
+                                  check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if sha else None
+    return {"commit": sha.strip() if sha else None, "dirty": None if status is None else bool(status.strip())}
+
+
 def provenance(device: str = "cpu") -> dict:
     """Everything a results file records about where and when it was measured."""
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

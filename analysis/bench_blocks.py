@@ -1,0 +1,212 @@
+"""Generated blocks of docs/benchmarks.md from the CPU benchmarks' committed JSON (results/bench/*-cpu*.json).
+
+Each function takes the repository root and returns the block's Markdown (docs/README.md, "Generated figures").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .doc_sources import ci, micros, num, percent, prose, read_source, signed, table
+
+REDESIGN = "results/bench/redesign-engine-cpu.json"
+REDESIGN_LOOPS = (("ours_speculative", "ours, speculative"), ("ours_autoregressive", "ours, γ = 0"),
+                  ("ours_speculative_hf_forward", "ours with transformers' forward, speculative"),
+                  ("ours_autoregressive_hf_forward", "ours with transformers' forward, γ = 0"))
+FORWARD_SMOLLM2 = "results/bench/forward-smollm2-135m-instruct.q4_1-cpu.json"
+FORWARD_WHISPER = (("whisper-base decoder (6 layers, 512 wide, 51865-token head)",
+                    "results/bench/forward-base-cpu.json"),
+                   ("distilled draft decoder (2 layers, whole head)",
+                    "results/bench/forward-whisper-base-distilled-cpu.json"))
+FORWARD_WRITER = "python -m pipeline.benchmarks.forward --model PATH"
+BLOCK_GAIN = "results/bench/block-gain-cpu-toy-text.json"
+DETERMINISTIC = "results/bench/samplers-deterministic-cpu.json"
+# the CPU table's rows: (B, γ, V, dtype); the rows with a time in brackets: the exact column's own times
+DETERMINISTIC_ROWS = ((1, 4, 32000, "float32"), (1, 8, 128256, "float32"), (16, 4, 32000, "bfloat16"),
+                      (16, 4, 128256, "float32"), (16, 8, 32000, "float32"), (16, 8, 128256, "float32"),
+                      (16, 8, 128256, "bfloat16"))
+DETERMINISTIC_TIMED = {(1, 4, 32000, "float32"), (1, 8, 128256, "float32"), (16, 4, 128256, "float32"),
+                       (16, 8, 128256, "float32")}
+LOSSLESS = "results/bench/lossless-cpu.json"
+PROCESSES = "results/bench/processes-cpu.json"
+SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
+SERVE_SMOLLM2 = "results/bench/serve-cpu-smollm2-prompt-lookup.json"
+SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def bench_redesign(root: Path) -> str:
+    """Tokens/s of our loops before and after the decoding package: median [min, max] per tree."""
+    data = read_source(root, REDESIGN, "specsweep bench engine --device cpu --repeats 3 (in both checkouts)")
+    rows = {(r["temperature"], r["loop"]): r for r in data["results"]}
+    body = []
+    for t in sorted({r["temperature"] for r in data["results"]}):
+        for loop, label in REDESIGN_LOOPS:
+            r = rows[(t, loop)]
+            body.append([f"{t:g}", label, *(f"{r[s]['median']:.0f} [{r[s]['min']:.0f}, {r[s]['max']:.0f}]"
+                                            for s in ("before", "after"))])
+    return table(["T", "loop", "before", "after"], body)
+
+
+def bench_forward_smollm2_cpu(root: Path) -> str:
+    """SmolLM2-135M-Instruct's one forward, transformers' against ours, on the CPU."""
+    data = read_source(root, FORWARD_SMOLLM2, FORWARD_WRITER)
+    load = data["load_average"]
+    low, high = sorted((load["before"][0], load["after"][0]))
+    header = ["new tokens", "transformers ms", "ours ms",
+              f"speedup, {data['settings']['rounds']} rounds (load {low:.1f}-{high:.1f})"]
+    body = [[str(r["new_tokens"]), num(r["transformers_ms"], 1), num(r["static_ms"], 1), ci(r["speedup"], 3)]
+            for r in data["results"]]
+    return table(header, body)
+
+
+def bench_forward_whisper_cpu(root: Path) -> str:
+    """Whisper base's decoder and its distilled draft decoder: one forward, transformers' against ours."""
+    body = []
+    for label, path in FORWARD_WHISPER:
+        data = read_source(root, path, FORWARD_WRITER)
+        for i, r in enumerate(data["results"]):
+            body.append([label if i == 0 else "", str(r["new_tokens"]), num(r["transformers_ms"]),
+                         num(r["static_ms"]), ci(r["speedup"], 3)])
+    return table(["model", "new tokens", "transformers ms", "ours ms", "speedup"], body)
+
+
+def bench_block_gain(root: Path) -> str:
+    """Accepted draft tokens per full-γ step, exact against block, paired over prompts."""
+    data = read_source(root, BLOCK_GAIN, f"specsweep bench block --device cpu --temperature 1 --out {BLOCK_GAIN}")
+    body = []
+    for r in data["results"]:
+        d = r["difference"]
+        body.append([str(r["gamma"]), num(r["exact"]["accepted_per_step"], 3), num(r["block"]["accepted_per_step"], 3),
+                     f"{signed(d['mean'], 3)} [{signed(d['ci95'][0], 3)}, {signed(d['ci95'][1], 3)}]"])
+    return table(["γ", "exact", "block", "block − exact [95 % CI]"], body)
+
+
+def _count(n: int) -> str:
+    return ("none", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")[n] if n < 10 else str(n)
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}"
+
+
+def _within(r: dict, share: float) -> bool:
+    o = r["one_hot_over_deterministic"]
+    return o["ci_low"] >= (1 - share) * o["median"] and o["ci_high"] <= (1 + share) * o["median"]
+
+
+def bench_deterministic_cpu(root: Path) -> str:
+    """Deterministic drafts against one-hot logits on the CPU: what the medians and intervals were, and a table."""
+    data = read_source(root, DETERMINISTIC, "OMP_NUM_THREADS=1 specsweep bench samplers --deterministic-only "
+                                            "--device cpu --repeats 60")
+    runs = data["deterministic"]
+    rows = {(r["B"], r["gamma"], r["V"], r["dtype"], r["sampler"]): r for r in runs}
+    samplers = list(dict.fromkeys(r["sampler"] for r in runs))
+    spans = []
+    for s in samplers:
+        medians = [r["one_hot_over_deterministic"]["median"] for r in runs if r["sampler"] == s]
+        spans.append(f"{num(min(medians))}-{num(max(medians))}x for {s}")
+    wide = [r for r in runs if not _within(r, 0.1)]
+    widest = max(wide, key=lambda r: r["one_hot_over_deterministic"]["relative_width"]) if wide else None
+    configs = len({(r["B"], r["gamma"], r["V"], r["dtype"]) for r in runs})
+    text = (f"Torch reference, one-hot time / deterministic time, median of {data['settings']['repeats']} paired "
+            f"ratios with its 95 % interval; over all {configs} configurations the medians were "
+            f"{', '.join(spans[:-1])} and {spans[-1]}; {len(runs) - len(wide)} of the {len(runs)} intervals lie "
+            "within ±10 % of their median")
+    if widest is not None:
+        w = widest["one_hot_over_deterministic"]
+        vs = sorted({r["V"] for r in wide})
+        where = f" (all at V {vs[0]})" if len(vs) == 1 else ""
+        text += (f", the other {_count(len(wide))}{where} reach up to [{num(w['ci_low'])}, {num(w['ci_high'])}] "
+                 f"({widest['sampler']}, B {widest['B']}, γ {widest['gamma']}, {SHORT_DTYPE[widest['dtype']]})")
+    text += ":"
+
+    def cell(c: tuple, sampler: str) -> str:
+        r = rows[(*c, sampler)]
+        out = ci(r["one_hot_over_deterministic"], suffix="x")
+        if sampler == samplers[0] and c in DETERMINISTIC_TIMED:
+            a, b = r["deterministic_median_s"], r["one_hot_median_s"]
+            out += f" ({micros(a)} → {micros(b)} µs)" if b < 1e-3 else f" ({_ms(a)} → {_ms(b)} ms)"
+        return out
+
+    body = [[f"{c[0]}, {c[1]}, {c[2]}, {SHORT_DTYPE[c[3]]}", *(cell(c, s) for s in samplers)]
+            for c in DETERMINISTIC_ROWS]
+    header = ["B, γ, V, dtype", *(f"{s} (T = 0)" if s == "greedy" else s for s in samplers)]
+    return "\n".join([prose(text), "", table(header, body)])
+
+
+def _divergences(greedy: dict) -> str:
+    rows = [r for r in greedy["per_prompt"] if not r["identical"]]
+    return ", ".join(f"prompt {r['prompt']} at new token {r['first_divergence']['position']}" for r in rows) or "none"
+
+
+def bench_lossless_cpu(root: Path) -> str:
+    """`bench lossless` on the CPU: per rule and dtype, greedy matches and the sampled tests."""
+    data = read_source(root, LOSSLESS, "specsweep bench lossless --device cpu")
+    body = []
+    for r in data["results"]:
+        g, s = r["greedy"], r["sampled"]
+        first = s["per_prompt"][0]
+        greedy = ("skipped (T > 0 only)" if g is None else
+                  f"{percent(g['match_rate'])} ({g['identical']}/{g['prompts']})")
+        body.append([r["label"], r["dtype"], greedy, "-" if g is None else _divergences(g),
+                     num(first["first_token"]["p_value"], 3), num(first["first_two_tokens"]["p_value"], 3),
+                     s["verdict"]])
+    header = ["rule", "dtype", "greedy match", "first divergences", "p first token", "p first two tokens", "sampled"]
+    return table(header, body)
+
+
+def bench_processes(root: Path) -> str:
+    """Data-parallel runs: examples/s per processes x threads setting, against one process of one thread."""
+    data = read_source(root, PROCESSES, "python -m pipeline.benchmarks.processes --target T --draft D --data F")
+    base = next(k for k in data["rows"][0] if k.startswith("speedup_vs_"))
+    body = []
+    for r in data["rows"]:
+        speed = r[base]
+        first = r["repeats"][0]
+        command = [x["command_s"] for x in r["repeats"]]
+        vs = "1.00" if speed["ci_low"] == speed["ci_high"] == 1.0 else ci(speed)
+        body.append([r["setting"], ci(r["examples_per_s"], 1), f"{r['tokens_per_s']['median']:.0f}", vs,
+                     "-" if r["scaling_efficiency"] is None else num(r["scaling_efficiency"]),
+                     ", ".join(num(s) for s in first["rank_wall_s"]), f"{min(command):.1f}-{max(command):.1f}"])
+    header = ["setting (processes x threads)", "examples/s [interval]", "tokens/s", f"vs {base[len('speedup_vs_'):]} "
+              "[interval]", "scaling efficiency", "pass wall per rank (s), repeat 1", "command (s)"]
+    return table(header, body)
+
+
+def _rate(value: float) -> str:
+    """Requests or tokens per second as the serving tables write them: "1022", "22.8", "6.6", "0.25"."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 1 else f"{value:.2f}"
+
+
+def _serve_table(data: dict) -> str:
+    """`bench serve`: per client count, the dynamic-batching server and the one-at-a-time server, and their ratio
+    (the goal's client count in bold)."""
+    ratios = {r["concurrency"]: r for r in data["dynamic_over_one_at_a_time"]}
+    goal = data["goals"]["concurrency"]
+    body = []
+    for r in data["results"]:
+        label = f"dynamic (max batch {r['max_batch']})" if r["server"] == "dynamic" else "one at a time"
+        ratio = ""
+        if r["server"] == "dynamic":
+            x = ratios[r["concurrency"]]
+            median = f"**{num(x['median'])}x**" if r["concurrency"] == goal else f"{num(x['median'])}x"
+            ratio = f"{median} (repeats {', '.join(num(v) for v in x['per_repeat'])})"
+        body.append([label, str(r["concurrency"]), f"{r['ok']}/{r['sent']}", str(r["failed"]), str(r["lost"]),
+                     f"{r['latency_p50_s'] * 1e3:.0f}", f"{r['latency_p99_s'] * 1e3:.0f}",
+                     _rate(r["requests_per_second"]), _rate(r["tokens_per_second"]), num(r["mean_batch_size"], 1),
+                     ratio])
+    header = ["server", "clients", "ok/sent", "failed", "lost", "p50 ms", "p99 ms", "req/s", "tok/s", "mean batch",
+              "dynamic / one at a time"]
+    return table(header, body)
+
+
+def serve_toy(root: Path) -> str:
+    """docs/serve.md: `bench serve` on the toy text pair."""
+    return _serve_table(read_source(root, SERVE_TOY, f"specsweep bench serve --out {SERVE_TOY}"))
+
+
+def serve_smollm2(root: Path) -> str:
+    """docs/serve.md: `bench serve` with SmolLM2-135M-Instruct and prompt lookup, through the chat endpoint."""
+    return _serve_table(read_source(root, SERVE_SMOLLM2, "specsweep bench serve --target smollm2-135m-instruct "
+                                                         f"--drafter prompt-lookup --chat --out {SERVE_SMOLLM2}"))

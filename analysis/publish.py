@@ -1,0 +1,109 @@
+"""`make publish [PROFILE=default|real]`: a profile's run results, made small, into results/published/<profile>/.
+
+``dvc repro`` of a profile writes one results file per run under its runs folder (results/runs, or real/results/runs
+for ``make real``; pipeline/result.py); they are large (every sample's text) and not committed. This writes the
+figures the tables of README.md and docs/ read from them into one file, results/published/<profile>/summary.json:
+
+    published   what the file is, and the command that writes it
+    profile, source
+    date        when it was published (UTC); measured: the first and last run's own dates and their devices
+    version, commit, dirty    specsweep's version and the checkout's commit (dirty: tracked files had changes)
+    machine     {"cpu": model name, "cores", "gpus": [names]} of the machine that published it
+    runs        {run: record}, run = the results file's path under the runs folder without ".json"
+                (e.g. "text-main-float32/text-exact-torch-g2-float32"); a record holds the run's settings
+                (RECORD_CONFIG), figures (RECORD_METRICS), numeric quality scores, its speed measurement's repeats,
+                interval coverage and flags, and where and when it ran
+
+``python -m pipeline.analysis.docs`` renders the tables from it (analysis/run_tables.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+from pipeline.env_info import git_commit, machine, versions
+from pipeline.errors import SpecsweepError
+from pipeline.io import write_json_atomic
+from pipeline.result import read_result
+from pipeline.results_table import device_label
+
+PROFILES = {"default": ("results/runs", "make", "the default profile (params.yaml: toy pairs, offline, CPU)"),
+            "real": ("real/results/runs", "make real", "the real profile (params.real.yaml: pretrained models, "
+                                                        "real data, offline, CPU)")}
+FOLDER = "results/published"
+RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_tree", "dtype",
+                 "temperature", "limit", "max_new_tokens", "seed", "device")
+RECORD_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "unpaired_speedup", "flagged", "acceptance_rate",
+                  "iid_alpha", "mean_accepted_tokens", "cost_ratio", "verify_cost_ratio", "theoretical_speedup",
+                  "predicted_speedup", "tokens_per_second", "new_tokens", "wall_time_s")
+
+
+def summary_path(profile: str) -> str:
+    """The published summary of ``profile``, from the repository root."""
+    return f"{FOLDER}/{profile}/summary.json"
+
+
+def record(result: dict) -> dict:
+    """The published record of one results file (pipeline/result.py's RunResult)."""
+    measurement = result.get("measurement") or {}
+    provenance = result.get("provenance") or {}
+    return {"config": {k: result["config"].get(k) for k in RECORD_CONFIG},
+            "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS},
+            "quality": {k: v for k, v in (result.get("quality") or {}).items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)},
+            "measurement": {"repeats": measurement.get("repeats"),
+                            "samples_per_repeat": measurement.get("samples_per_repeat"),
+                            "coverage": (measurement.get("speedup") or {}).get("ci_coverage"),
+                            "flags": measurement.get("flags") or []},
+            "ran": {"date": provenance.get("date"),
+                    "device": device_label(provenance.get("device"), (result.get("resolved") or {}).get("device"))}}
+
+
+def summary(profile: str, root: Path) -> dict:
+    """The published summary of ``profile`` from its runs folder under ``root``."""
+    if profile not in PROFILES:
+        raise SpecsweepError(f"no profile {profile!r} to publish: choose one of {', '.join(PROFILES)}")
+    runs_dir, command, what = PROFILES[profile]
+    folder = Path(root) / runs_dir
+    if not folder.is_dir():
+        raise SpecsweepError(f"{runs_dir} does not exist: run `{command}` first, then `make publish PROFILE={profile}`")
+    runs = {}
+    for path in sorted(folder.rglob("*.json")):
+        result = read_result(path)
+        if result is not None:      # else another kind of JSON in the folder
+            runs[path.relative_to(folder).with_suffix("").as_posix()] = record(result)
+    if not runs:
+        raise SpecsweepError(f"{runs_dir} holds no results files: run `{command}` first")
+    dates = sorted(r["ran"]["date"] for r in runs.values() if r["ran"]["date"])
+    commit = git_commit(root)
+    return {"published": f"the runs of {what}, as `{command}` wrote them in {runs_dir}: one record per results file, "
+                         f"made by `make publish PROFILE={profile}`; the tables of README.md and docs/ read it "
+                         "(`make docs`)",
+            "profile": profile, "source": runs_dir,
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "measured": {"first": dates[0] if dates else None, "last": dates[-1] if dates else None,
+                         "devices": sorted({r["ran"]["device"] for r in runs.values()})},
+            "version": versions().get("specsweep"), "commit": commit["commit"], "dirty": commit["dirty"],
+            "machine": machine(), "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.analysis.publish", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="default", help=f"one of {', '.join(PROFILES)} (default: default)")
+    parser.add_argument("--root", default=".", help="the repository root (default: the working directory)")
+    args = parser.parse_args(argv)
+    try:
+        data = summary(args.profile, Path(args.root))
+    except SpecsweepError as e:
+        print(f"publish: error: {e}", file=sys.stderr)
+        return 2
+    out = write_json_atomic(Path(args.root) / summary_path(args.profile), data)
+    print(f"wrote {out} ({len(data['runs'])} runs); then `make docs` and commit both")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

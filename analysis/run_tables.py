@@ -1,0 +1,180 @@
+"""Tables of run results in README.md and docs/, declared once each and rendered from a profile's published summary
+(results/published/<profile>/summary.json, written by ``make publish``: analysis/publish.py).
+
+A :class:`RunTable` names its profile, its rows and its columns. A cell is the run its column's ``run`` template names
+once the row's ``keys`` are filled in (``"{pair}-main-float32/{pair}-exact-torch-g2-float32"``: the run's path under
+the profile's runs folder, without ".json"), written by the column's ``cell`` function; a row lists the columns it
+leaves empty. A run the summary does not hold is a one-line error. Adding a table: declare it in TABLES, then put
+``<!-- BEGIN GENERATED name -->`` and ``<!-- END GENERATED -->`` around its place and run ``make docs``
+(docs/README.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import SpecsweepError
+from pipeline.tasks import quality_metric
+
+from .doc_sources import interval, num, read_source, table
+from .publish import summary_path
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    run: str                          # the run: a template over the row's keys
+    cell: Callable[[dict], str]       # a published record -> the cell's text
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    keys: dict = field(default_factory=dict)     # what the columns' run templates name
+    empty: tuple[str, ...] = ()                  # headers of the columns this row leaves empty
+
+
+@dataclass(frozen=True)
+class RunTable:
+    name: str                         # the block's name in the pages
+    profile: str                      # whose published summary it reads
+    corner: str                       # the header of the label column
+    rows: tuple[Row, ...]
+    columns: tuple[Column, ...]
+
+    def render(self, root: Path) -> str:
+        path = summary_path(self.profile)
+        runs = read_source(root, path, f"make publish PROFILE={self.profile}")["runs"]
+        body = []
+        for row in self.rows:
+            cells = [row.label]
+            for col in self.columns:
+                if col.header in row.empty:
+                    cells.append("")
+                    continue
+                run = col.run.format(**row.keys)
+                if run not in runs:
+                    raise SpecsweepError(f"{path} holds no run {run!r} (table {self.name}, row {row.label!r}): "
+                                         "publish the profile's runs again, or fix the table in "
+                                         "analysis/run_tables.py")
+                cells.append(col.cell(runs[run]))
+            body.append(cells)
+        return table([self.corner, *(c.header for c in self.columns)], body)
+
+
+# ---------------------------------------------------------------------------------------------- cells
+
+def speedup(r: dict) -> str:
+    """The paired speedup with its interval: "1.44 [1.41, 1.56]"."""
+    m = r["metrics"]
+    return interval(m["speedup"], m["speedup_ci_low"], m["speedup_ci_high"])
+
+
+def speedup_unpaired(r: dict) -> str:
+    """Then the unpaired figure in parentheses: "1.44 [1.41, 1.56] (1.53)"."""
+    return f"{speedup(r)} ({num(r['metrics']['unpaired_speedup'])})"
+
+
+def quality_text(r: dict, digits: int) -> str:
+    """The task's quality score: "0.992", or an error rate as a percentage: "4 %" (``digits`` for the percentage)."""
+    metric = quality_metric(r["config"]["task"])
+    value = r["quality"][metric.key]
+    return f"{value * 100:.{digits}f} %" if metric.error_rate else num(value, 3)
+
+
+def speedup_quality(r: dict) -> str:
+    """"1.62 [1.43, 1.81], 0.992" (ROUGE-L) or "1.18 [1.13, 1.20], 4 %" (WER)."""
+    return f"{speedup(r)}, {quality_text(r, 0)}"
+
+
+def named_quality(r: dict) -> str:
+    """The quality with its name: "ROUGE-L 0.192", "WER 5.7 %"."""
+    metric = quality_metric(r["config"]["task"])
+    return f"{metric.display} {quality_text(r, 1)}"
+
+
+def _cost(r: dict) -> str | None:
+    """c for a draft model; None for a drafter without one."""
+    c = r["metrics"]["cost_ratio"]
+    return None if c is None or (r["config"]["drafter"] or "model") != "model" else f"c {num(c)}"
+
+
+def acceptance_and_cost(r: dict) -> str:
+    """"0.06, c 0.09" (a draft model) or "0.27"."""
+    return ", ".join(x for x in (num(r["metrics"]["acceptance_rate"]), _cost(r)) if x)
+
+
+def real_cell(r: dict) -> str:
+    """"0.57 [0.55, 0.60]; 0.11; 1.22; c 0.10": speedup, acceptance, tokens per step, c (a draft model)."""
+    m = r["metrics"]
+    parts = [speedup(r), num(m["acceptance_rate"]), num(m["mean_accepted_tokens"]), _cost(r)]
+    return "; ".join(x for x in parts if x)
+
+
+def metric(key: str, digits: int = 2) -> Callable[[dict], str]:
+    """A metric of the record, with ``digits`` decimals."""
+    return lambda r: num(r["metrics"][key], digits)
+
+
+def metric_ratio(top: str, bottom: str) -> Callable[[dict], str]:
+    """One metric over another ("measured / theoretical")."""
+    return lambda r: num(r["metrics"][top] / r["metrics"][bottom])
+
+
+# ---------------------------------------------------------------------------------------------- the tables
+
+def _main_grid(cell: Callable[[dict], str]) -> tuple[Column, ...]:
+    return tuple(Column(f"{rule} γ {g}", f"{{pair}}-main-float32/{{pair}}-{rule}-torch-g{g}-float32", cell)
+                 for rule in ("exact", "sigmoid", "greedy") for g in (2, 4))
+
+
+TOY_PAIRS = (Row("text", {"pair": "text"}), Row("speech", {"pair": "speech"}))
+TOY_RULES = tuple(Column(label, f"{{pair}}-rules-float32/{{pair}}-{rule}-torch-g4-float32", speedup_quality)
+                  for rule, label in (("block", "block"), ("typical", "typical"), ("fuzzy", "fuzzy"),
+                                      ("relaxed", "relaxed"), ("accept_all", "accept-all")))
+THEORY = (Column("α", "{run}", metric("iid_alpha")), Column("c", "{run}", metric("cost_ratio", 3)),
+          Column("r", "{run}", metric("verify_cost_ratio")), Column("measured", "{run}", metric("speedup")),
+          Column("predicted", "{run}", metric("predicted_speedup")),
+          Column("theoretical", "{run}", metric("theoretical_speedup")),
+          Column("measured / theoretical", "{run}", metric_ratio("speedup", "theoretical_speedup")),
+          Column("measured / predicted", "{run}", metric_ratio("speedup", "predicted_speedup")))
+REAL_GAMMAS = tuple(Column(f"γ {g}", f"{{pair}}-{{grid}}-float32/{{pair}}-exact-torch-g{g}-float32", real_cell)
+                    for g in (2, 4, 6))
+
+TABLES = (
+    # README.md, "Toy pairs": paired speedups of the main grid
+    RunTable("readme-toy", "default", "pair", TOY_PAIRS, _main_grid(speedup)),
+    # docs/results.md, "Speedups of the default profile": the same with the unpaired figure
+    RunTable("results-toy-speedups", "default", "pair", TOY_PAIRS, _main_grid(speedup_unpaired)),
+    # docs/results.md: the other rules and prompt lookup at γ 4, with quality
+    RunTable("results-toy-rules", "default", "pair", TOY_PAIRS,
+             (*TOY_RULES, Column("prompt lookup", "{pair}-lookup-float32/{pair}-exact-torch-g4-float32",
+                                 speedup_quality))),
+    # docs/results.md, "Against theory"
+    RunTable("results-toy-theory", "default", "text run",
+             tuple(Row(f"{rule} γ {g}", {"run": f"text-main-float32/text-{rule}-torch-g{g}-float32"})
+                   for rule in ("exact", "greedy") for g in (2, 4)), THEORY),
+    # README.md, "Pretrained models"
+    RunTable("readme-real", "real", "pair, drafter",
+             (Row("SmolLM2-135M-Instruct, distilled draft (2 layers)", {"pair": "smollm2", "grid": "gamma"}),
+              Row("SmolLM2-135M-Instruct, prompt lookup", {"pair": "smollm2", "grid": "lookup"},
+                  empty=("quality (target alone)",)),
+              Row("Whisper base, distilled decoder on its encoder", {"pair": "whisper-base", "grid": "gamma"})),
+             (Column("quality (target alone)", "{pair}-ar-float32", named_quality),
+              *(Column(f"γ {g}", f"{{pair}}-{{grid}}-float32/{{pair}}-exact-torch-g{g}-float32", speedup)
+                for g in (2, 4, 6)),
+              Column("acceptance, c at γ 4", "{pair}-{grid}-float32/{pair}-exact-torch-g4-float32",
+                     acceptance_and_cost))),
+    # docs/results.md, "The real profile"
+    RunTable("results-real", "real", "pair, drafter",
+             (Row("SmolLM2, distilled draft (2 layers, 8192 tokens)", {"pair": "smollm2", "grid": "gamma"}),
+              Row("SmolLM2, prompt lookup", {"pair": "smollm2", "grid": "lookup"}),
+              Row("SmolLM2, suffix decoding", {"pair": "smollm2", "grid": "suffix"}, empty=("γ 2", "γ 6")),
+              Row("Whisper base, distilled decoder on its encoder (2 layers, 16384 tokens)",
+                  {"pair": "whisper-base", "grid": "gamma"}),
+              Row("Whisper base, prompt lookup", {"pair": "whisper-base", "grid": "lookup"}),
+              Row("Whisper base, suffix decoding", {"pair": "whisper-base", "grid": "suffix"}, empty=("γ 2", "γ 6"))),
+             REAL_GAMMAS),
+)

@@ -1,0 +1,213 @@
+"""The generated blocks of README.md and docs/*.md (`make docs`, `make check-docs`: pipeline.analysis.docs), the
+published results they read (`make publish`: pipeline.analysis.publish) and the tables of run results
+(pipeline.analysis.run_tables), on the repository itself and on small results files written in the real schema."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.analysis import docs, publish
+from pipeline.analysis.run_tables import TABLES
+from pipeline.result import make_result, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("results/bench", "kernels/results", "results/published")
+
+
+def copy_repo(tmp_path: Path) -> Path:
+    """The pages and the committed sources of the generated blocks, copied under ``tmp_path``."""
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    shutil.copy(ROOT / "README.md", root / "README.md")
+    for page in (ROOT / "docs").glob("*.md"):
+        shutil.copy(page, root / "docs" / page.name)
+    for folder in SOURCES:
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, root / folder)
+    return root
+
+
+def test_the_repositorys_generated_blocks_are_what_make_docs_writes(capsys):
+    assert docs.main(["--check", "--root", str(ROOT)]) == 0, capsys.readouterr().out
+    names = docs.block_names(ROOT)
+    assert {"readme-h100", "bench-kernels-h100", "bench-block-gain", "gpu-lossless"} <= names
+
+
+def test_changing_any_digit_inside_a_generated_block_makes_the_check_fail():
+    rendered = docs.render_all(ROOT, docs.block_names(ROOT))
+    checked = 0
+    for page in docs.documents(ROOT):
+        where = str(page.relative_to(ROOT))
+        lines = page.read_text(encoding="utf-8").split("\n")
+        for block in docs.find_blocks(lines, where):
+            for i in range(block.first, block.end):
+                for m in re.finditer(r"\d", lines[i]):
+                    changed = list(lines)
+                    digit = int(m.group())
+                    changed[i] = lines[i][:m.start()] + str((digit + 1) % 10) + lines[i][m.end():]
+                    _, differing = docs.rewrite("\n".join(changed), where, rendered)
+                    assert [name for name, _, _ in differing] == [block.name], (where, i + 1, changed[i])
+                    checked += 1
+    assert checked > 500       # the blocks hold that many digits: none was skipped
+
+
+def test_check_docs_prints_the_differing_block_as_a_diff_and_make_docs_restores_it(tmp_path, capsys):
+    root = copy_repo(tmp_path)
+    page = root / "docs" / "benchmarks.md"
+    text = page.read_text(encoding="utf-8")
+    page.write_text(text.replace("| 2 | 1.634 | 1.641 |", "| 2 | 1.634 | 1.642 |"), encoding="utf-8")
+    assert docs.main(["--check", "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "docs/benchmarks.md: block bench-block-gain differs" in out
+    assert "-| 2 | 1.634 | 1.642 |" in out and "+| 2 | 1.634 | 1.641 |" in out
+    assert docs.main(["--root", str(root)]) == 0
+    assert page.read_text(encoding="utf-8") == text
+    assert docs.main(["--check", "--root", str(root)]) == 0
+
+
+def one_line_error(capsys, argv: list[str], module=docs) -> str:
+    """Run ``module.main(argv)``: it must exit 2 with a single line on stderr, which is returned."""
+    assert module.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def test_an_unknown_block_name_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "README.md").write_text("x\n<!-- BEGIN GENERATED no-such-block -->\n1\n<!-- END GENERATED -->\n")
+    err = one_line_error(capsys, ["--check", "--root", str(tmp_path)])
+    assert "README.md:2: unknown generated block 'no-such-block'" in err
+
+
+def test_a_block_without_its_end_line_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "README.md").write_text("<!-- BEGIN GENERATED readme-h100 -->\n1\n")
+    assert "has no `<!-- END GENERATED -->` line" in one_line_error(capsys, ["--root", str(tmp_path)])
+
+
+def test_a_missing_source_is_a_one_line_error_that_names_it(tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "gpu.md").write_text("<!-- BEGIN GENERATED gpu-machine -->\n<!-- END GENERATED -->\n")
+    err = one_line_error(capsys, ["--check", "--root", str(tmp_path)])
+    assert "block gpu-machine: source kernels/results/kernels-nvidia-h100-80gb-hbm3.json is missing" in err
+
+
+# ---------------------------------------------------------------------------------------------- published run tables
+
+def run_result(task: str, gamma: int, speedup: float, *, drafter: str | None = None, quality: float = 1.0,
+               seed: int = 0) -> dict:
+    """A results file as `specsweep run` writes it (pipeline/result.py), with made-up figures."""
+    scores = ({"rouge1": quality, "rouge2": quality / 2, "rougeL": quality, "rougeLsum": quality}
+              if task == "cnn_dailymail" else {"wer": quality, "normalizer": "basic"})
+    config = {"task": task, "target": "t", "draft": None if drafter else "d", "drafter": drafter,
+              "sampler": "exact", "backend": "torch", "gamma": gamma, "draft_tree": None, "dtype": "float32",
+              "temperature": 0.0, "limit": 8, "max_new_tokens": 32, "seed": seed, "device": "cpu", "repeats": 6}
+    metrics = {"speedup": speedup, "speedup_ci_low": speedup - 0.05, "speedup_ci_high": speedup + 0.1,
+               "unpaired_speedup": speedup + 0.02, "flagged": False, "acceptance_rate": 0.5 if gamma else None,
+               "iid_alpha": 0.8 if gamma else None, "mean_accepted_tokens": 2.25 if gamma else 1.0,
+               "cost_ratio": None if drafter or not gamma else 0.125, "verify_cost_ratio": 1.4 if gamma else None,
+               "theoretical_speedup": 2.0 if gamma else None, "predicted_speedup": 1.6 if gamma else None,
+               "tokens_per_second": 100.0 * speedup, "new_tokens": 64, "wall_time_s": 1.0}
+    measurement = {"repeats": 6, "samples_per_repeat": 4, "flags": [], "flagged": False,
+                   "speedup": {"median": speedup, "ci_low": speedup - 0.05, "ci_high": speedup + 0.1,
+                               "ci_coverage": 0.97, "n": 6}}
+    provenance = {"date": "2026-11-27T10:00:00+00:00", "host": "h", "versions": {"specsweep": "0.1.0"},
+                  "device": {"device": "cpu", "cpu": "x86_64", "cpu_threads": 1}}
+    samples = [{"id": f"p{i}", "text": "x", "new_tokens": 8, "verify_steps": 4} for i in range(2)]
+    return make_result(config, {"device": "cpu", "samples": 2}, provenance, metrics, measurement, scores, samples)
+
+
+def write_runs(folder: Path, runs: dict[str, dict]) -> None:
+    for key, result in runs.items():
+        write_result(folder / f"{key}.json", result)
+
+
+def toy_runs() -> dict[str, dict]:
+    runs = {}
+    for pair, task in (("text", "cnn_dailymail"), ("speech", "librispeech")):
+        runs[f"{pair}-ar-float32"] = run_result(task, 0, 1.0, quality=0.0 if task == "librispeech" else 1.0)
+        for i, rule in enumerate(("exact", "sigmoid", "greedy")):
+            for gamma in (2, 4):
+                runs[f"{pair}-main-float32/{pair}-{rule}-torch-g{gamma}-float32"] = run_result(
+                    task, gamma, 1.0 + i / 10 + gamma / 100)
+        for rule in ("block", "typical", "fuzzy", "relaxed", "accept_all"):
+            runs[f"{pair}-rules-float32/{pair}-{rule}-torch-g4-float32"] = run_result(task, 4, 1.5, quality=0.04)
+        runs[f"{pair}-lookup-float32/{pair}-exact-torch-g4-float32"] = run_result(
+            task, 4, 0.98, drafter="prompt-lookup", quality=0.5)
+    return runs
+
+
+def test_publish_writes_one_small_summary_with_what_it_is_the_machine_the_date_and_the_version(tmp_path, capsys):
+    runs = toy_runs()
+    write_runs(tmp_path / "results" / "runs", runs)
+    (tmp_path / "results" / "runs" / "text-pareto.json").write_text("{}")       # another kind of JSON: skipped
+    assert publish.main(["--profile", "default", "--root", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "results/published/default/summary.json").read_text())
+    assert summary["profile"] == "default" and "make publish PROFILE=default" in summary["published"]
+    assert summary["machine"]["cores"] >= 1 and summary["machine"]["cpu"]
+    assert summary["date"] and summary["version"] and "commit" in summary
+    assert summary["measured"]["devices"] == ["CPU (x86_64, 1 threads)"]
+    assert set(summary["runs"]) == set(runs)
+    record = summary["runs"]["text-main-float32/text-exact-torch-g2-float32"]
+    assert record["metrics"]["speedup"] == pytest.approx(1.02) and record["measurement"]["coverage"] == 0.97
+    assert record["quality"] == {"rouge1": 1.0, "rouge2": 0.5, "rougeL": 1.0, "rougeLsum": 1.0}
+    assert all(set(r) == {"config", "metrics", "quality", "measurement", "ran"} for r in summary["runs"].values())
+
+
+def test_publish_without_the_profiles_runs_is_a_one_line_error(tmp_path, capsys):
+    err = one_line_error(capsys, ["--profile", "real", "--root", str(tmp_path)], publish)
+    assert "real/results/runs does not exist: run `make real` first" in err
+
+
+def table(root: Path, name: str) -> list[list[str]]:
+    """A run table rendered from ``root``'s published summary, as rows of cells (header first)."""
+    text = {t.name: t for t in TABLES}[name].render(root)
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.split("\n") if not line.startswith("|--")]
+
+
+def test_the_toy_tables_are_rendered_from_the_published_summary(tmp_path):
+    write_runs(tmp_path / "results" / "runs", toy_runs())
+    assert publish.main(["--profile", "default", "--root", str(tmp_path)]) == 0
+    toy = table(tmp_path, "readme-toy")
+    assert toy[0] == ["pair", "exact γ 2", "exact γ 4", "sigmoid γ 2", "sigmoid γ 4", "greedy γ 2", "greedy γ 4"]
+    assert toy[1] == ["text", "1.02 [0.97, 1.12]", "1.04 [0.99, 1.14]", "1.12 [1.07, 1.22]", "1.14 [1.09, 1.24]",
+                      "1.22 [1.17, 1.32]", "1.24 [1.19, 1.34]"]
+    assert table(tmp_path, "results-toy-speedups")[2][1] == "1.02 [0.97, 1.12] (1.04)"
+    rules = table(tmp_path, "results-toy-rules")
+    assert rules[1][1] == "1.50 [1.45, 1.60], 0.040" and rules[2][1] == "1.50 [1.45, 1.60], 4 %"   # ROUGE-L, WER
+    assert rules[2][-1] == "0.98 [0.93, 1.08], 50 %"
+    theory = table(tmp_path, "results-toy-theory")
+    assert theory[1] == ["exact γ 2", "0.80", "0.125", "1.40", "1.02", "1.60", "2.00", "0.51", "0.64"]
+
+
+def test_the_real_tables_are_rendered_and_a_run_the_summary_lacks_is_a_one_line_error(tmp_path, capsys):
+    runs = {"smollm2-ar-float32": run_result("cnn_dailymail", 0, 1.0, quality=0.192),
+            "whisper-base-ar-float32": run_result("librispeech", 0, 1.0, quality=0.057)}
+    for pair, task in (("smollm2", "cnn_dailymail"), ("whisper-base", "librispeech")):
+        for grid, drafter in (("gamma", None), ("lookup", "prompt-lookup")):
+            for gamma in (2, 4, 6):
+                runs[f"{pair}-{grid}-float32/{pair}-exact-torch-g{gamma}-float32"] = run_result(
+                    task, gamma, 0.5 + gamma / 10, drafter=drafter)
+        runs[f"{pair}-suffix-float32/{pair}-exact-torch-g4-float32"] = run_result(task, 4, 1.16, drafter="suffix")
+    write_runs(tmp_path / "real" / "results" / "runs", runs)
+    assert publish.main(["--profile", "real", "--root", str(tmp_path)]) == 0
+    readme = table(tmp_path, "readme-real")
+    assert readme[1] == ["SmolLM2-135M-Instruct, distilled draft (2 layers)", "ROUGE-L 0.192", "0.70 [0.65, 0.80]",
+                         "0.90 [0.85, 1.00]", "1.10 [1.05, 1.20]", "0.50, c 0.12"]
+    assert readme[2][1] == "" and readme[2][-1] == "0.50"           # prompt lookup: no quality cell, no c
+    assert readme[3][1] == "WER 5.7 %"
+    real = table(tmp_path, "results-real")
+    assert real[1][1] == "0.70 [0.65, 0.80]; 0.50; 2.25; c 0.12"
+    assert real[3] == ["SmolLM2, suffix decoding", "", "1.16 [1.11, 1.26]; 0.50; 2.25", ""]
+
+    (tmp_path / "real/results/runs/whisper-base-suffix-float32/whisper-base-exact-torch-g4-float32.json").unlink()
+    assert publish.main(["--profile", "real", "--root", str(tmp_path)]) == 0
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("<!-- BEGIN GENERATED results-real -->\n<!-- END GENERATED -->\n")
+    capsys.readouterr()
+    err = one_line_error(capsys, ["--root", str(tmp_path)])
+    assert "holds no run 'whisper-base-suffix-float32/whisper-base-exact-torch-g4-float32'" in err
