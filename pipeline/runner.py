@@ -40,9 +40,10 @@ from pipeline import origins as prov
 from pipeline.config import RunConfig
 from pipeline.data import load_task_data
 from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
+from pipeline.dtypes import AUTO, resolve_dtype
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
-from pipeline.models import parse_dtype, resolve_device
+from pipeline.models import parameter_count, parse_dtype, resolve_device
 from pipeline.objectives import iid_alpha, position_acceptance, predicted_speedup, theoretical_speedup
 from pipeline.result import make_result, read_result, write_result
 from pipeline.rng import RowGenerators
@@ -113,8 +114,13 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     decode their shares of the examples, rank 0 gathers them, measures speed, scores and writes; the other ranks
     return None)."""
     world = _world(config)
+    asked_device = config.device if world is None else distributed.rank_device(world, config.device)
+    # --dtype auto: the device's fastest native dtype; the results record the dtype used and why (dtype_choice)
+    parameters = parameter_count(config.target) if config.dtype == AUTO else None
+    used, dtype_choice = resolve_dtype(config.dtype, resolve_device(asked_device), parameters)
+    config = dataclasses.replace(config, dtype=used)
     dtype = parse_dtype(config.dtype)
-    device = resolve_device(config.device if world is None else distributed.rank_device(world, config.device), dtype)
+    device = resolve_device(asked_device, dtype)
     # a data-parallel run is compared with its baseline on rank 0's device, the same on every rank
     main_device = device if world is None else resolve_device(
         distributed.rank_device(distributed.World(0, world.size, 0), config.device), dtype)
@@ -159,7 +165,8 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     for s, q in zip(samples, per_sample):
         s["quality"] = q
     metrics.update(task.run_metrics(records, samples, measurement))  # e.g. per category (spec_bench)
-    resolved = {"device": device, "samples": len(samples), "baseline": baseline["path"] if baseline else None,
+    resolved = {"device": device, "dtype_choice": dtype_choice, "samples": len(samples),
+                "baseline": baseline["path"] if baseline else None,
                 "baseline_quality": baseline["quality"] if baseline else None,
                 "forward": stack.forwards_used(engine), **encode.record(totals["cuts"]),
                 "processes": 1 if world is None else world.size, "seed_per_example": decoding.per_example,
