@@ -155,6 +155,12 @@ class RunConfig:
     draft_decoder_only: bool = setting(False, "librispeech: the draft is a decoder-only assistant "
                                               "(WhisperForCausalLM, as distil-large-v2) that reads the target's "
                                               "encoder outputs")
+    draft_vocab: int | None = setting(None, "a draft model with the target's tokenizer predicts only the K lowest "
+                                            "target ids (BPE ranks tokens by frequency: the most frequent K) and the "
+                                            "special tokens: its head costs K rows instead of V; lossless (the "
+                                            "verify step compares the full target law; in a grid, all = the whole "
+                                            "vocabulary). A draft saved with its own map (specsweep distill "
+                                            "--draft-vocab) uses that map")
     ignore_eos: bool = setting(False, "always generate --max-new-tokens tokens")
     verify_graphs: bool = setting(False, "replay each verify step from a CUDA graph (--backend cupy on a GPU; same "
                                          "tokens)")
@@ -254,6 +260,9 @@ class RunConfig:
             raise bad(f"--threads must be >= 1 (or leave it out: half the usable cores, at most 8); got {self.threads}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise bad(f"--max-prompt-tokens must be >= 1; got {self.max_prompt_tokens}")
+        if self.draft_vocab is not None and (self.draft_vocab < 2 or self.drafter != "model" or self.draft_tree):
+            raise bad(f"--draft-vocab {self.draft_vocab}: give K >= 2 with a draft model (--drafter model) and no "
+                      "--draft-tree (a tree's draft predicts the whole vocabulary)")
         get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
                                          batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
                                          preset=self.preset, deterministic_draft=self.drafter != "model")

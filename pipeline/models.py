@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.dtypes import torch_dtype
+from pipeline.dtypes import AUTO, resolve_dtype, torch_dtype
 from pipeline.errors import SpecsweepError
 from pipeline.weights import resolve
 from pipeline.weights.registry import MODELS
@@ -82,6 +82,13 @@ def parameter_count(name_or_path: str) -> int | None:
         return sum(get_safetensors_metadata(name_or_path).parameter_count.values())
     except Exception:  # offline, not on the Hub, no safetensors: whatever huggingface_hub raises
         return None
+
+
+def auto_dtype(target: str, device: str) -> tuple[str, str]:
+    """``--dtype auto`` for ``target`` (any form :func:`pipeline.weights.resolve` takes) on ``device`` (cpu, cuda,
+    cuda:N or auto): (the dtype, why), :func:`pipeline.dtypes.resolve_dtype` with the target's parameter count."""
+    resolved = resolve_device(device)
+    return resolve_dtype(AUTO, resolved, parameter_count(target) if resolved == "cpu" else None)
 
 
 def _looks_local(name: str) -> bool:

@@ -45,17 +45,19 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
 
     batches  encoded inputs: {"input_ids": int64 [B, L], "attention_mask": int64 [B, L], and for an encoder-decoder
              target "encoder_inputs": {...}}
-    Returns {name: {"seconds": float [R], "tokens": int [R], "phases": {...}}}: seconds inside the engine's
-    generate calls and new tokens, summed over the batches of each repeat; "phases" sums over every repeat the
-    seconds and calls per engine phase ("time_s", "calls": prefill, draft, target, verify) and the draft forwards
-    ("draft_forwards"), from which the run's per-forward costs are read (:func:`forward_costs`).
+    Returns {name: {"seconds": float [R], "tokens": int [R], "phases": {...}, "outputs": [[int]]}}: seconds inside
+    the engine's generate calls and new tokens, summed over the batches of each repeat; "phases" sums over every
+    repeat the seconds and calls per engine phase ("time_s", "calls": prefill, draft, target, verify) and the draft
+    forwards ("draft_forwards"), from which the run's per-forward costs are read (:func:`forward_costs`); "outputs"
+    are the first repeat's new token ids, row by row (at T = 0 the two loops' tokens can be compared).
     """
     names = list(loops)
     out = _empty(names)
     bar = tqdm(range(repeats), desc="timed repeats", unit="repeat", disable=not progress)
     for rep in bar:
         for name in (names if rep % 2 == 0 else names[::-1]):
-            decoded = _decode(loops[name], batches, max_new_tokens, seed, device, out[name]["phases"])
+            decoded = _decode(loops[name], batches, max_new_tokens, seed, device, out[name]["phases"],
+                              out[name]["outputs"] if rep == 0 else None)
             out[name]["seconds"].append(sum(seconds for seconds, _ in decoded))
             out[name]["tokens"].append(sum(sum(tokens) for _, tokens in decoded))
     bar.close()
@@ -100,14 +102,15 @@ def time_groups(loops: dict, groups: dict[str, list[tuple[list[str], dict]]], ma
 
 
 def _empty(names: list[str]) -> dict:
-    return {name: {"seconds": [], "tokens": [], "phases": {"time_s": {}, "calls": {}, "draft_forwards": 0}}
-            for name in names}
+    return {name: {"seconds": [], "tokens": [], "phases": {"time_s": {}, "calls": {}, "draft_forwards": 0},
+                   "outputs": []} for name in names}
 
 
-def _decode(loop, batches: list[dict], max_new_tokens: int, seed: int, device: str,
-            phases: dict) -> list[tuple[float, list[int]]]:
+def _decode(loop, batches: list[dict], max_new_tokens: int, seed: int, device: str, phases: dict,
+            outputs: list | None = None) -> list[tuple[float, list[int]]]:
     """One timed pass of ``loop`` over ``batches``, its generator seeded alike in every repeat -> per batch (seconds
-    inside generate, new tokens per row); the phases are added to ``phases``."""
+    inside generate, new tokens per row); the phases are added to ``phases``, each row's new token ids to
+    ``outputs`` when it is given."""
     generator = torch.Generator(device=device).manual_seed(seed + REPEAT_SEED)
     out = []
     for batch in batches:
@@ -115,6 +118,8 @@ def _decode(loop, batches: list[dict], max_new_tokens: int, seed: int, device: s
                                encoder_inputs=batch.get("encoder_inputs"), **prompt_texts(loop, batch))
         out.append((result.wall_time_s, [s["new_tokens"] for s in result.row_stats]))
         _add_phases(phases, result)
+        if outputs is not None:
+            outputs.extend(list(row) for row in result.tokens)
     return out
 
 
@@ -166,7 +171,9 @@ def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load
     step and forward costs predict, or threads that waited for a CPU more than ``max_cpu_wait`` of their ready time
     (``load["runqueue_wait"]``, from :class:`pipeline.env_info.LoadProbe`) is flagged)."""
     tps = {name: measure.rates(t["tokens"], t["seconds"]) for name, t in timings.items()}
-    record = {"method": "paired" if SPECULATIVE in timings else "repeated", "repeats": len(next(iter(tps.values()))),
+    outputs = {name: t.pop("outputs", []) for name, t in timings.items()}   # each loop's first repeat's tokens
+    record = {"outputs": outputs,
+              "method": "paired" if SPECULATIVE in timings else "repeated", "repeats": len(next(iter(tps.values()))),
               "samples_per_repeat": samples_per_repeat,
               "order": "A/B alternating per repeat (A B, B A, ...)" if len(timings) > 1 else "one loop",
               "timings": timings,

@@ -178,3 +178,26 @@ def _check_pairs(predictions: Sequence[str], references: Sequence[str]) -> None:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"{what} {i} is {type(t).__name__}, not str")
+
+
+def greedy_agreement(samples: Sequence[dict], reference: Sequence[dict]) -> dict:
+    """How far a greedy run's tokens follow the target alone's (``reference``: the samples of a γ = 0 run of the same
+    target, dtype and data, matched by id): for each sample the number of leading tokens the two share, the
+    position of the first difference (None: identical), and in all, the samples identical and the share of tokens
+    before each sample's first difference. Exact arithmetic makes a lossless rule identical on every sample; in
+    bfloat16 a forward over γ + 1 tokens and a one-token forward may round a near tie differently, after which the
+    two texts go their own (equally greedy) ways."""
+    by_id = {r["id"]: r["token_ids"] for r in reference}
+    rows = []
+    for s in samples:
+        ours, theirs = s["token_ids"], by_id.get(s["id"])
+        if theirs is None:
+            continue
+        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        first = None if ours == theirs else same
+        rows.append({"id": s["id"], "shared_prefix": same, "first_difference": first, "tokens": len(ours)})
+    tokens = sum(r["tokens"] for r in rows)
+    return {"samples": len(rows), "identical": sum(r["first_difference"] is None for r in rows),
+            "shared_prefix_tokens": sum(r["shared_prefix"] for r in rows), "tokens": tokens,
+            "shared_prefix_share": sum(r["shared_prefix"] for r in rows) / tokens if tokens else None,
+            "per_sample": rows}

@@ -40,11 +40,12 @@ from pipeline import origins as prov
 from pipeline.config import RunConfig
 from pipeline.data import load_task_data
 from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
-from pipeline.dtypes import AUTO, resolve_dtype
+from pipeline.dtypes import AUTO
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
-from pipeline.models import parameter_count, parse_dtype, resolve_device
+from pipeline.models import auto_dtype, parse_dtype, resolve_device
 from pipeline.objectives import iid_alpha, position_acceptance, predicted_speedup, theoretical_speedup
+from pipeline.quality import greedy_agreement
 from pipeline.result import make_result, read_result, write_result
 from pipeline.rng import RowGenerators
 from pipeline.tasks import get_task
@@ -116,8 +117,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     world = _world(config)
     asked_device = config.device if world is None else distributed.rank_device(world, config.device)
     # --dtype auto: the device's fastest native dtype; the results record the dtype used and why (dtype_choice)
-    parameters = parameter_count(config.target) if config.dtype == AUTO else None
-    used, dtype_choice = resolve_dtype(config.dtype, resolve_device(asked_device), parameters)
+    used, dtype_choice = auto_dtype(config.target, asked_device) if config.dtype == AUTO else (config.dtype, None)
     config = dataclasses.replace(config, dtype=used)
     dtype = parse_dtype(config.dtype)
     device = resolve_device(asked_device, dtype)
@@ -162,6 +162,8 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     ar_samples, ar_source = _ar_outputs(config, task, loops, lambda: task.encoder(target, tokenizer, loaded[3], config),
                                         records, samples, baseline, tokenizer, device, progress)
     quality, per_sample = task.score_run(samples, records, tokenizer, config.seed, ar_samples)
+    if config.temperature == 0 and config.gamma > 0:     # lossless, token by token: against the target alone
+        metrics["greedy_agreement"] = _greedy_agreement(samples, ar_samples, baseline, measurement)
     for s, q in zip(samples, per_sample):
         s["quality"] = q
     metrics.update(task.run_metrics(records, samples, measurement))  # e.g. per category (spec_bench)
@@ -187,6 +189,24 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     results = make_result(effective.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
     write_result(config.out, results)
     return results
+
+
+def _greedy_agreement(samples: list[dict], ar_samples: list[dict] | None, baseline: dict | None,
+                      measurement: dict) -> dict | None:
+    """:func:`pipeline.quality.greedy_agreement` of a greedy run against the target alone's tokens: the γ = 0
+    outputs the task compared (spec_bench), else the --baseline file's samples, else the paired timing's γ = 0
+    loop's outputs on the timed samples (its first repeat); ``reference`` in the record says which."""
+    if ar_samples is None and baseline is not None:
+        ar_samples, source = read_result(baseline["path"])["samples"], baseline["path"]
+    elif ar_samples is not None:
+        source = "the γ = 0 outputs the task scored against"
+    else:
+        outputs = measurement.get("outputs", {}).get(paired.AUTOREGRESSIVE) or []
+        ar_samples = [{"id": s["id"], "token_ids": t} for s, t in zip(samples, outputs)]
+        source = f"the paired γ = 0 loop ({len(ar_samples)} timed samples)"
+    if not ar_samples:
+        return None
+    return {"reference": source, **greedy_agreement(samples, ar_samples)}
 
 
 def _world(config: RunConfig):

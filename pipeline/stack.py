@@ -30,7 +30,7 @@ from pipeline.decoding.drafters.cross_tokenizer import (
 from pipeline.decoding.drafters.lookup import prompt_lookup, suffix_decoding
 from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.decoding.drafters.tree import TreeDrafter
-from pipeline.decoding.drafters.vocab_map import VocabMapDrafter, draft_vocab
+from pipeline.decoding.drafters.vocab_map import VocabMapDrafter, draft_vocab, ranked_vocab
 from pipeline.decoding.drafters.whisper_text import WhisperTextDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import HFEngine
@@ -198,6 +198,9 @@ def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: 
     mode = draft_tokenizer_mode(config, sampler, draft, tokenizer)
     if mode == "shared":
         ids = draft_vocab(draft)        # a draft that predicts only K of the target's tokens (specsweep distill)
+        if ids is None and config.draft_vocab is not None:          # any draft, cut to the K lowest ids
+            ids = ranked_vocab(config.draft_vocab, draft.get_output_embeddings().weight.shape[0],
+                               tokenizer.all_special_ids)
         if config.draft_tree is not None:
             if ids is not None:
                 raise SpecsweepError(f"--draft-tree needs a draft over the target's whole vocabulary; {config.draft} "

@@ -59,7 +59,13 @@ def test_a_run_with_dtype_auto_records_what_it_chose_and_why(tmp_path, monkeypat
     data = write_prompts(tmp_path / "p.jsonl")
     assert main(["run", "--target", str(target), "--draft", str(draft), "--data", str(data), "--device", "cpu",
                  "--max-new-tokens", "6", "--limit", "2", "--temperature", "0", "--repeats", "3", "--no-progress",
+                 "--samples-per-repeat", "2",
                  "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["config"]["dtype"] == expected
     assert result["resolved"]["dtype_choice"].startswith("auto: ")
+    # without --baseline a greedy run's tokens are compared with the paired γ = 0 loop's on the timed samples
+    agreement = result["metrics"]["greedy_agreement"]
+    assert agreement["reference"].startswith("the paired γ = 0 loop") and agreement["samples"] == 2
+    if expected == "float32":
+        assert agreement["identical"] == 2

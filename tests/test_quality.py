@@ -185,3 +185,16 @@ def test_metric_input_errors():
         quality.rouge([], [])
     with pytest.raises(TypeError):
         quality.rouge([None], ["a"])
+
+
+def test_greedy_agreement_counts_the_tokens_before_each_first_difference():
+    from pipeline.quality import greedy_agreement
+
+    ours = [{"id": "a", "token_ids": [1, 2, 3, 4]}, {"id": "b", "token_ids": [5, 6, 9, 9]},
+            {"id": "c", "token_ids": [7]}, {"id": "z", "token_ids": [1]}]
+    theirs = [{"id": "b", "token_ids": [5, 6, 7, 8]}, {"id": "a", "token_ids": [1, 2, 3, 4]},
+              {"id": "c", "token_ids": [7, 8]}]
+    got = greedy_agreement(ours, theirs)
+    assert (got["samples"], got["identical"], got["shared_prefix_tokens"], got["tokens"]) == (3, 1, 7, 9)
+    assert [r["first_difference"] for r in got["per_sample"]] == [None, 2, 1]   # "c" stopped early: differs at 1
+    assert got["shared_prefix_share"] == 7 / 9

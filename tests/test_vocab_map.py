@@ -125,3 +125,41 @@ def test_negative_control_logits_without_the_map_fail(gpt2):
     out = np.array([r[:2] for r in engine.generate(enc.input_ids, enc.attention_mask, 3,
                                                    torch.Generator().manual_seed(5)).tokens])
     assert min(_pvalues(target, tok, out)) <= THRESHOLD, "the unmapped logits passed: the test has no power"
+
+
+def test_ranked_vocab_is_the_lowest_ids_and_the_special_tokens():
+    from pipeline.decoding.drafters.vocab_map import ranked_vocab
+    from pipeline.errors import SpecsweepError
+
+    assert ranked_vocab(4, 100, [1, 97, 200]) == [0, 1, 2, 3, 97]     # 200 is past the head: ignored
+    with pytest.raises(SpecsweepError, match="--draft-vocab 100 is not fewer than the draft's 100 tokens"):
+        ranked_vocab(100, 100, [])
+
+
+def test_run_with_draft_vocab_cuts_any_drafts_head_and_stays_the_target_alone(tmp_path):
+    """`specsweep run --draft-vocab K` on a plain draft (no map of its own): a grid of the whole vocabulary and two
+    K, greedy, each emitting the target alone's tokens; the results record K, and a K at least the vocabulary, or
+    with a drafter without a model, is one line with exit code 2."""
+    import json
+
+    from tiny_models import save_pair, write_prompts
+
+    from pipeline.cli import main
+
+    target, draft = save_pair(tmp_path)
+    data = write_prompts(tmp_path / "p.jsonl")
+    common = ["run", "--target", str(target), "--data", str(data), "--device", "cpu", "--max-new-tokens", "12",
+              "--temperature", "0", "--repeats", "3", "--no-progress"]
+    assert main([*common, "--gamma", "0", "--out", str(tmp_path / "ar.json")]) == 0
+    assert main([*common, "--draft", str(draft), "--gamma", "3", "--draft-vocab", "all,40,80", "--baseline",
+                 str(tmp_path / "ar.json"), "--out", str(tmp_path / "k{draft_vocab}.json")]) == 0
+    for name, k in (("kNone", None), ("k40", 40), ("k80", 80)):
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        assert result["config"]["draft_vocab"] == k
+        if k is not None:      # K ids and the special tokens
+            assert k <= result["resolved"]["drafter"]["draft_vocab"] <= k + 3
+        agreement = result["metrics"]["greedy_agreement"]
+        assert agreement["identical"] == agreement["samples"] == len(result["samples"]) > 0
+    assert main([*common, "--draft", str(draft), "--gamma", "3", "--draft-vocab", "100000", "--out",
+                 str(tmp_path / "big.json")]) == 2
+    assert main([*common, "--drafter", "prompt-lookup", "--draft-vocab", "40", "--out", str(tmp_path / "pl.json")]) == 2

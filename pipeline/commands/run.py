@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 
 from pipeline.config import RunConfig
+from pipeline.dtypes import AUTO
 from pipeline.errors import SpecsweepError
 from pipeline.rules import param_help, param_is_integer, param_names
 from pipeline.tree_shape import CHAIN
@@ -15,7 +16,7 @@ HELP = "run speculative (or, with --gamma 0, autoregressive) decoding over a dat
 
 _TYPES = {"int": int, "float": float, "str": str}
 # Settings that take a comma-separated list: `specsweep run` then runs every combination in one process.
-GRID = ("sampler", "backend", "gamma", "dtype", "drafter", "draft_tree")
+GRID = ("sampler", "backend", "gamma", "dtype", "drafter", "draft_tree", "draft_vocab")
 # A grid lists values with commas; a token tree's widths are comma-separated themselves, so trees are listed with "/"
 # ("--draft-tree chain/2,2,1/3,1,1": a chain, then two trees).
 LIST_SEPARATORS = {"draft_tree": "/"}
@@ -64,11 +65,12 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
                             "and the sample's acceptance (`specsweep show` does the same from a results file)")
 
 
-def expand_grid(values: dict) -> list[dict]:
+def expand_grid(values: dict, auto_dtype: str | None = None) -> list[dict]:
     """One settings dict per point of the grid: each of :data:`GRID` may be a comma-separated list
     (``--sampler exact,block --gamma 2,4``), and the points are every combination, in order. ``--out`` (and
     ``--baseline``) may name any setting as ``{name}`` (``results/runs/text-{sampler}-g{gamma}.json``); it must
-    name every setting that takes several values, so no two runs write one file."""
+    name every setting that takes several values, so no two runs write one file. ``{dtype}`` of a point whose
+    dtype is ``auto`` names ``auto_dtype`` (the dtype auto resolves to) when it is given."""
     axes = {name: [None] if values.get(name) is None else
             [_grid_value(name, item) for item in str(values[name]).split(LIST_SEPARATORS.get(name, ","))]
             for name in GRID}
@@ -85,8 +87,9 @@ def expand_grid(values: dict) -> list[dict]:
             # its own files.
             template = point.get(key)
             if template and "{" in template:
+                names = {**point, "dtype": auto_dtype} if point.get("dtype") == AUTO and auto_dtype else point
                 try:
-                    point[key] = template.format(**point)
+                    point[key] = template.format(**names)
                 except (KeyError, IndexError, ValueError) as e:
                     raise SpecsweepError(f"--{key} {template}: bad template ({e}); use {{name}} of a run setting, "
                                          "e.g. {dtype}") from None
@@ -95,7 +98,7 @@ def expand_grid(values: dict) -> list[dict]:
 
 
 def _grid_value(name: str, item: str):
-    if name == "draft_tree" and item.strip() == CHAIN:
+    if (name, item.strip()) in (("draft_tree", CHAIN), ("draft_vocab", "all")):   # a chain; the whole vocabulary
         return None
     kind = _TYPES[next(f.type for f in dataclasses.fields(RunConfig) if f.name == name).split("|")[0].strip()]
     try:
@@ -110,7 +113,12 @@ def main(args: argparse.Namespace) -> int:
     from pipeline.runner import run_grid
 
     values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", *DISPLAY_FLAGS)}
-    configs = [RunConfig.from_dict(point) for point in expand_grid(values)]
+    auto = None
+    if AUTO in str(values.get("dtype")).split(",") and "{dtype}" in f"{values.get('out')}{values.get('baseline')}":
+        from pipeline.models import auto_dtype  # kept local: imports torch
+
+        auto, _ = auto_dtype(values["target"], values["device"])   # --out names the dtype auto picks
+    configs = [RunConfig.from_dict(point) for point in expand_grid(values, auto)]
     verbose = getattr(args, "verbose", False)
     processes = max(c.processes for c in configs)
     if processes > 1 and distributed.current_world() is None:

@@ -29,7 +29,7 @@ from pipeline.decoding.draft_policy import DraftPolicy
 from pipeline.dtypes import AUTO, resolve_dtype
 from pipeline.env_info import ThreadSettings, default_threads
 from pipeline.errors import SpecsweepError
-from pipeline.models import eos_token_ids, max_positions, parameter_count, parse_dtype, resolve_device
+from pipeline.models import auto_dtype, eos_token_ids, max_positions, parse_dtype, resolve_device
 from pipeline.origins import ACCEPTED, BONUS, CORRECTED, TARGET
 from pipeline.rng import RowGenerators
 from pipeline.rules import get_rule
@@ -127,9 +127,11 @@ class Decoder:
 
 
         # --dtype auto: the device's fastest native dtype (pipeline/dtypes.py), fixed here for the server's life
-        parameters = parameter_count(config.target) if config.dtype == AUTO and models is None else None
-        used, _ = resolve_dtype(config.dtype, resolve_device(config.device), parameters)
-        config = dataclasses.replace(config, dtype=used)
+        if config.dtype == AUTO:
+            size = None if models is None else sum(p.numel() for p in models[0].parameters())
+            used = (auto_dtype(config.target, config.device)[0] if models is None else
+                    resolve_dtype(AUTO, resolve_device(config.device), size)[0])
+            config = dataclasses.replace(config, dtype=used)
         self.config = config
         self.rule = get_rule(config.sampler)
         self.device = resolve_device(config.device, parse_dtype(config.dtype))

@@ -14,6 +14,11 @@ distill --draft-vocab K``), is otherwise a plain draft with the target's tokeniz
     rather than found by text. The verify rule compares it with the target's full law, so decoding stays lossless
     at any temperature; a position's acceptance probability is at most the target's mass on the K tokens.
 
+Any draft with the target's tokenizer gets such a map with ``--draft-vocab K`` (:func:`ranked_vocab`): the K lowest
+ids and the special tokens. A byte-level BPE numbers its tokens in the order its merges were learned, most frequent
+pair first, so the lowest ids are (roughly) the most frequent tokens of the tokenizer's training text: FR-Spec's
+frequency-ranked head (Zhao et al. 2025) without a corpus to count.
+
 It needs no text round trip (the draft reads the target's own token ids, as a shared-tokenizer draft does), no
 second sync, and no change to the loop. transformers' ``generate(assistant_model=DIR)`` ignores the map and uses the
 full head (still lossless; no cheaper).
@@ -39,6 +44,16 @@ def draft_vocab(model) -> list[int] | None:
     """The draft vocabulary map a model's config carries (sorted target ids), or None."""
     ids = getattr(getattr(model, "config", None), CONFIG_KEY, None)
     return [int(i) for i in ids] if ids else None
+
+
+def ranked_vocab(k: int, vocab: int, keep: list[int]) -> list[int]:
+    """The vocabulary map of ``--draft-vocab K`` for a head of ``vocab`` rows: ids 0 .. K - 1 (a BPE's most frequent
+    tokens) and the ids in ``keep`` (special tokens: end of text, the chat template's), sorted. One-line
+    SpecsweepError for K >= ``vocab``."""
+    if k >= vocab:
+        raise SpecsweepError(f"--draft-vocab {k} is not fewer than the draft's {vocab} tokens: give K < {vocab}, or "
+                             "leave it out for the whole vocabulary")
+    return sorted(set(range(k)) | {i for i in keep if 0 <= i < vocab})
 
 
 def head_rows(model, d2t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
