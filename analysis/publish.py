@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -32,11 +34,14 @@ from pipeline.results_table import device_label
 
 PROFILES = {"default": ("results/runs", "make", "the default profile (params.yaml: toy pairs, offline, CPU)"),
             "real": ("real/results/runs", "make real", "the real profile (params.real.yaml: pretrained models, "
-                                                        "real data, offline, CPU)")}
+                                                        "real data, offline, CPU)"),
+            "pair": ("results/pair/runs", "make pair", "the Qwen2.5-Coder 0.5B -> 1.5B pair on fixture articles "
+                                                        "(Makefile: pair)")}
 FOLDER = "results/published"
-RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_tree", "dtype",
-                 "temperature", "limit", "max_new_tokens", "seed", "device")
-RECORD_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "unpaired_speedup", "flagged", "acceptance_rate",
+RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_tree", "draft_vocab",
+                 "dtype", "temperature", "limit", "max_new_tokens", "max_prompt_tokens", "threads", "seed", "device")
+RECORD_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "decode_speedup", "decode_speedup_ci_low",
+                  "decode_speedup_ci_high", "unpaired_speedup", "flagged", "acceptance_rate",
                   "iid_alpha", "mean_accepted_tokens", "cost_ratio", "verify_cost_ratio", "theoretical_speedup",
                   "predicted_speedup", "tokens_per_second", "new_tokens", "wall_time_s")
 
@@ -50,8 +55,13 @@ def record(result: dict) -> dict:
     """The published record of one results file (pipeline/result.py's RunResult)."""
     measurement = result.get("measurement") or {}
     provenance = result.get("provenance") or {}
+    agreement = result["metrics"].get("greedy_agreement") or {}
+    # the run's tokens, sample by sample in id order: two runs emitted the same tokens when their digests match
+    tokens = json.dumps([s.get("token_ids") for s in sorted(result.get("samples") or [], key=lambda s: str(s["id"]))])
     return {"config": {k: result["config"].get(k) for k in RECORD_CONFIG},
             "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS},
+            "greedy_agreement": {k: v for k, v in agreement.items() if k != "per_sample"} or None,
+            "tokens_sha256": hashlib.sha256(tokens.encode()).hexdigest(),
             "quality": {k: v for k, v in (result.get("quality") or {}).items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)},
             "measurement": {"repeats": measurement.get("repeats"),

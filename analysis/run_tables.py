@@ -143,6 +143,48 @@ THEORY = (Column("α", "{run}", metric("iid_alpha")), Column("c", "{run}", metri
 REAL_GAMMAS = tuple(Column(f"γ {g}", f"{{pair}}-{{grid}}-float32/{{pair}}-exact-torch-g{g}-float32", real_cell)
                     for g in (2, 4, 6))
 
+def provenance(profile: str) -> Callable[[Path], str]:
+    """A renderer of one line saying where and when ``profile``'s published runs were measured."""
+    def render(root: Path) -> str:
+        data = read_source(root, summary_path(profile), f"make publish PROFILE={profile}")
+        m = data["machine"]
+        first, last = ((data["measured"].get(k) or "")[:10] for k in ("first", "last"))
+        when = first if first == last else f"{first} to {last}"
+        commit = (data.get("commit") or "an unknown commit")[:7] + (" with local changes" if data.get("dirty") else "")
+        return f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']} at {commit}."
+    return render
+
+
+def decode_speedup(r: dict) -> str:
+    """The paired speedup of decoding alone (prefill left out) with its interval, where the run measured it."""
+    m = r["metrics"]
+    if m.get("decode_speedup") is None:
+        return ""
+    return interval(m["decode_speedup"], m["decode_speedup_ci_low"], m["decode_speedup_ci_high"])
+
+
+def setting(key: str) -> Callable[[dict], str]:
+    """A run setting of the record, as it is."""
+    return lambda r: str(r["config"][key])
+
+
+def agreement(r: dict) -> str:
+    """"3 of 3": the samples whose greedy tokens are the target alone's, token for token."""
+    a = r.get("greedy_agreement")
+    return "" if not a else f"{a['identical']} of {a['samples']}"
+
+
+def tokens_digest(r: dict) -> str:
+    """The first 8 hex digits of the run's tokens' sha256: equal digests, equal tokens."""
+    return r["tokens_sha256"][:8]
+
+
+PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfloat16-128"),
+             ("draft, head cut to 32768 tokens, γ 4", "qwen-model-k32768-g4-bfloat16-128"),
+             ("prompt lookup, γ 4", "qwen-lookup-g4-bfloat16-128"),
+             ("draft, γ 4, our loop", "qwen-model-g4-float32-24"),
+             ("draft, γ 4, transformers' assisted generation", "qwen-model-g4-float32-24-hf"))
+
 TABLES = (
     # README.md, "Toy pairs": paired speedups of the main grid
     RunTable("readme-toy", "default", "pair", TOY_PAIRS, _main_grid(speedup)),
@@ -167,6 +209,27 @@ TABLES = (
                 for g in (2, 4, 6)),
               Column("acceptance, c at γ 4", "{pair}-{grid}-float32/{pair}-exact-torch-g4-float32",
                      acceptance_and_cost))),
+    # README.md and docs/results.md, "A real draft that pays": the Qwen2.5-Coder pair (make pair)
+    RunTable("readme-pair", "pair", "Qwen2.5-Coder-1.5B-Instruct with",
+             tuple(Row(label, {"run": run}) for label, run in PAIR_RUNS),
+             (Column("dtype", "{run}", setting("dtype")), Column("articles", "{run}", setting("limit")),
+              Column("new tokens", "{run}", setting("max_new_tokens")),
+              Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
+              Column("acceptance", "{run}", metric("acceptance_rate")),
+              Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
+              Column("c", "{run}", lambda r: _cost(r) and num(r["metrics"]["cost_ratio"])),
+              Column("r", "{run}", metric("verify_cost_ratio")),
+              Column("ROUGE-L", "{run}", lambda r: quality_text(r, 1)),
+              Column("identical to the target alone", "{run}", agreement),
+              Column("tokens (sha256)", "{run}", tokens_digest))),
+    # docs/results.md: the draft's head cut to K tokens (make pair)
+    RunTable("pair-vocab", "pair", "draft head",
+             tuple(Row(label, {"k": k}) for label, k in (("whole (151936 tokens)", "None"), ("32768 tokens", "32768"),
+                                                        ("8192 tokens", "8192"))),
+             tuple(Column(h, "qwen-model-k{k}-g4-bfloat16-48", cell) for h, cell in (
+                 ("acceptance", metric("acceptance_rate")), ("tokens/step", metric("mean_accepted_tokens")),
+                 ("c", metric("cost_ratio")), ("r", metric("verify_cost_ratio")), ("paired speedup", speedup),
+                 ("identical to the target alone", agreement)))),
     # docs/results.md, "The real profile"
     RunTable("results-real", "real", "pair, drafter",
              (Row("SmolLM2, distilled draft (2 layers, 8192 tokens)", {"pair": "smollm2", "grid": "gamma"}),

@@ -45,8 +45,10 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
 
     batches  encoded inputs: {"input_ids": int64 [B, L], "attention_mask": int64 [B, L], and for an encoder-decoder
              target "encoder_inputs": {...}}
-    Returns {name: {"seconds": float [R], "tokens": int [R], "phases": {...}, "outputs": [[int]]}}: seconds inside
-    the engine's generate calls and new tokens, summed over the batches of each repeat; "phases" sums over every
+    Returns {name: {"seconds": float [R], "tokens": int [R], "prefill_seconds": float [R], "rows": int [R],
+    "phases": {...}, "outputs": [[int]]}}: seconds inside the engine's generate calls, new tokens, seconds of the
+    prefill phase (the prompt's forward, which gives each row's first token) and rows decoded, summed over the
+    batches of each repeat; "phases" sums over every
     repeat the seconds and calls per engine phase ("time_s", "calls": prefill, draft, target, verify) and the draft
     forwards ("draft_forwards"), from which the run's per-forward costs are read (:func:`forward_costs`); "outputs"
     are the first repeat's new token ids, row by row (at T = 0 the two loops' tokens can be compared).
@@ -56,10 +58,13 @@ def time_repeats(loops: dict, batches: list[dict], max_new_tokens: int, repeats:
     bar = tqdm(range(repeats), desc="timed repeats", unit="repeat", disable=not progress)
     for rep in bar:
         for name in (names if rep % 2 == 0 else names[::-1]):
+            prefill = out[name]["phases"]["time_s"].get("prefill", 0.0)
             decoded = _decode(loops[name], batches, max_new_tokens, seed, device, out[name]["phases"],
                               out[name]["outputs"] if rep == 0 else None)
             out[name]["seconds"].append(sum(seconds for seconds, _ in decoded))
             out[name]["tokens"].append(sum(sum(tokens) for _, tokens in decoded))
+            out[name]["prefill_seconds"].append(out[name]["phases"]["time_s"].get("prefill", 0.0) - prefill)
+            out[name]["rows"].append(sum(len(tokens) for _, tokens in decoded))
     bar.close()
     return out
 
@@ -103,7 +108,7 @@ def time_groups(loops: dict, groups: dict[str, list[tuple[list[str], dict]]], ma
 
 def _empty(names: list[str]) -> dict:
     return {name: {"seconds": [], "tokens": [], "phases": {"time_s": {}, "calls": {}, "draft_forwards": 0},
-                   "outputs": []} for name in names}
+                   "outputs": [], "prefill_seconds": [], "rows": []} for name in names}
 
 
 def _decode(loop, batches: list[dict], max_new_tokens: int, seed: int, device: str, phases: dict,
@@ -187,6 +192,8 @@ def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load
         interval, ratios = measure.paired_speedup(a["tokens"], a["seconds"], b["tokens"], b["seconds"])
         record["ratios"] = ratios
         record["speedup"] = interval.to_dict()
+        if a.get("prefill_seconds") and b.get("prefill_seconds"):      # time_repeats' timings (not time_groups')
+            record["decode_speedup"] = decode_speedup(a, b).to_dict()
         record["predicted_speedup"] = predicted
         record["measured_over_predicted"] = measure.plausibility(interval.median, predicted)
         reasons = measure.flag_reasons(interval, "speedup", predicted, max_spread, cpu_wait=wait,
@@ -197,6 +204,19 @@ def summarize(timings: dict[str, dict[str, list]], predicted: float | None, load
     record["flags"] = reasons
     record["flagged"] = bool(reasons)
     return record
+
+
+def decode_speedup(spec: dict, ar: dict) -> measure.MedianCI:
+    """The paired speedup of the decoding phase alone (time per output token after the first, as serving systems
+    report it): each repeat's tokens after each row's first over its seconds after the prefill, speculative over
+    autoregressive, median with its interval. The prefill (the target's forward over the prompt, and a draft model's
+    own) is a fixed cost per sample that speculative decoding does not reduce; the end-to-end speedup counts it."""
+    def decode(t: dict) -> tuple[list[int], list[float]]:
+        return ([n - rows for n, rows in zip(t["tokens"], t["rows"])],
+                [s - p for s, p in zip(t["seconds"], t["prefill_seconds"])])
+
+    interval, _ = measure.paired_speedup(*decode(spec), *decode(ar))
+    return interval
 
 
 def metrics_of(record: dict) -> dict:
@@ -211,6 +231,10 @@ def metrics_of(record: dict) -> dict:
         out.update({"ar_tokens_per_second": tps[AUTOREGRESSIVE]["median"], "speedup": record["speedup"]["median"],
                     "speedup_ci_low": record["speedup"]["ci_low"], "speedup_ci_high": record["speedup"]["ci_high"],
                     "speedup_paired": True})
+    if "decode_speedup" in record:
+        out.update({"decode_speedup": record["decode_speedup"]["median"],
+                    "decode_speedup_ci_low": record["decode_speedup"]["ci_low"],
+                    "decode_speedup_ci_high": record["decode_speedup"]["ci_high"]})
     return out
 
 

@@ -155,7 +155,8 @@ def test_publish_writes_one_small_summary_with_what_it_is_the_machine_the_date_a
     record = summary["runs"]["text-main-float32/text-exact-torch-g2-float32"]
     assert record["metrics"]["speedup"] == pytest.approx(1.02) and record["measurement"]["coverage"] == 0.97
     assert record["quality"] == {"rouge1": 1.0, "rouge2": 0.5, "rougeL": 1.0, "rougeLsum": 1.0}
-    assert all(set(r) == {"config", "metrics", "quality", "measurement", "ran"} for r in summary["runs"].values())
+    assert all(set(r) == {"config", "metrics", "greedy_agreement", "tokens_sha256", "quality", "measurement", "ran"}
+               for r in summary["runs"].values())
 
 
 def test_publish_without_the_profiles_runs_is_a_one_line_error(tmp_path, capsys):

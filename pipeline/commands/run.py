@@ -188,6 +188,9 @@ def _report(config: RunConfig, result: dict, verbose: bool = False) -> None:
     if "speedup" in m:
         parts.append(f"paired speedup {m['speedup']:.2f}x [{m['speedup_ci_low']:.2f}, {m['speedup_ci_high']:.2f}] "
                      f"({meas['speedup']['ci_coverage']:.0%} interval)")
+    if "decode_speedup" in m:
+        parts.append(f"decoding alone (prefill left out) {m['decode_speedup']:.2f}x [{m['decode_speedup_ci_low']:.2f}, "
+                     f"{m['decode_speedup_ci_high']:.2f}]")
     if "unpaired_speedup" in m:
         parts.append(f"unpaired {m['unpaired_speedup']:.2f}x against --baseline")
     if m.get("theoretical_speedup") is not None:
