@@ -195,7 +195,7 @@ def _flagged(table) -> list:
 def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> list:
     cand = of_kind(table, "run", "trial", "baseline")
     if cand.empty or "task" not in cand.columns:
-        return [Heading(2, "Runs"), Para("No results files were found (results/runs, results/tune).")]
+        return [Heading(2, "Runs"), Para("No runs, baselines or trials in the folders read (--runs, --tune).")]
     losses = with_loss(table)
     blocks: list = []
     for (task, target, draft), group in cand.groupby(list(GROUP), sort=True, dropna=False):
