@@ -63,13 +63,14 @@ def main(args: argparse.Namespace) -> int:
     from pipeline.errors import SpecsweepError
     from pipeline.tuning.schedule import Cell, describe_pick, parse_batch_sizes, parse_context_buckets
     from pipeline.tuning.space import SearchSpace, space_for_pair
-    from pipeline.tuning.study import tune_schedule
+    from pipeline.tuning.study import check_quality_objective, tune_schedule
 
     skip = {"command", "_module", "no_progress", "space", "n_trials", "study_name", "study_dir", "storage",
             "out", "baseline", "worker", "heartbeat_interval", "grace_period", "max_retry", "batch_sizes",
             "context_buckets", "spread_penalty", "max_quality_loss"}
     values = {k: v for k, v in vars(args).items() if k not in skip}
     base = RunConfig.from_dict({**values, "out": os.devnull}).validate()
+    check_quality_objective(base)   # before the space reads the models
     for path in args.baseline:
         if not os.path.isfile(path):
             raise SpecsweepError(f"--baseline {path} does not exist: run the γ = 0 baseline first")
