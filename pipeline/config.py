@@ -15,10 +15,10 @@ from pipeline.decoding.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
+from pipeline.settings_file import apply_settings
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, default_temperature, get_task
 from pipeline.tree_plan import is_widths, resolve_tree
 from pipeline.tree_shape import TREE_BACKENDS, TREE_CHILDREN, TREE_RULES
-from pipeline.tuning.export import apply_settings
 
 ENGINES = ("specsweep", "hf")
 DRAFTERS = ("model", "prompt-lookup", "suffix")

@@ -381,7 +381,7 @@ def test_two_processes_give_the_tokens_of_one_through_another_tokenizer(saved, t
 def test_a_tuned_mode_travels_through_the_schedule_and_export():
     """The mode a trial chose is part of its deployable settings: the json export carries it and `run --from-config`
     reads it back; a run left on auto (one tokenizer) adds nothing."""
-    from pipeline.tuning.export import run_values
+    from pipeline.settings_file import run_values
     from pipeline.tuning.schedule import settings_of
 
     settings = settings_of({"gamma": 4, "sampler": "exact", "temperature": 1.0, "draft_tokenizer_mode": "string"})
