@@ -130,10 +130,6 @@ class TokenTree:
         step to step reuses the spans it met before)."""
         return _whole_span(self, str(device))
 
-    def depth_tensor(self, device) -> torch.Tensor:
-        """int64 [N]: each node's depth (its position offset from the root)."""
-        return torch.tensor(self.depths, dtype=torch.int64, device=device)
-
     @cached_property
     def ranks(self) -> tuple[int, ...]:
         """Per node, its place among its siblings (0: its parent's first child, the one the verify step tries
