@@ -30,7 +30,8 @@ from pipeline.errors import SpecsweepError
 from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
 from pipeline.samplers.tree import TreeSampler
-from pipeline.tree_shape import TokenTree, TreeSpan
+from pipeline.tree_shape import TokenTree
+from pipeline.tree_tensors import TreeSpan
 
 torch.set_num_threads(1)
 EOS = 1

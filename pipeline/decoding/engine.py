@@ -46,6 +46,7 @@ from pipeline.models import max_positions
 from pipeline.origins import BONUS, N_ORIGINS, origin_table
 from pipeline.rng import RowGenerators
 from pipeline.samplers import FiniteCheck, Sampler
+from pipeline.tree_tensors import outcomes
 
 
 @dataclass
@@ -333,7 +334,7 @@ class SpeculativeEngine:
         if state.node_counts is None or width == 0:
             return
         if proposal.tree is not None:
-            tested, accepted = proposal.tree.outcomes(res.path, proposal.real)                # [b, N] each
+            tested, accepted = outcomes(proposal.tree, res.path, proposal.real)               # [b, N] each
             group = _node_groups(proposal.tree, self.gamma, str(self.device))
         else:
             j = torch.arange(width, device=self.device)
