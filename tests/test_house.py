@@ -2,6 +2,7 @@
 
   - no module imports another module's underscore name: what crosses a module boundary is public
   - no function longer than 80 lines, and the decoding loop's module at most 600
+  - no function takes more than 10 positional parameters (the rest are keyword-only)
   - the loop never asks which drafter it has (pipeline/decoding/drafters/base.py is all it knows)
   - docs/layout.md names every module and package of the tree, and nothing that is not there
   - pyproject.toml installs every package of the tree (a plain `pip install .` has no editable finder to fall back on)
@@ -19,6 +20,7 @@ from test_import_graph import PACKAGES, modules
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 80
 MAX_LOOP_LINES = 600
+MAX_POSITIONAL = 10
 
 
 def _trees():
@@ -42,6 +44,20 @@ def test_functions_stay_short_and_the_loop_fits_one_module():
     assert not long, long
     loop = ROOT / "pipeline" / "decoding" / "engine.py"
     assert len(loop.read_text(encoding="utf-8").splitlines()) <= MAX_LOOP_LINES
+
+
+def test_no_function_takes_more_than_ten_positional_parameters():
+    """Beyond ten, a call site is a row of bare values (`f(t, d, s, 3, "cpu", [], 0, ...)`) that reads wrong without
+    failing: the rest are keyword-only (after a `*`)."""
+    wide = []
+    for _, path, tree in _trees():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                params = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+                n = len(params) - (params[:1] in (["self"], ["cls"]))
+                if n > MAX_POSITIONAL:
+                    wide.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} positional)")
+    assert not wide, wide
 
 
 def test_the_loop_never_asks_which_drafter_it_has():

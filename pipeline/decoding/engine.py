@@ -99,7 +99,7 @@ class SpeculativeEngine:
     encoder runs once per batch; input_ids are the decoder prompt (e.g. <|startoftranscript|><|notimestamps|>).
     """
 
-    def __init__(self, target, draft, sampler: Sampler, gamma: int, device: str, eos_token_ids: list[int],
+    def __init__(self, target, draft, sampler: Sampler, *, gamma: int, device: str, eos_token_ids: list[int],
                  pad_token_id: int = 0, suppress_tokens: list[int] = (),
                  begin_suppress_tokens: list[int] = (), static_cache: bool = True,
                  draft_policy: DraftPolicy | None = None, char_lengths: torch.Tensor | None = None) -> None:

@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
         target, draft = toy[:2]
         data = data or toy[2]
     out = args.out or Path("results/bench") / f"lossless-{device.split(':')[0]}.json"
-    result = lossless.run(target, draft, data, rules=rules, dtypes=dtypes, gamma=args.gamma,
+    result = lossless.run(target=target, draft=draft, data=data, rules=rules, dtypes=dtypes, gamma=args.gamma,
                           greedy_tokens=args.greedy_tokens, limit=args.limit, samples=args.samples,
                           max_new_tokens=args.max_new_tokens, sample_prompts=args.sample_prompts,
                           sample_prompt_tokens=args.sample_prompt_tokens, seed=args.seed, alpha=args.alpha,
