@@ -234,7 +234,7 @@ def test_hf_engine_restores_hfs_function_after_the_call_and_after_an_error(model
         raise Boom("sampler failed")
 
     broken = get_sampler("exact")
-    broken._verify = failing
+    broken.verify_checked = failing
     with pytest.raises(Boom):
         HFEngine(target, draft, broken, 3, 1.0, dev, [1], 0).generate(enc.input_ids, enc.attention_mask, 8)
     assert hf_utils._speculative_sampling is original
