@@ -4,6 +4,7 @@
     crosses a module boundary is public
   - no function longer than 80 lines, and the decoding loop's module at most 600
   - no function takes more than 10 positional parameters (the rest are keyword-only)
+  - a first-party import inside a function says why in a comment (on its line or the line above)
   - the loop never asks which drafter it has (pipeline/decoding/drafters/base.py is all it knows)
   - docs/layout.md names every module and package of the tree, and nothing that is not there
   - pyproject.toml installs every package of the tree (a plain `pip install .` has no editable finder to fall back on)
@@ -91,6 +92,41 @@ def test_no_module_reaches_another_modules_underscore_name():
     crossing = [f"{path.relative_to(ROOT)}:{finding}" for name, path in sorted(modules().items())
                 for finding in underscore_reaches(path.read_text(encoding="utf-8"), name, path, known)]
     assert not crossing, crossing
+
+
+def uncommented_local_imports(source: str) -> list[int]:
+    """Lines of first-party imports inside a function (``pipeline...`` or relative) that carry no comment saying
+    why: none on the import's lines, none on the line above."""
+    lines = source.splitlines()
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                first_party = any(a.name.split(".")[0] == "pipeline" for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                first_party = node.level > 0 or (node.module or "").split(".")[0] == "pipeline"
+            else:
+                continue
+            said = any("#" in line for line in lines[node.lineno - 1: node.end_lineno]) or \
+                (node.lineno > 1 and lines[node.lineno - 2].strip().startswith("#"))
+            if first_party and not said:
+                found.append(node.lineno)
+    return sorted(set(found))          # a function inside a function is walked twice
+
+
+def test_the_local_import_check_wants_a_comment_on_the_line_or_above():
+    source = ("import pipeline.io\n\ndef f():\n    from pipeline import data\n    import json\n"
+              "    from pipeline.x import y  # kept local: why\n    # why, above\n    from .z import w\n"
+              "    def g():\n        import pipeline.stack\n")
+    assert uncommented_local_imports(source) == [4, 10]
+
+
+def test_every_first_party_local_import_says_why():
+    bare = [f"{path.relative_to(ROOT)}:{line}" for _, path, _ in _trees()
+            for line in uncommented_local_imports(path.read_text(encoding="utf-8"))]
+    assert not bare, f"function-local first-party imports without a comment saying why: {bare}"
 
 
 def test_functions_stay_short_and_the_loop_fits_one_module():

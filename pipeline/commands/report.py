@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline.report import write_report
+    from pipeline.report import write_report  # imports torch and matplotlib: kept out of `specsweep --help`
 
     csv_path, md_path, n = write_report(args.runs, args.out, tune=args.tune, kernels=args.kernels, bench=args.bench,
                                         max_quality_loss=args.max_quality_loss, analysis=not args.table_only,

@@ -155,7 +155,7 @@ class SpecBenchTask(Task):
 
     def check_target(self, config) -> None:
         """Refuses a target whose tokenizer has no chat template (its tokenizer alone is loaded)."""
-        from pipeline.models import load_tokenizer
+        from pipeline.models import load_tokenizer  # imports torch: the task registry stays light
 
         require_template(load_tokenizer(config.target), config.target)
 
@@ -191,12 +191,12 @@ class SpecBenchTask(Task):
         return {c: [u for u in units if u["category"] == c and u["question_id"] in ids] for c, ids in chosen.items()}
 
     def encoder(self, target, tokenizer, processor, config) -> Encoder:
-        from pipeline.models import max_positions
+        from pipeline.models import max_positions  # imports torch: the task registry stays light
 
         return Conversations(tokenizer, config, max_positions(target.config))
 
     def score_run(self, samples, records, tokenizer, seed, ar_samples):
-        from pipeline.categories import agreement
+        from pipeline.categories import agreement  # imports torch: the task registry stays light
 
         if ar_samples is None:
             return {}, [{} for _ in samples]
@@ -208,7 +208,7 @@ class SpecBenchTask(Task):
         return agreement([s["token_ids"] for s in samples], [ar[s["id"]] for s in samples])
 
     def run_metrics(self, records, samples, measurement):
-        from pipeline.categories import by_category
+        from pipeline.categories import by_category  # imports torch: the task registry stays light
 
         return by_category(records, samples, measurement.get("groups"), GROUPS)
 

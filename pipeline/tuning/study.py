@@ -77,6 +77,7 @@ from pipeline.tuning.storage import (
     redact,
     storage_url,
 )
+from pipeline.weights import resolve
 
 # ---------------------------------------------------------------------------------------------- baselines
 
@@ -207,8 +208,6 @@ def bucket_data(base: RunConfig, cell, folder: Path) -> Path:
     from types import SimpleNamespace
 
     from transformers import AutoConfig
-
-    from pipeline.weights import resolve
 
     task = get_task(base.task)
     records = load_task_data(base.task, base.data)

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.commands.bench.common import bench_device
+from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 
 HELP = "per dtype: do the lossless rules keep the target's output?"
@@ -58,7 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from pipeline.benchmarks import lossless  # imports torch: kept out of `specsweep --help`
-    from pipeline.dtypes import DTYPES
 
     if min(args.gamma, args.greedy_tokens, args.sample_prompts, args.sample_prompt_tokens or 1) < 1 \
             or args.samples < 10 or args.max_new_tokens < 2 or (args.limit is not None and args.limit < 1):
