@@ -195,7 +195,7 @@ def _flagged(table) -> list:
 def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> list:
     cand = of_kind(table, "run", "trial", "baseline")
     if cand.empty or "task" not in cand.columns:
-        return [Heading(2, "Runs"), Para("No results files were found (results/runs, results/tune).")]
+        return [Heading(2, "Runs"), Para("No runs, baselines or trials in the folders read (--runs, --tune).")]
     losses = with_loss(table)
     blocks: list = []
     for (task, target, draft), group in cand.groupby(list(GROUP), sort=True, dropna=False):
@@ -206,15 +206,16 @@ def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> l
         other = tokenizers_view.other_tokenizer(group)   # a draft with another tokenizer: its mode in the tables
         base = baselines(cand, task, target, draft)
         blocks.append(Heading(2, f"{name}"))
-        blocks += _quality_section(group, losses, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
-                                   written, base, other)
+        blocks += _quality_section(group, losses, task=task, target=target, draft=draft, metric=metric, name=name,
+                                   slug=slug, fig_dir=fig_dir, max_quality_loss=max_quality_loss, written=written,
+                                   baseline_rows=base, other=other)
         blocks += _rules_section(losses, task, target, draft, metric, other)
         blocks += _acceptance_section(group, name, slug, fig_dir, written, other)
         blocks += _sigmoid_section(group, metric, name, slug, fig_dir, written)
     return blocks
 
 
-def _quality_section(group, losses, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
+def _quality_section(group, losses, *, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
                      written, baseline_rows, other: bool = False) -> list:
     """``baseline_rows``: the pair's AR baselines (recommend.baselines: its own, else the target's with another
     draft); ``other``: the pair's draft has another tokenizer, so the front's table names each run's mode."""

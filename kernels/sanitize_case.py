@@ -39,7 +39,7 @@ def main() -> int:
                     sampler(dt, dl, tl, generator=g)
                     sampler(dt, dl, tl, generator=g, lengths=lengths)
                     # the step functions hand the unclamped lengths to the kernels, which clamp them themselves
-                    sampler._verify(dt, dl, tl, g, lengths - 1)
+                    sampler.verify_checked(dt, dl, tl, g, lengths - 1)
                     if sampler.takes_deterministic_drafts:       # exact, greedy: a null draft pointer
                         sampler(dt, None, tl, generator=g)
                         sampler(dt, None, tl, generator=g, lengths=lengths)

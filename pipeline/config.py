@@ -15,10 +15,10 @@ from pipeline.decoding.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
-from pipeline.tasks import LONG_INPUTS, TASK_NAMES, get_task
+from pipeline.settings_file import apply_settings
+from pipeline.tasks import LONG_INPUTS, TASK_NAMES, default_temperature, get_task
 from pipeline.tree_plan import is_widths, resolve_tree
 from pipeline.tree_shape import TREE_BACKENDS, TREE_CHILDREN, TREE_RULES
-from pipeline.tuning.export import apply_settings
 
 ENGINES = ("specsweep", "hf")
 DRAFTERS = ("model", "prompt-lookup", "suffix")
@@ -113,9 +113,11 @@ class RunConfig:
                                             "settings for this run's batch size (γ, rule and parameters, draft "
                                             "schedule, temperature) replace those flags' defaults; a flag set to "
                                             "another value than both is an error")
-    temperature: float = setting(1.0, "sampling temperature; 0 = greedy")
-    dtype: str = setting("auto", "model dtype; auto: the device's fastest native dtype (bfloat16 on a CPU with "
-                                 "AVX-512 BF16, AMX or Arm BF16, else float32; bfloat16 or float16 on a GPU), "
+    temperature: float | None = setting(None, "sampling temperature; 0 = greedy (default: the task's: 0 for "
+                                              "spec_bench, which measures greedy decoding; 1 for the others)")
+    dtype: str = setting("auto", "model dtype; auto: the device's fastest native dtype for the target (on a CPU "
+                                 "with AVX-512 BF16, AMX or Arm BF16: bfloat16 for targets of 50M parameters or "
+                                 "more, float32 below; float32 on other CPUs; bfloat16 or float16 on a GPU), "
                                  "recorded in the results", choices=DTYPE_CHOICES)
     device: str = setting("auto", "cpu, cuda (one GPU), cuda:N or auto (CUDA when present; with several GPUs the "
                                   "target is spread over all of them)")
@@ -190,6 +192,10 @@ class RunConfig:
                                      choices=WANDB_MODES)
     wandb_project: str = setting("specsweep", "W&B project")
     wandb_group: str | None = setting(None, "W&B group, e.g. the DVC profile or sweep name")
+
+    def __post_init__(self) -> None:
+        if self.temperature is None:   # not given: the task's own (Spec-Bench's is 0)
+            self.temperature = default_temperature(self.task)
 
     def validate(self) -> RunConfig:
         """Raise SpecsweepError (one line: what is wrong, what to do) for the first problem found: the decoding

@@ -27,6 +27,7 @@ import numpy as np
 
 from pipeline.audio import MAX_AUDIO_SECONDS, SAMPLE_RATE
 from pipeline.errors import SpecsweepError
+from pipeline.io import atomic_dir, write_text_atomic
 
 VOICES = ("en-us", "en", "en-gb-x-rp", "en-gb-scotland", "en-us+f3", "en+m3", "en-us+f2")
 """The voices a corpus draws from (eSpeak NG's English voices and variants: male, female, British, American)."""
@@ -119,8 +120,6 @@ def write_corpus(texts: list[str], out: str | Path, clips: int, words: int, seed
     until it fits. Returns what was written: clips, seconds, voices used."""
     import soundfile as sf
     from tqdm.auto import tqdm
-
-    from pipeline.io import atomic_dir, write_text_atomic
 
     speak, rng = Speaker(), random.Random(seed + 1)
     lines, total = [], 0.0

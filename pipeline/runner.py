@@ -402,7 +402,7 @@ def _ar_outputs(config: RunConfig, task, loops: dict, fresh_encoder, records: li
     compared token by token): those outputs and where they came from, the run's own at γ = 0, else the --baseline
     file's samples, else one more pass of the γ = 0 loop over every record with a fresh encoder (``fresh_encoder()``:
     a conversation then follows the γ = 0 loop's own answers). (None, None) otherwise."""
-    if not task.wants_ar_outputs or config.temperature > 0:
+    if not task.wants_ar_outputs or task.quality_error(config.temperature) is not None:
         return None, None
     if config.gamma == 0:
         return samples, "this run (γ = 0)"

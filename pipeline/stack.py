@@ -167,7 +167,7 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
         sampler = GraphedVerify(sampler)
     gc = getattr(target, "generation_config", None)
     return SpeculativeEngine(target, build_drafter(config, sampler, target, draft, tokenizer, device), sampler,
-                             config.gamma, device, eos, pad,
+                             gamma=config.gamma, device=device, eos_token_ids=eos, pad_token_id=pad,
                              suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
                              begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
                              static_cache=config.static_cache, draft_policy=DraftPolicy.of(config),

@@ -10,6 +10,10 @@ step tries them (their rank: the draft's first choice first)::
 
 A chain of γ tokens is the tree of widths (1, ..., 1). Positions are counted from the root: position 0 is the root,
 position n + 1 is draft node n (the target's logits [B, N+1, V] and the uniforms [B, N+1] follow that order).
+
+The shape is plain Python (RunConfig and the search space read it, and `specsweep --help` loads no torch); the tensors
+made from it (the children table, the ancestor mask, the verify step's outcomes, the attention span) are
+pipeline/tree_tensors.py.
 """
 
 from __future__ import annotations
@@ -17,8 +21,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from functools import cached_property
-
-import torch
 
 from pipeline.errors import SpecsweepError
 
@@ -106,33 +108,10 @@ class TokenTree:
     def max_width(self) -> int:
         return max((len(c) for c in self.children), default=0)
 
-    def children_table(self, device) -> torch.Tensor:
-        """int64 [N+1, K]: per position, its children's node indices in order, -1 after (K the widest node). Made
-        once per tree and device (a verify step reads it every step)."""
-        return _children_table(self, str(device))
-
-    def ancestor_mask(self, device) -> torch.Tensor:
-        """bool [N, N]: [i, j] True where node j is node i or one of its ancestors (what node i attends to among
-        the draft nodes; every node also attends to the root and the context before it)."""
-        mask = torch.eye(self.n_nodes, dtype=torch.bool)
-        for n, parent in enumerate(self.parents):
-            if parent >= 0:
-                mask[n] |= mask[parent]
-        return mask.to(device)
-
     def subtree(self, nodes) -> TokenTree:
         """The tree of ``nodes`` (node indices, each one's parent among them, each node's earlier siblings too), in
         this tree's order: a smaller tree that keeps each node's place among its siblings."""
         return _subtree(self, tuple(sorted(nodes)))
-
-    def span(self, device) -> TreeSpan:
-        """:meth:`TreeSpan.whole` of this tree, made once per tree and device (a drafter whose tree changes from
-        step to step reuses the spans it met before)."""
-        return _whole_span(self, str(device))
-
-    def depth_tensor(self, device) -> torch.Tensor:
-        """int64 [N]: each node's depth (its position offset from the root)."""
-        return torch.tensor(self.depths, dtype=torch.int64, device=device)
 
     @cached_property
     def ranks(self) -> tuple[int, ...]:
@@ -144,41 +123,6 @@ class TokenTree:
                 out[n] = k
         return tuple(out)
 
-    def outcomes(self, path: torch.Tensor, real: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """What a verify step did at each node, from its accepted path int64 [b, D] (node indices, -1 after the
-        accepted count; D >= the tree's depth) and the rows' own nodes ``real`` bool [b, N] (None: every node) ->
-        (tested, accepted) bool [b, N]: tested where the verify step tried the node (its parent accepted, or the
-        root, and its earlier siblings rejected; a node a row did not propose is never tried), accepted where it is on
-        the accepted path. Tensor ops on path's device, no host sync."""
-        depth_col, parent_pos, earlier = _outcome_tables(self, str(path.device))
-        nodes = torch.arange(self.n_nodes, device=path.device)
-        accepted = path[:, depth_col] == nodes                                            # [b, N]
-        reached = torch.cat([torch.ones_like(accepted[:, :1]), accepted], dim=1)[:, parent_pos]
-        sibling_taken = (accepted.float() @ earlier) > 0      # an earlier sibling accepted: this one never tried
-        tested = reached & ~sibling_taken
-        return (tested if real is None else tested & real), accepted
-
-
-@functools.lru_cache(maxsize=64)
-def _children_table(tree: TokenTree, device: str) -> torch.Tensor:
-    K = max(tree.max_width, 1)
-    rows = [list(c) + [-1] * (K - len(c)) for c in tree.children]
-    return torch.tensor(rows, dtype=torch.int64, device=device)
-
-
-@functools.lru_cache(maxsize=256)
-def _outcome_tables(tree: TokenTree, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For :meth:`TokenTree.outcomes`: int64 [N] each node's depth - 1 (its path column), int64 [N] its parent's
-    position (0: the root), float32 [N, N] [s, n] = 1 where s is an earlier sibling of n."""
-    earlier = torch.zeros(tree.n_nodes, tree.n_nodes)
-    for kids in tree.children:
-        for k, n in enumerate(kids):
-            earlier[list(kids[:k]), n] = 1.0
-    depth_col = torch.tensor([d - 1 for d in tree.depths], dtype=torch.int64)
-    parent_pos = torch.tensor([p + 1 for p in tree.parents], dtype=torch.int64)
-    return depth_col.to(device), parent_pos.to(device), earlier.to(device)
-
-
 @functools.lru_cache(maxsize=1024)
 def _subtree(tree: TokenTree, nodes: tuple[int, ...]) -> TokenTree:
     index = {n: i for i, n in enumerate(nodes)}
@@ -186,11 +130,6 @@ def _subtree(tree: TokenTree, nodes: tuple[int, ...]) -> TokenTree:
         return TokenTree(tuple(-1 if tree.parents[n] < 0 else index[tree.parents[n]] for n in nodes))
     except KeyError:
         raise SpecsweepError(f"nodes {list(nodes)} of a token tree leave out a parent") from None
-
-
-@functools.lru_cache(maxsize=1024)
-def _whole_span(tree: TokenTree, device: str) -> TreeSpan:
-    return TreeSpan.whole(tree, device)
 
 
 def place_paths(paths, widths: tuple[int, ...], max_depth: int) -> dict[int, int]:
@@ -219,45 +158,3 @@ def place_paths(paths, widths: tuple[int, ...], max_depth: int) -> dict[int, int
                 placed[starts[d] + child] = token
             parent = child
     return placed
-
-
-@dataclass(frozen=True)
-class TreeSpan:
-    """How the last ``rows`` tokens of a forward attend within the last S cache positions (the root first, then
-    tree nodes; every position before the span is attended as in a chain), and their position ids.
-
-    attend  bool  [rows, S]  True where the token attends that span position (the root, its ancestors, itself)
-    depth   int64 [rows]     its position id minus the root's
-    """
-
-    attend: torch.Tensor
-    depth: torch.Tensor
-
-    @classmethod
-    def whole(cls, tree: TokenTree, device) -> TreeSpan:
-        """The root and all N nodes in one forward (the target scoring a tree): rows = S = N + 1."""
-        n = tree.n_nodes
-        attend = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-        attend[:, 0] = True
-        attend[1:, 1:] = tree.ancestor_mask("cpu")
-        attend[0, 0] = True
-        return cls(attend.to(device), torch.tensor((0, *tree.depths), dtype=torch.int64, device=device))
-
-    @classmethod
-    def level(cls, tree: TokenTree, depth: int, device) -> TreeSpan:
-        """The nodes of one depth, appended after the root and the shallower nodes (a draft growing a tree one
-        level per forward): rows = the level's nodes, S = 1 + the nodes down to this depth."""
-        nodes = [n for n, d in enumerate(tree.depths) if d == depth]
-        end = nodes[-1] + 1
-        attend = torch.zeros(len(nodes), end + 1, dtype=torch.bool)
-        attend[:, 0] = True
-        attend[:, 1:] = tree.ancestor_mask("cpu")[nodes[0]:end, :end]
-        return cls(attend.to(device), torch.full((len(nodes),), depth, dtype=torch.int64, device=device))
-
-    @property
-    def rows(self) -> int:
-        return self.attend.shape[0]
-
-    @property
-    def size(self) -> int:
-        return self.attend.shape[1]

@@ -79,7 +79,8 @@ def test_drafter_pads_past_each_rows_length_with_one_hot_argmax(pair):
     logits, and the confident counts say so. With a confidence threshold of 1 every row stops after position 0."""
     target, draft, tok = pair
     enc = tok(PROMPTS[:2], return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 3, "cpu", [], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=3, device="cpu", eos_token_ids=[],
+                               pad_token_id=0)
     for confidence, limits, want in ((0.0, torch.tensor([3, 1]), [3, 1]), (0.999999, None, [1, 1])):
         drafter = ModelDrafter(draft)
         drafter.bind(dataclasses.replace(engine.drafter.setup, draft_temperature=1.0))
@@ -123,10 +124,11 @@ POLICIES = {"heuristic": DraftPolicy("heuristic", 0.0, 6), "confidence": DraftPo
 def test_greedy_verification_with_an_adaptive_length_is_lossless(pair, name):
     target, draft, tok = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
+                                  pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 24).tokens
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy", temperature=0.0), 2, "cpu", [EOS], 0,
-                               draft_policy=POLICIES[name])
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy", temperature=0.0), gamma=2, device="cpu",
+                               eos_token_ids=[EOS], pad_token_id=0, draft_policy=POLICIES[name])
     result = engine.generate(enc.input_ids, enc.attention_mask, 24)
     assert result.tokens == reference
     one = tok(PROMPTS[3], return_tensors="pt")
@@ -142,8 +144,8 @@ def test_an_adaptive_length_adds_no_host_sync(pair, batch):
 
     target, draft, tok = pair
     enc = tok(PROMPTS[:batch], return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 2, "cpu", [], 0,
-                               draft_policy=POLICIES["both"])
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=2, device="cpu", eos_token_ids=[],
+                               pad_token_id=0, draft_policy=POLICIES["both"])
     with NoHostSync() as mode:
         res = engine.generate(enc.input_ids, enc.attention_mask, 24, _gen(0))
     assert res.verify_steps >= 5
@@ -167,8 +169,8 @@ def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, t
     (each row wants its own length from the second step on), against the target's laws by enumeration. The rows
     did pad: some after their confidence fell, some past a length shorter than the step's."""
     target, draft, tok = pair
-    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=temperature), 2, "cpu", [], 0,
-                               draft_policy=POLICIES[name])
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=temperature), gamma=2, device="cpu",
+                               eos_token_ids=[], pad_token_id=0, draft_policy=POLICIES[name])
     import pipeline.decoding.engine
 
     padded, limited = [], []
@@ -221,8 +223,8 @@ def _padding_off_its_distribution(monkeypatch, draft):
 @pytest.mark.parametrize("wrong", [_padding_off_its_distribution, _short_draft_corrected])
 def test_negative_controls_fail_the_same_test(pair, monkeypatch, wrong):
     target, draft, tok = pair
-    engine = SpeculativeEngine(target, wrong(monkeypatch, draft), get_sampler("exact", temperature=1.0), 2, "cpu",
-                               [], 0, draft_policy=POLICIES["both"])
+    engine = SpeculativeEngine(target, wrong(monkeypatch, draft), get_sampler("exact", temperature=1.0), gamma=2,
+                               device="cpu", eos_token_ids=[], pad_token_id=0, draft_policy=POLICIES["both"])
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     V = target.config.vocab_size
     laws = target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, 1.0, 3)

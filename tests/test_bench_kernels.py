@@ -405,3 +405,13 @@ def test_tree_rows_have_their_own_table():
 def test_bench_kernels_rejects_bad_timing_flags_before_looking_for_a_gpu(flag, capsys):
     assert main(["bench", "kernels", *flag]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_bench_kernels_without_the_cupy_backend_is_one_line(monkeypatch, capsys):
+    from pipeline.samplers import cupy_backend
+
+    monkeypatch.setattr(cupy_backend, "available", lambda: False)
+    monkeypatch.setattr(cupy_backend, "unavailable_reason", lambda: "no CUDA device")
+    assert main(["bench", "kernels", "--quick"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "specsweep bench: error: bench kernels needs the cupy backend: no CUDA device", err

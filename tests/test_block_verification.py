@@ -289,7 +289,7 @@ class _WrongBlock(BlockSampler):
     first_failing = False
     scale_residual = True
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         p, q = softmax_fp32(target_logits, 1 / self.temperature), softmax_fp32(draft_logits, 1 / self.temperature)
         idx = draft_tokens[..., None]

@@ -37,7 +37,8 @@ def pair():
 
 def _engine(pair, mode: str, sampler, gamma: int = 3, eos=(EOS,), drafter=TextDrafter):
     target, target_tok, draft, _, bridge = pair
-    return SpeculativeEngine(target, drafter(draft, bridge, mode), sampler, gamma, "cpu", list(eos), 0,
+    return SpeculativeEngine(target, drafter(draft, bridge, mode), sampler, gamma=gamma, device="cpu",
+                             eos_token_ids=list(eos), pad_token_id=0,
                              char_lengths=bridge.target.char_lengths(len(target_tok), "cpu"))
 
 
@@ -79,7 +80,8 @@ def test_greedy_output_is_the_targets_token_for_token(kind, mode):
     target, target_tok, draft, draft_tok = cross_tokenizer_pair(kind)
     bridge = build_bridge(target_tok, draft_tok, len(target_tok), len(draft_tok), "cpu")
     enc = target_tok(PROMPTS, return_tensors="pt", padding=True)
-    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
+                                  pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 24).tokens
     engine = _engine((target, target_tok, draft, draft_tok, bridge), mode, get_sampler("greedy"), gamma=4)
     result = engine.generate(enc.input_ids, enc.attention_mask, 24, prompt_texts=PROMPTS)
@@ -178,8 +180,9 @@ def test_an_adaptive_draft_length_is_refused_with_another_tokenizer(pair):
 
     target, _, draft, _, bridge = pair
     with pytest.raises(SpecsweepError, match="fixed γ"):
-        SpeculativeEngine(target, TextDrafter(draft, bridge, "intersection"), get_sampler("exact"), 3, "cpu", [EOS],
-                          0, draft_policy=DraftPolicy("heuristic", 0.0, 6))
+        SpeculativeEngine(target, TextDrafter(draft, bridge, "intersection"), get_sampler("exact"), gamma=3,
+                          device="cpu", eos_token_ids=[EOS], pad_token_id=0,
+                          draft_policy=DraftPolicy("heuristic", 0.0, 6))
 
 
 # ---- `specsweep run` ----------------------------------------------------------------------------------------------
@@ -246,7 +249,8 @@ def test_transformers_universal_assisted_generation_is_the_greedy_baseline(pair)
 
     target, target_tok, draft, draft_tok, _ = pair
     enc = target_tok(PROMPTS, return_tensors="pt", padding=True)
-    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
+                                  pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 16).tokens
     hf = HFEngine(target, draft, get_sampler("greedy"), 4, 0.0, "cpu", [EOS], 0, (target_tok, draft_tok))
     result = hf.generate(enc.input_ids, enc.attention_mask, 16)
@@ -304,7 +308,8 @@ def test_ragged_batches_keep_the_targets_greedy_output(pair, gamma):
     prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(7)]
     enc = target_tok(prompts, return_tensors="pt", padding=True)
     for max_new in (3, 17):
-        reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+        reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
+                                      pad_token_id=0).generate(
             enc.input_ids, enc.attention_mask, max_new).tokens
         for mode in ("string", "intersection"):
             engine = _engine(pair, mode, get_sampler("greedy"), gamma=gamma)
@@ -335,11 +340,12 @@ def test_cuts_back_into_earlier_steps_keep_the_targets_greedy_output(monkeypatch
     rng = random.Random(0)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(7)]
     enc = target_tok(prompts, return_tensors="pt", padding=True)
-    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
+                                  pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 17).tokens
     for mode in ("string", "intersection"):
-        engine = SpeculativeEngine(target, TextDrafter(draft, bridge, mode), get_sampler("greedy"), 3, "cpu", [EOS],
-                                   0)
+        engine = SpeculativeEngine(target, TextDrafter(draft, bridge, mode), get_sampler("greedy"), gamma=3,
+                                   device="cpu", eos_token_ids=[EOS], pad_token_id=0)
         assert engine.generate(enc.input_ids, enc.attention_mask, 17, prompt_texts=prompts).tokens == reference
     assert any(deep), "no cache was cut back past a step's start: the test lost its point"
 
@@ -381,7 +387,7 @@ def test_two_processes_give_the_tokens_of_one_through_another_tokenizer(saved, t
 def test_a_tuned_mode_travels_through_the_schedule_and_export():
     """The mode a trial chose is part of its deployable settings: the json export carries it and `run --from-config`
     reads it back; a run left on auto (one tokenizer) adds nothing."""
-    from pipeline.tuning.export import run_values
+    from pipeline.settings_file import run_values
     from pipeline.tuning.schedule import settings_of
 
     settings = settings_of({"gamma": 4, "sampler": "exact", "temperature": 1.0, "draft_tokenizer_mode": "string"})

@@ -455,7 +455,7 @@ def test_block_accepts_what_exact_accepts_in_law():
 class AcceptsTheDraftAlways(ExactSampler):
     """WRONG: accepts a deterministic draft's token with probability 1 (q(x) = 1 read as 'the ratio is 1')."""
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         p = softmax_fp32(target_logits, 1 / self.temperature)
         ones = torch.ones(B, gamma)
@@ -468,7 +468,7 @@ class AcceptsTheDraftAlways(ExactSampler):
 class KeepsTheDraftTokenInTheResidual(ExactSampler):
     """WRONG: accepts x with probability p(x), but on rejection draws from p itself, x not removed."""
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         p = softmax_fp32(target_logits, 1 / self.temperature)
         p_x = p[:, :gamma].gather(2, draft_tokens[..., None]).squeeze(2)

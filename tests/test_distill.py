@@ -60,7 +60,8 @@ def distilled(tmp_path_factory):
 def _acceptance(target, draft, tok, prompts: list[str]) -> float:
     """Accepted over drafted tokens of greedy decoding at γ 4 (NEW_TOKENS per prompt, all prompts together)."""
     enc = tok(prompts, return_tensors="pt", padding=True)
-    result = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, "cpu", [EOS], 0).generate(
+    result = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=4, device="cpu", eos_token_ids=[EOS],
+                               pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, NEW_TOKENS)
     return sum(s["accepted"] for s in result.row_stats) / sum(s["drafted"] for s in result.row_stats)
 

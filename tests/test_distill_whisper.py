@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pipeline.cli import main
-from pipeline.decoding.engine import LogitMask
+from pipeline.decoding.logit_mask import LogitMask
 
 STEPS = 150
 CLIPS = 48

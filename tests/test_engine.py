@@ -53,7 +53,8 @@ def hf_greedy(model, tok, prompt, max_new, eos):
 def test_greedy_verification_is_lossless(pair, gamma, sampler):
     target, draft, tok, dev = pair
     reference = [hf_greedy(target, tok, p, 24, EOS) for p in PROMPTS]
-    engine = SpeculativeEngine(target, draft, get_sampler(sampler, temperature=0.0), gamma, dev, [EOS], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler(sampler, temperature=0.0), gamma=gamma, device=dev,
+                               eos_token_ids=[EOS], pad_token_id=0)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     batched = engine.generate(enc.input_ids, enc.attention_mask, 24)
     assert batched.tokens == reference
@@ -77,7 +78,8 @@ def test_batched_decoding_is_lossless_with_either_attention_mask_format(pair, at
     for m in (target, draft):
         m.set_attn_implementation(attn)
     reference = [hf_greedy(target, tok, p, 20, EOS) for p in PROMPTS]
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, dev, [EOS], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=3, device=dev, eos_token_ids=[EOS],
+                               pad_token_id=0)
     assert engine.target._mask_format == {"eager": "float", "sdpa": "bool"}[attn]
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     assert engine.generate(enc.input_ids, enc.attention_mask, 20).tokens == reference
@@ -100,7 +102,8 @@ def test_sliding_window_models_keep_hfs_own_masks():
     target = MistralForCausalLM(config).eval()
     draft = noisy_copy(target, 0.3, seed=1).eval()
     assert CachedModel(target)._mask_format == "2d"
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, "cpu", [], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=3, device="cpu", eos_token_ids=[],
+                               pad_token_id=0)
     for p in PROMPTS:
         one = tok(p, return_tensors="pt")
         res = engine.generate(one.input_ids, one.attention_mask, 12)
@@ -111,7 +114,8 @@ def test_sliding_window_models_keep_hfs_own_masks():
 def test_the_engine_drafts_at_the_temperature_its_verify_rule_asks_for(pair):
     target, draft, _, dev = pair
     for name, temperature, expected in (("greedy", 1.0, 0.0), ("exact", 0.7, 0.7), ("sigmoid", 0.0, 0.0)):
-        engine = SpeculativeEngine(target, draft, get_sampler(name, temperature=temperature), 2, dev, [EOS], 0)
+        engine = SpeculativeEngine(target, draft, get_sampler(name, temperature=temperature), gamma=2, device=dev,
+                                   eos_token_ids=[EOS], pad_token_id=0)
         assert engine.draft_temperature == expected, name
 
 
@@ -120,7 +124,8 @@ def test_sampler_sees_fresh_forward_distributions_at_every_step(pair):
     positions), the draft logits [1, γ, V_d] and target logits [1, γ+1, V_t] handed to the sampler equal
     those of fresh, cache-free forwards of each model over the context emitted so far plus the drafts."""
     target, draft, tok, dev = pair
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 4, dev, [], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=4, device=dev, eos_token_ids=[],
+                               pad_token_id=0)
     inner, seen = engine.sampler, []
 
     def checking(draft_tokens, draft_logits, target_logits, generator=None):
@@ -156,7 +161,8 @@ def test_model_forwards_add_no_host_syncs(pair, batch):
 
     target, draft, tok, dev = pair
     enc = tok(PROMPTS[:batch], return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 4, dev, [], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=4, device=dev, eos_token_ids=[],
+                               pad_token_id=0)
     with NoHostSync() as mode:
         res = engine.generate(enc.input_ids, enc.attention_mask, 24, gen(dev, 0))
     assert res.verify_steps >= 5
@@ -175,7 +181,8 @@ def test_one_host_sync_per_step_on_cuda(pair):
     if dev != "cuda":
         pytest.skip("CUDA's sync detector: the op-level detector covers the CPU")
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 4, dev, [], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=4, device=dev, eos_token_ids=[],
+                               pad_token_id=0)
     engine.generate(enc.input_ids, enc.attention_mask, 4, gen(dev, 0))  # warm-up: lazy CUDA initialisation
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
@@ -208,7 +215,8 @@ def test_a_target_spread_over_several_gpus_decodes_losslessly(tmp_path):
     free = [hf_greedy(target, tok, p, 16, None) for p in PROMPTS]
     eos = free[0][len(free[0]) // 2]  # a token one row reaches mid-way: rows finish at different steps
     reference = [hf_greedy(target, tok, p, 16, eos) for p in PROMPTS]
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, device, [eos], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=3, device=device, eos_token_ids=[eos],
+                               pad_token_id=0)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     assert engine.generate(enc.input_ids, enc.attention_mask, 16).tokens == reference
 
@@ -219,7 +227,8 @@ def test_stops_at_eos_and_never_emits_past_it(pair):
     # a token that greedy decoding will produce
     eos = max({t for row in free for t in row}, key=lambda t: sum(row.count(t) for row in free))
     reference = [hf_greedy(target, tok, p, 20, eos) for p in PROMPTS]
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, dev, [eos], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=4, device=dev, eos_token_ids=[eos],
+                               pad_token_id=0)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     out = engine.generate(enc.input_ids, enc.attention_mask, 20).tokens
     assert out == reference
@@ -229,7 +238,8 @@ def test_stops_at_eos_and_never_emits_past_it(pair):
 @pytest.mark.parametrize("max_new", [1, 2, 7])
 def test_never_emits_past_max_new_tokens(pair, max_new):
     target, draft, tok, dev = pair
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), 5, dev, [], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=5, device=dev, eos_token_ids=[],
+                               pad_token_id=0)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     res = engine.generate(enc.input_ids, enc.attention_mask, max_new, gen(dev, 0))
     assert [len(t) for t in res.tokens] == [max_new] * len(PROMPTS)
@@ -264,7 +274,8 @@ def test_exact_sampling_follows_the_target_distribution(pair):
     target, draft, tok, dev = pair
     n = 6000
     enc = tok([PROMPTS[0]] * n, return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, dev, [], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), gamma=3, device=dev,
+                               eos_token_ids=[], pad_token_id=0)
     res = engine.generate(enc.input_ids, enc.attention_mask, 2, gen(dev, 1))
     out = np.array(res.tokens)
     stats = res.row_stats
@@ -282,7 +293,8 @@ def test_exact_sampling_follows_the_target_distribution(pair):
 def test_same_seed_same_tokens(pair):
     target, draft, tok, dev = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, dev, [EOS], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), gamma=3, device=dev,
+                               eos_token_ids=[EOS], pad_token_id=0)
 
     def run(seed):
         return engine.generate(enc.input_ids, enc.attention_mask, 16, gen(dev, seed)).tokens
@@ -296,7 +308,8 @@ def test_one_engine_reused_reports_each_calls_own_statistics(pair):
     alone, so a run's warm-up and earlier batches never leak into a later batch's figures."""
     target, draft, tok, dev = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, dev, [EOS], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), gamma=3, device=dev,
+                               eos_token_ids=[EOS], pad_token_id=0)
     first, second = (engine.generate(enc.input_ids, enc.attention_mask, 16, gen(dev, 5)) for _ in range(2))
     assert first.tokens == second.tokens
     assert first.extra["draft_forwards"] == second.extra["draft_forwards"] > 0
@@ -306,7 +319,8 @@ def test_sigmoid_and_gamma_zero_run_through_the_same_loop(pair):
     target, draft, tok, dev = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     for sampler, gamma, d in ((get_sampler("sigmoid", temperature=0.8), 4, draft), (get_sampler("exact"), 0, None)):
-        res = SpeculativeEngine(target, d, sampler, gamma, dev, [EOS], 0).generate(
+        res = SpeculativeEngine(target, d, sampler, gamma=gamma, device=dev, eos_token_ids=[EOS],
+                                pad_token_id=0).generate(
             enc.input_ids, enc.attention_mask, 12, gen(dev, 0))
         assert all(1 <= len(t) <= 12 for t in res.tokens)
         # one target forward per step; the first takes the prompt too and is timed as prefill (beside the
@@ -327,12 +341,14 @@ def test_refuses_different_tokenizers_and_overlong_requests(pair):
     with pytest.raises(SpecsweepError, match="different tokenizers"):
         check_same_tokenizer(tok, other, "t", "d")
     check_same_tokenizer(tok, tok, "t", "d")
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, dev, [EOS], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=4, device=dev, eos_token_ids=[EOS],
+                               pad_token_id=0)
     enc = tok(PROMPTS[:1], return_tensors="pt")
     with pytest.raises(SpecsweepError, match="exceeds the target's 256 positions"):
         engine.generate(enc.input_ids, enc.attention_mask, 400)
     with pytest.raises(SpecsweepError, match="gamma must be >= 0"):
-        SpeculativeEngine(target, draft, get_sampler("greedy"), -1, dev, [EOS], 0)
+        SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=-1, device=dev, eos_token_ids=[EOS],
+                          pad_token_id=0)
 
 
 def test_accepted_histogram_and_position_acceptance(pair):
@@ -340,7 +356,8 @@ def test_accepted_histogram_and_position_acceptance(pair):
 
     target, draft, tok, dev = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    res = SpeculativeEngine(target, draft, get_sampler("exact"), 3, dev, [], 0).generate(
+    res = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=3, device=dev, eos_token_ids=[],
+                            pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 20, gen(dev, 0))
     hist = res.extra["accepted_histogram"]
     assert len(hist) == 4 and sum(hist) <= sum(s["verify_steps"] for s in res.row_stats)
@@ -375,8 +392,8 @@ def test_suppressed_tokens_match_hf_and_never_sync(pair):
     free = [hf_greedy(target, tok, p, 12, None) for p in PROMPTS]
     suppress = sorted({row[1] for row in free})            # tokens greedy decoding wanted at step 2
     begin = sorted({row[0] for row in free} - set(suppress))  # and at step 1
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), 3, dev, [], 0, suppress_tokens=suppress,
-                               begin_suppress_tokens=begin)
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=3, device=dev, eos_token_ids=[],
+                               pad_token_id=0, suppress_tokens=suppress, begin_suppress_tokens=begin)
     for i, p in enumerate(PROMPTS):
         enc = tok(p, return_tensors="pt").to(dev)
         ref = target.generate(**enc, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0,

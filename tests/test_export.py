@@ -24,7 +24,8 @@ from pipeline import stack
 from pipeline.cli import main
 from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
-from pipeline.tuning.export import export, load_settings, load_source
+from pipeline.settings_file import load_settings
+from pipeline.tuning.export import export, load_source
 from pipeline.tuning.schedule import Cell, build_schedule
 
 # ---- the documented schemas ------------------------------------------------------------------------------------

@@ -88,3 +88,23 @@ def test_no_import_cycles_among_first_party_modules():
     graph = {name: imports_of(path, name, known) for name, path in mods.items()}
     cycle = find_cycle(graph)   # (imports_of leaves out a module's edges to its own parent packages)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# the floors above the run settings: what reads a RunConfig, never what it reads
+UPPER_FLOORS = ("pipeline.tuning", "pipeline.commands", "pipeline.serving", "pipeline.benchmarks", "pipeline.analysis",
+                "pipeline.runner", "pipeline.stack", "pipeline.cli")
+
+
+def test_the_run_settings_reach_no_upper_floor():
+    """pipeline.config (RunConfig) is read by the runner, the tuner, the server and the commands; nothing it imports,
+    directly or through another module, lazily or not, may be one of them."""
+    mods = modules()
+    known = set(mods)
+    graph = {name: imports_of(path, name, known) for name, path in mods.items()}
+    reached, todo = set(), ["pipeline.config"]
+    while todo:
+        for nxt in graph[todo.pop()] - reached:
+            reached.add(nxt)
+            todo.append(nxt)
+    upper = sorted(m for m in reached if m.startswith(UPPER_FLOORS))
+    assert not upper, f"pipeline.config reaches up to {upper}"

@@ -277,7 +277,8 @@ def test_the_engine_decodes_the_same_tokens_with_graphed_verify(tmp_path):
     outputs = []
     for graphs in (False, True):
         sampler = cupy_backend.SAMPLERS["exact"](temperature=1.0)
-        engine = SpeculativeEngine(target, draft, GraphedVerify(sampler) if graphs else sampler, 4, "cuda", [1], 0)
+        engine = SpeculativeEngine(target, draft, GraphedVerify(sampler) if graphs else sampler, gamma=4, device="cuda",
+                                   eos_token_ids=[1], pad_token_id=0)
         outputs.append(engine.generate(enc.input_ids, enc.attention_mask, 24,
                                        torch.Generator(device="cuda").manual_seed(5)).tokens)
     assert outputs[0] == outputs[1]

@@ -44,9 +44,11 @@ def _drafters():
 def test_greedy_decoding_with_a_lookup_drafter_is_the_target_alone(pair, name, sampler):
     target, _, tok = pair
     enc = tok(REPEATING, return_tensors="pt", padding=True)
-    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
+                                  pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 24).tokens
-    engine = SpeculativeEngine(target, _drafters()[name](), get_sampler(sampler, temperature=0.0), 4, "cpu", [EOS], 0)
+    engine = SpeculativeEngine(target, _drafters()[name](), get_sampler(sampler, temperature=0.0), gamma=4,
+                               device="cpu", eos_token_ids=[EOS], pad_token_id=0)
     for _ in range(2):   # the second call reads the first's outputs (suffix+outputs): still the target's tokens
         result = engine.generate(enc.input_ids, enc.attention_mask, 24)
         assert result.tokens == reference
@@ -66,8 +68,8 @@ def test_rows_without_a_match_propose_nothing_and_are_verified_alone(pair):
     target, _, tok = pair
     prompts = [REPEATING[2], REPEATING[3]]
     enc = tok(prompts, return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, prompt_lookup(2, 3, [EOS]), get_sampler("exact", temperature=1.0), 4, "cpu",
-                               [EOS], 0)
+    engine = SpeculativeEngine(target, prompt_lookup(2, 3, [EOS]), get_sampler("exact", temperature=1.0), gamma=4,
+                               device="cpu", eos_token_ids=[EOS], pad_token_id=0)
     both = engine.generate(enc.input_ids, enc.attention_mask, 16, RowGenerators(7, ["a", "b"], "cpu"))
     for i, p in enumerate(prompts):
         one = tok(p, return_tensors="pt")
@@ -83,7 +85,8 @@ def echo(pair) -> str:
     target, _, tok = pair
     phrase = "a new report"
     enc = tok(phrase, return_tensors="pt")
-    greedy = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [], 0).generate(
+    greedy = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[],
+                               pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 8).tokens[0]
     return f"{phrase} {tok.decode(greedy)} {phrase}"
 
@@ -100,8 +103,8 @@ def _first_two(engine, tok, prompt: str, seed: int) -> np.ndarray:
                                                       ("suffix", "block", 1.0)])
 def test_sampling_with_a_lookup_drafter_follows_the_target(pair, echo, name, sampler, temperature):
     target, _, tok = pair
-    engine = SpeculativeEngine(target, _drafters()[name](), get_sampler(sampler, temperature=temperature), 3, "cpu",
-                               [], 0)
+    engine = SpeculativeEngine(target, _drafters()[name](), get_sampler(sampler, temperature=temperature), gamma=3,
+                               device="cpu", eos_token_ids=[], pad_token_id=0)
     out = _first_two(engine, tok, echo, seed=3)
     V = target.config.vocab_size
     (first, _), joint = target_laws(target, tok(echo, return_tensors="pt").input_ids, temperature, 2)
@@ -130,7 +133,8 @@ class _AcceptEverything:
 @pytest.mark.slow
 def test_negative_control_accepting_every_lookup_proposal_fails(pair, echo):
     target, _, tok = pair
-    engine = SpeculativeEngine(target, prompt_lookup(1, 3, [EOS]), _AcceptEverything(), 3, "cpu", [], 0)
+    engine = SpeculativeEngine(target, prompt_lookup(1, 3, [EOS]), _AcceptEverything(), gamma=3, device="cpu",
+                               eos_token_ids=[], pad_token_id=0)
     out = _first_two(engine, tok, echo, seed=3)
     V = target.config.vocab_size
     (first, _), _ = target_laws(target, tok(echo, return_tensors="pt").input_ids, 1.0, 2)

@@ -65,7 +65,8 @@ def drafter(name: str, widths):
 def engine(target, name: str, widths, temperature: float, eos=(EOF_ID,), sampler=None):
     n = TokenTree.from_widths(widths).n_nodes
     sampler = sampler or TreeSampler(get_sampler("exact", temperature=temperature))
-    return SpeculativeEngine(target, drafter(name, widths), sampler, n, "cpu", list(eos), 0)
+    return SpeculativeEngine(target, drafter(name, widths), sampler, gamma=n, device="cpu", eos_token_ids=list(eos),
+                             pad_token_id=0)
 
 
 # ---- the shape ------------------------------------------------------------------------------------------------------
@@ -173,7 +174,8 @@ def test_the_token_after_a_rows_own_leaf_is_a_bonus(pairs):
 def test_greedy_tree_decoding_is_the_target_alone(pairs, kind, name):
     target, _, tok = pairs(kind)
     enc = tok(REPEATING, return_tensors="pt", padding=True)
-    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOF_ID], 0).generate(
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOF_ID],
+                                  pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 24).tokens
     for widths in ((3, 2, 1), (2, 2)):
         result = engine(target, name, widths, 0.0).generate(enc.input_ids, enc.attention_mask, 24)
@@ -191,7 +193,8 @@ def echo(pairs) -> str:
     target, _, tok = pairs("gpt2")
     phrase = "a new report"
     enc = tok(phrase, return_tensors="pt")
-    greedy = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [], 0).generate(
+    greedy = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[],
+                               pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 8).tokens[0]
     return f"{phrase} police said {phrase} {tok.decode(greedy)} {phrase}"
 
@@ -252,7 +255,8 @@ def repetitive(pairs):
     target, _, _ = pairs("gpt2")
     V = target.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    alone = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [], 0)
+    alone = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[],
+                              pad_token_id=0)
     prompts = []
     for _ in range(12):
         parts: list[int] = []
@@ -275,7 +279,8 @@ def test_a_tree_accepts_at_least_the_chain_of_its_depth(pairs, repetitive, name)
     at least the depth-3 chain's on every prompt and more on most; a 1,1,1 tree is the chain step for step."""
     target, _, _ = pairs("gpt2")
     ids, mask = repetitive
-    chain = SpeculativeEngine(target, drafter(name, None), get_sampler("exact", temperature=0.0), 3, "cpu", [], 0)
+    chain = SpeculativeEngine(target, drafter(name, None), get_sampler("exact", temperature=0.0), gamma=3, device="cpu",
+                              eos_token_ids=[], pad_token_id=0)
     chain_res = chain.generate(ids, mask, 40)
     tree_res = engine(target, name, (3, 2, 1), 0.0, eos=()).generate(ids, mask, 40)
     line = engine(target, name, (1, 1, 1), 0.0, eos=()).generate(ids, mask, 40)
@@ -294,7 +299,7 @@ def test_a_tree_step_adds_no_host_sync(pairs):
     for widths in (None, (3, 2, 1)):
         if widths is None:
             eng = SpeculativeEngine(target, drafter("prompt-lookup", None), get_sampler("exact", temperature=1.0),
-                                    3, "cpu", [], 0)
+                                    gamma=3, device="cpu", eos_token_ids=[], pad_token_id=0)
         else:
             eng = engine(target, "prompt-lookup", widths, 1.0, eos=())
         with NoHostSync() as mode:

@@ -81,13 +81,13 @@ def _check_against_steps(res, calls, eos: int | None, max_new: int) -> int:
 @pytest.mark.parametrize("batch", [1, len(PROMPTS)])
 def test_origins_follow_each_verify_step(pair, sampler, temperature, gamma, batch):
     target, draft, tok = pair
-    engine = SpeculativeEngine(target, draft if gamma else None, get_sampler(sampler, temperature=temperature), gamma,
-                               "cpu", [], 0)
+    engine = SpeculativeEngine(target, draft if gamma else None, get_sampler(sampler, temperature=temperature),
+                               gamma=gamma, device="cpu", eos_token_ids=[], pad_token_id=0)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     free = engine.generate(enc.input_ids, enc.attention_mask, 10, torch.Generator().manual_seed(0)).tokens
     eos = free[1][4]                                       # a token one row reaches mid-way: rows end at EOS too
-    engine = SpeculativeEngine(target, draft if gamma else None, get_sampler(sampler, temperature=temperature), gamma,
-                               "cpu", [eos], 0)
+    engine = SpeculativeEngine(target, draft if gamma else None, get_sampler(sampler, temperature=temperature),
+                               gamma=gamma, device="cpu", eos_token_ids=[eos], pad_token_id=0)
     calls = _recording(engine)
     enc = tok(PROMPTS[:batch], return_tensors="pt", padding=True)
     res = engine.generate(enc.input_ids, enc.attention_mask, 10, torch.Generator().manual_seed(0))
@@ -108,7 +108,8 @@ def test_a_draft_equal_to_the_target_gets_only_accepted_and_bonus_tokens(pair):
     import copy
 
     target, _, tok = pair
-    engine = SpeculativeEngine(target, copy.deepcopy(target), get_sampler("greedy", temperature=0.0), 3, "cpu", [], 0)
+    engine = SpeculativeEngine(target, copy.deepcopy(target), get_sampler("greedy", temperature=0.0), gamma=3,
+                               device="cpu", eos_token_ids=[], pad_token_id=0)
     calls = _recording(engine)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     res = engine.generate(enc.input_ids, enc.attention_mask, 10)
@@ -126,10 +127,12 @@ def test_a_step_cut_by_eos_ends_a_row_on_an_accepted_draft_token(pair):
     target, _, tok = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     same = copy.deepcopy(target)
-    free = SpeculativeEngine(target, same, get_sampler("greedy", temperature=0.0), 3, "cpu", [], 0).generate(
+    free = SpeculativeEngine(target, same, get_sampler("greedy", temperature=0.0), gamma=3, device="cpu",
+                             eos_token_ids=[], pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 10).tokens
     eos = free[0][1]                                   # row 0's second token: an accepted draft token of step 1
-    engine = SpeculativeEngine(target, same, get_sampler("greedy", temperature=0.0), 3, "cpu", [eos], 0)
+    engine = SpeculativeEngine(target, same, get_sampler("greedy", temperature=0.0), gamma=3, device="cpu",
+                               eos_token_ids=[eos], pad_token_id=0)
     calls = _recording(engine)
     res = engine.generate(enc.input_ids, enc.attention_mask, 10)
     assert _check_against_steps(res, calls, eos, 10) >= 1

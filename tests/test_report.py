@@ -331,6 +331,25 @@ def test_table_only_and_empty_runs(tmp_path, capsys):
     assert "No engine benchmark results" in md
 
 
+def test_a_report_of_the_runs_named_reads_nothing_else_from_the_working_directory(tree, monkeypatch):
+    """After `make`, the working directory holds the pipeline's studies and benchmarks (results/tune, results/bench,
+    kernels/results): `specsweep report --runs DIR` must not add them; named, they are read."""
+    import shutil
+
+    import pandas as pd
+
+    checkout = tree / "checkout"
+    shutil.copytree(tree / "tune", checkout / "results" / "tune")
+    shutil.copytree(tree / "bench", checkout / "results" / "bench")
+    kernel_results(checkout / "kernels" / "results" / "h100.json")
+    monkeypatch.chdir(checkout)
+    assert main(["report", "--runs", str(tree / "runs"), "--out", str(tree / "only-runs")]) == 0
+    assert set(pd.read_csv(tree / "only-runs" / "results.csv")["kind"]) == {"run", "baseline"}
+    assert main(["report", "--runs", str(tree / "runs"), "--tune", "results/tune", "--kernels", "kernels/results",
+                 "--bench", "results/bench", "--out", str(tree / "named")]) == 0
+    assert {"trial", "latency"} <= set(pd.read_csv(tree / "named" / "results.csv")["kind"])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--max-quality-loss", "2"], "--max-quality-loss must be a fraction"),
     (["--runs", "/nonexistent/runs"], "is not a folder"),

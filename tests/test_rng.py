@@ -65,8 +65,8 @@ def _decode(pair, sampler: str, idx: list[int], seed: int = 0, gamma: int = 3, p
             temperature: float = 1.0, stats: list | None = None) -> dict[int, list[int]]:
     target, draft, tok = pair
     enc = tok([PROMPTS[i] for i in idx], return_tensors="pt", padding=True)
-    engine = SpeculativeEngine(target, draft, get_sampler(sampler, temperature=temperature), gamma, "cpu", [EOS], 0,
-                               draft_policy=policy)
+    engine = SpeculativeEngine(target, draft, get_sampler(sampler, temperature=temperature), gamma=gamma, device="cpu",
+                               eos_token_ids=[EOS], pad_token_id=0, draft_policy=policy)
     rows = RowGenerators(seed, [f"p{i}" for i in idx], "cpu")
     result = engine.generate(enc.input_ids, enc.attention_mask, 16, rows)
     if stats is not None:
@@ -117,8 +117,8 @@ def test_seeded_rows_decode_as_a_plain_generator_alone_and_the_same_in_any_batch
     generator seeded S gives at batch size 1 (the last steps cut to the row's own room, as that generator's are),
     and to the same tokens inside a batch of rows with other seeds and other lengths left."""
     target, draft, tok = pair
-    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, "cpu", [EOS], 0,
-                               draft_policy=ADAPTIVE[policy] if policy else None)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), gamma=3, device="cpu",
+                               eos_token_ids=[EOS], pad_token_id=0, draft_policy=ADAPTIVE[policy] if policy else None)
 
     def decode(idx, generator, new_tokens=11):
         enc = tok([PROMPTS[i] for i in idx], return_tensors="pt", padding=True)

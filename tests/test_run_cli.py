@@ -234,7 +234,7 @@ def test_hf_engine_restores_hfs_function_after_the_call_and_after_an_error(model
         raise Boom("sampler failed")
 
     broken = get_sampler("exact")
-    broken._verify = failing
+    broken.verify_checked = failing
     with pytest.raises(Boom):
         HFEngine(target, draft, broken, 3, 1.0, dev, [1], 0).generate(enc.input_ids, enc.attention_mask, 8)
     assert hf_utils._speculative_sampling is original
@@ -294,7 +294,8 @@ def test_hf_engine_greedy_equals_our_engine_and_the_target(models):
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     hf = HFEngine(target, draft, get_sampler("greedy"), 4, 0.0, dev, [1], 0).generate(
         enc.input_ids, enc.attention_mask, 16)
-    ours = SpeculativeEngine(target, draft, get_sampler("greedy"), 4, dev, [1], 0).generate(
+    ours = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=4, device=dev, eos_token_ids=[1],
+                             pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 16)
     assert hf.tokens == ours.tokens
     assert sum(r["accepted"] for r in hf.row_stats) > 0

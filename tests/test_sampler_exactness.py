@@ -312,7 +312,7 @@ def test_rows_of_one_batch_with_different_distributions(backend):
 class ResampleFromTargetOnReject(ExactSampler):
     """WRONG: on rejection draws from the target instead of the residual max(0, p - q)."""
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         p, q = softmax_fp32(target_logits, 1 / self.temperature), softmax_fp32(draft_logits, 1 / self.temperature)
         idx = draft_tokens[..., None]
@@ -326,7 +326,7 @@ class ResampleFromTargetOnReject(ExactSampler):
 class InvertedRatio(ExactSampler):
     """WRONG: accepts with probability min(1, q/p) instead of min(1, p/q)."""
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         p, q = softmax_fp32(target_logits, 1 / self.temperature), softmax_fp32(draft_logits, 1 / self.temperature)
         idx = draft_tokens[..., None]

@@ -140,7 +140,8 @@ def test_on_step_gets_each_rows_tokens_in_the_steps_one_transfer_and_cancels_row
     from sync_detector import NoHostSync
 
     _, _, (target, draft, tok) = pair
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), GAMMA, "cpu", [1], 0)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=GAMMA, device="cpu", eos_token_ids=[1],
+                               pad_token_id=0)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
 
     def generate(on_step=None, new_tokens=16):
@@ -202,7 +203,8 @@ def test_streamed_origins_follow_the_engines_provenance(pair, adaptive):
 
     _, _, (target, draft, tok) = pair
     policy = DraftPolicy("heuristic", 0.5, 6) if adaptive else None
-    engine = SpeculativeEngine(target, draft, get_sampler("exact"), GAMMA, "cpu", [1], 0, draft_policy=policy)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=GAMMA, device="cpu", eos_token_ids=[1],
+                               pad_token_id=0, draft_policy=policy)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     derived: dict[int, list[int]] = {}
     short_bonus = []

@@ -191,6 +191,37 @@ def test_settings_a_spec_bench_run_cannot_take_are_refused_before_anything_loads
     assert message in one_line_error(config(tmp_path, **settings).validate)
 
 
+def test_spec_bench_decodes_greedily_unless_asked_otherwise(tmp_path):
+    import argparse
+
+    from pipeline.commands import run as run_command
+
+    parser = argparse.ArgumentParser()
+    run_command.add_arguments(parser)
+    flags = ["--target", "t", "--data", str(write_questions(tmp_path / "q.jsonl"))]
+    for extra, temperature in ((["--task", "spec_bench"], 0.0), (["--task", "spec_bench", "--temperature", "0.7"], 0.7),
+                               (["--task", "cnn_dailymail"], 1.0)):
+        values = {k: v for k, v in vars(parser.parse_args(flags + extra)).items()
+                  if k not in run_command.DISPLAY_FLAGS}
+        assert RunConfig.from_dict(values).temperature == temperature, extra
+    assert config(tmp_path).temperature == 0.0 and config(tmp_path, temperature=1.0).temperature == 1.0
+
+
+def test_a_study_of_spec_bench_at_t_above_0_is_refused_in_one_line(tmp_path, capsys):
+    """At T > 0 the quality (agreement with the γ = 0 loop) is not defined: a study, whose objective it is, stops
+    before any baseline or trial runs."""
+    space = tmp_path / "space.yaml"
+    space.write_text("gamma: {low: 1, high: 3}\nsampler: [exact]\nknown_good: {sampler: exact, gamma: 2}\n")
+    args = ["tune", "--task", "spec_bench", "--chat-template", "--target", "t", "--draft", "d", "--data",
+            str(write_questions(tmp_path / "q.jsonl")), "--device", "cpu", "--space", str(space), "--study-dir",
+            str(tmp_path / "study"), "--n-trials", "1", "--wandb-mode", "disabled", "--no-progress"]
+    assert main([*args, "--temperature", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "agreement with the γ = 0 loop's tokens" in err and "--temperature 0" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "study").exists()
+    assert TASK.quality_error(0.0) is None and get_task("cnn_dailymail").quality_error(1.0) is None
+
+
 def test_categories_are_a_comma_separated_setting(tmp_path):
     assert config(tmp_path, categories="writing, qa").categories_list() == ["writing", "qa"]
     assert config(tmp_path).categories_list() is None

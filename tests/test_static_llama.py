@@ -132,8 +132,8 @@ def test_a_seeded_generation_emits_the_same_tokens_with_and_without_it(llama_pai
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     results = []
     for static in (True, False):
-        engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=temperature), gamma, "cpu", [EOS],
-                                   0, static_cache=static)
+        engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=temperature), gamma=gamma,
+                                   device="cpu", eos_token_ids=[EOS], pad_token_id=0, static_cache=static)
         assert isinstance(engine.target.static, LlamaStaticForward) is static
         results.append(engine.generate(enc.input_ids, enc.attention_mask, 24,
                                        generator=torch.Generator().manual_seed(7)))

@@ -85,7 +85,8 @@ def test_a_seeded_generation_emits_the_same_tokens_with_and_without_it(pair, tem
     sampler = get_sampler("greedy") if temperature == 0 else get_sampler("exact", temperature=temperature)
     results = []
     for static in (True, False):
-        engine = SpeculativeEngine(target, draft, sampler, 3, "cpu", [EOS], EOS, static_cache=static)
+        engine = SpeculativeEngine(target, draft, sampler, gamma=3, device="cpu", eos_token_ids=[EOS], pad_token_id=EOS,
+                                   static_cache=static)
         assert (engine.target.static is not None) is static
         results.append(engine.generate(prompt, torch.ones_like(prompt), 16, torch.Generator().manual_seed(7),
                                        encoder_inputs={"input_features": feats}))

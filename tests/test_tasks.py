@@ -54,7 +54,7 @@ def test_every_task_describes_itself(name):
 
 
 def test_the_registry_and_fetch_command_import_no_heavy_library():
-    """`specsweep --help` and `specsweep fetch --help` read the registry: it must not import torch & co."""
+    """The registry and the fetch command import no heavy library (the help texts as a whole: test_cli_help.py)."""
     code = ("import sys; import pipeline.tasks, pipeline.commands.fetch; "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

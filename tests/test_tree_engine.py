@@ -30,7 +30,8 @@ from pipeline.errors import SpecsweepError
 from pipeline.models import load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
 from pipeline.samplers.tree import TreeSampler
-from pipeline.tree_shape import TokenTree, TreeSpan
+from pipeline.tree_shape import TokenTree
+from pipeline.tree_tensors import TreeSpan
 
 torch.set_num_threads(1)
 EOS = 1
@@ -63,7 +64,8 @@ UNEVEN = TokenTree((-1, -1, 0, 0, 1, 2))
 def tree_engine(target, draft, widths, temperature: float, children: str = "without-replacement", eos=(EOS,)):
     tree = widths if isinstance(widths, TokenTree) else TokenTree.from_widths(widths)
     sampler = TreeSampler(get_sampler("exact", temperature=temperature))
-    return SpeculativeEngine(target, TreeDrafter(draft, tree, children), sampler, tree.n_nodes, "cpu", list(eos), 0)
+    return SpeculativeEngine(target, TreeDrafter(draft, tree, children), sampler, gamma=tree.n_nodes, device="cpu",
+                             eos_token_ids=list(eos), pad_token_id=0)
 
 
 def hf_greedy(model, tok, prompt, max_new):
@@ -232,7 +234,7 @@ def test_accepted_characters_count_the_accepted_path(pair):
     tree = TokenTree.from_widths((3, 2))
     chars = torch.arange(target.config.vocab_size) % 7 + 1
     engine = SpeculativeEngine(target, TreeDrafter(draft, tree), TreeSampler(get_sampler("exact", temperature=1.0)),
-                               tree.n_nodes, "cpu", [], 0, char_lengths=chars)
+                               gamma=tree.n_nodes, device="cpu", eos_token_ids=[], pad_token_id=0, char_lengths=chars)
     res = engine.generate(enc.input_ids, enc.attention_mask, 16, torch.Generator().manual_seed(2))
     for tokens, origins, stats in zip(res.tokens, res.origins, res.row_stats):
         assert stats["accepted_chars"] == sum(int(chars[t]) for t, o in zip(tokens, origins) if o == ACCEPTED)

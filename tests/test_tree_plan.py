@@ -21,6 +21,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.objectives import expected_tokens_tree
 from pipeline.tree_plan import add_node_counts, best_tree, node_rates, profile_rates, resolve_tree
 from pipeline.tree_shape import TokenTree
+from pipeline.tree_tensors import outcomes
 
 
 def node_rates_of(tree: TokenTree, rows: list[list[float]]) -> list[float]:
@@ -85,7 +86,7 @@ def test_best_tree_is_never_below_the_chain_and_is_the_chain_when_only_first_chi
 def test_outcomes_mark_the_nodes_a_walk_tries_and_accepts():
     tree = TokenTree((-1, -1, 0, 0, 1, 2))
     paths = [[-1, -1, -1], [0, -1, -1], [0, 2, 5], [0, 3, -1], [1, 4, -1], [1, -1, -1], [0, 2, -1]]
-    tested, accepted = tree.outcomes(torch.tensor(paths))
+    tested, accepted = outcomes(tree, torch.tensor(paths))
     for row, path in enumerate(paths):
         on = [n for n in path if n >= 0]
         want_tested = set()
@@ -98,7 +99,7 @@ def test_outcomes_mark_the_nodes_a_walk_tries_and_accepts():
         assert set(torch.nonzero(accepted[row]).flatten().tolist()) == set(on)
     real = torch.ones(len(paths), tree.n_nodes, dtype=torch.bool)
     real[:, 1] = False
-    assert not tree.outcomes(torch.tensor(paths), real)[0][:, 1].any()
+    assert not outcomes(tree, torch.tensor(paths), real)[0][:, 1].any()
 
 
 def test_profile_rates_counts_and_best_through_the_config(tmp_path):

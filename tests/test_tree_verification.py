@@ -26,6 +26,7 @@ from pipeline.samplers.contract import uniforms
 from pipeline.samplers.torch_ref import softmax_fp32
 from pipeline.samplers.tree import TreeVerifier, tree_rejection_verify
 from pipeline.tree_shape import TokenTree, parse_widths
+from pipeline.tree_tensors import ancestor_mask, children_table
 
 torch.set_num_threads(1)
 N_ROWS = 20_000
@@ -41,11 +42,11 @@ def test_widths_give_parents_children_depths_and_the_ancestor_mask():
     assert tree.children[0] == (0, 1, 2) and tree.children[1] == (3, 4) and tree.children[4] == (9,)
     assert tree.children[15] == ()
     assert tree.depths == (1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3)
-    mask = tree.ancestor_mask("cpu")
+    mask = ancestor_mask(tree, "cpu")
     assert mask[9].nonzero().flatten().tolist() == [0, 3, 9]        # node 9 sees its parent 3 and grandparent 0
     assert mask[4].nonzero().flatten().tolist() == [0, 4]
     assert mask.sum().item() == 3 * 1 + 6 * 2 + 6 * 3
-    table = tree.children_table("cpu")
+    table = children_table(tree, "cpu")
     assert table.shape == (16, 3) and table[1].tolist() == [3, 4, -1] and table[15].tolist() == [-1, -1, -1]
     assert TokenTree.chain(3).parents == (-1, 0, 1) and TokenTree.from_widths([1, 1, 1]) == TokenTree.chain(3)
 

@@ -90,8 +90,8 @@ def test_the_engine_decodes_the_same_tokens_with_the_kernel(tmp_path, tree_libra
     enc = tok(PROMPTS[:3], return_tensors="pt", padding=True)
 
     def run(sampler, temperature):
-        engine = SpeculativeEngine(target, TreeDrafter(draft, tree, children), TreeSampler(sampler), tree.n_nodes,
-                                   "cpu", [1], 0)
+        engine = SpeculativeEngine(target, TreeDrafter(draft, tree, children), TreeSampler(sampler), gamma=tree.n_nodes,
+                                   device="cpu", eos_token_ids=[1], pad_token_id=0)
         return engine.generate(enc.input_ids, enc.attention_mask, 16, torch.Generator().manual_seed(5))
 
     for temperature in (1.0, 0.0):

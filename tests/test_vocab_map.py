@@ -45,15 +45,16 @@ def gpt2(tmp_path_factory):
 def test_greedy_decoding_with_a_reduced_vocabulary_is_the_target_alone(pair):
     target, draft, tok = pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    reference = SpeculativeEngine(target, None, get_sampler("greedy"), 0, "cpu", [EOS], 0).generate(
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
+                                  pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 16).tokens
     ids = _vocabulary(target, tok)
     drafter = VocabMapDrafter(draft, ids)
     assert drafter.lm.get_output_embeddings().weight.shape[0] == len(ids)
     assert draft.get_output_embeddings().weight.shape[0] == target.get_output_embeddings().weight.shape[0]  # as was
     for sampler in ("greedy", "exact"):
-        engine = SpeculativeEngine(target, VocabMapDrafter(draft, ids), get_sampler(sampler, temperature=0.0), 4,
-                                   "cpu", [EOS], 0)
+        engine = SpeculativeEngine(target, VocabMapDrafter(draft, ids), get_sampler(sampler, temperature=0.0), gamma=4,
+                                   device="cpu", eos_token_ids=[EOS], pad_token_id=0)
         result = engine.generate(enc.input_ids, enc.attention_mask, 16)
         assert result.tokens == reference
         assert sum(s["accepted"] for s in result.row_stats) > 0       # proposals from the K tokens were taken
@@ -73,7 +74,8 @@ def test_proposals_are_the_mapped_ids_and_their_logits_are_zero_elsewhere(pair):
             return out
 
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    SpeculativeEngine(target, Spy(draft, ids), get_sampler("exact", temperature=1.0), 3, "cpu", [EOS], 0).generate(
+    SpeculativeEngine(target, Spy(draft, ids), get_sampler("exact", temperature=1.0), gamma=3, device="cpu",
+                      eos_token_ids=[EOS], pad_token_id=0).generate(
         enc.input_ids, enc.attention_mask, 8, torch.Generator().manual_seed(0))
     inside = torch.zeros(target.get_output_embeddings().weight.shape[0], dtype=torch.bool)
     inside[ids] = True
@@ -100,8 +102,8 @@ def _pvalues(target, tok, out: np.ndarray) -> tuple[float, float]:
 @pytest.mark.slow
 def test_sampling_with_a_reduced_vocabulary_follows_the_target(gpt2):
     target, draft, tok = gpt2
-    engine = SpeculativeEngine(target, VocabMapDrafter(draft, _vocabulary(target, tok)), get_sampler("exact"), 3,
-                               "cpu", [], 0)
+    engine = SpeculativeEngine(target, VocabMapDrafter(draft, _vocabulary(target, tok)), get_sampler("exact"), gamma=3,
+                               device="cpu", eos_token_ids=[], pad_token_id=0)
     p = _pvalues(target, tok, _first_two(engine, tok, PROMPTS[0], seed=5))
     assert min(p) > THRESHOLD, f"chi-square p = {p} <= {THRESHOLD:.3g}"
 
@@ -119,8 +121,8 @@ class _Unmapped(VocabMapDrafter):
 @pytest.mark.slow
 def test_negative_control_logits_without_the_map_fail(gpt2):
     target, draft, tok = gpt2
-    engine = SpeculativeEngine(target, _Unmapped(draft, _vocabulary(target, tok)), get_sampler("exact"), 3, "cpu",
-                               [], 0)
+    engine = SpeculativeEngine(target, _Unmapped(draft, _vocabulary(target, tok)), get_sampler("exact"), gamma=3,
+                               device="cpu", eos_token_ids=[], pad_token_id=0)
     enc = tok([PROMPTS[0]] * N_ROWS, return_tensors="pt")
     out = np.array([r[:2] for r in engine.generate(enc.input_ids, enc.attention_mask, 3,
                                                    torch.Generator().manual_seed(5)).tokens])

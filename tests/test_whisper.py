@@ -72,7 +72,8 @@ def test_greedy_speculative_whisper_equals_hf_greedy(whisper, gamma):
         _REFERENCE[kind, dev] = hf_greedy(target, feats, prompt, 16)
     reference = _REFERENCE[kind, dev]
     ids = torch.tensor([prompt] * feats.shape[0])
-    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma, dev, [EOS], EOS)
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy"), gamma=gamma, device=dev, eos_token_ids=[EOS],
+                               pad_token_id=EOS)
     batched = engine.generate(ids, torch.ones_like(ids), 16, encoder_inputs={"input_features": feats})
     assert batched.tokens == reference
     one = engine.generate(ids[:1], torch.ones_like(ids[:1]), 16, encoder_inputs={"input_features": feats[:1]})
@@ -90,7 +91,8 @@ def test_exact_sampling_of_whisper_follows_the_target(whisper):
     feats = features(processor, n=1).expand(n, -1, -1)
     prompt = processor.tokenizer.prefix_tokens
     ids = torch.tensor([prompt] * n)
-    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), 3, dev, [], EOS)
+    engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), gamma=3, device=dev,
+                               eos_token_ids=[], pad_token_id=EOS)
     res = engine.generate(ids, torch.ones_like(ids), 1, torch.Generator(dev).manual_seed(0),
                           encoder_inputs={"input_features": feats})
     with torch.no_grad():

@@ -126,8 +126,9 @@ def clips(processor, n: int = 7, seed: int = 0) -> torch.Tensor:
 
 def engine(pair, drafter, gamma: int, sampler=None, eos=(0,)):
     gc = pair["target"].generation_config
-    return SpeculativeEngine(pair["target"], drafter, sampler or get_sampler("greedy"), gamma, "cpu", list(eos), 0,
-                             suppress_tokens=gc.suppress_tokens, begin_suppress_tokens=gc.begin_suppress_tokens,
+    return SpeculativeEngine(pair["target"], drafter, sampler or get_sampler("greedy"), gamma=gamma, device="cpu",
+                             eos_token_ids=list(eos), pad_token_id=0, suppress_tokens=gc.suppress_tokens,
+                             begin_suppress_tokens=gc.begin_suppress_tokens,
                              char_lengths=pair["bridge"].target.char_lengths(pair["target"].config.vocab_size, "cpu"))
 
 
@@ -355,7 +356,8 @@ def test_a_causal_drafter_refuses_a_whisper_target_and_a_whisper_drafter_a_causa
         engine(pair, TextDrafter(pair["draft"], pair["bridge"], "string"), 3)
     target = cross_tokenizer_pair()[0]
     with pytest.raises(SpecsweepError, match="Whisper target"):
-        SpeculativeEngine(target, drafter(pair, "string"), get_sampler("greedy"), 3, "cpu", [1], 0)
+        SpeculativeEngine(target, drafter(pair, "string"), get_sampler("greedy"), gamma=3, device="cpu",
+                          eos_token_ids=[1], pad_token_id=0)
 
 
 # ---- the real pair: whisper-base with whisper-tiny.en -------------------------------------------------------------
@@ -396,9 +398,9 @@ def test_whisper_base_with_tiny_en_emits_transformers_greedy_tokens(fixtures_dir
     bridge = build_bridge(t_proc.tokenizer, d_proc.tokenizer, target.config.vocab_size, draft.config.vocab_size,
                           "cpu")
     gc = target.generation_config
-    ours = SpeculativeEngine(target, WhisperTextDrafter(draft, bridge, "string", d_prompt), get_sampler("greedy"), 4,
-                             "cpu", [eos], eos, suppress_tokens=gc.suppress_tokens,
-                             begin_suppress_tokens=gc.begin_suppress_tokens)
+    ours = SpeculativeEngine(target, WhisperTextDrafter(draft, bridge, "string", d_prompt), get_sampler("greedy"),
+                             gamma=4, device="cpu", eos_token_ids=[eos], pad_token_id=eos,
+                             suppress_tokens=gc.suppress_tokens, begin_suppress_tokens=gc.begin_suppress_tokens)
     ids = torch.tensor([t_prompt] * len(audio))
     result = ours.generate(ids, torch.ones_like(ids), 120, encoder_inputs={"input_features": feats})
     assert [[t for t in row if t != eos] for row in result.tokens] == expected

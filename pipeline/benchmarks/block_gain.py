@@ -93,7 +93,7 @@ def _summary(gamma: int, per_rule: dict[str, list[dict]]) -> dict:
     return row
 
 
-def run(target: str, draft: str, data: str, gammas=GAMMAS, steps: int = 64, seed: int = 0,
+def run(target: str, draft: str, data: str, *, gammas=GAMMAS, steps: int = 64, seed: int = 0,
         out: Path | None = None, temperature: float = 1.0, limit: int | None = None, device: str = "cpu",
         ignore_eos: bool = False, progress: bool = True) -> dict:
     """Decode every prompt of ``data`` with `exact` and with `block` at each γ in ``gammas`` (``steps``: the most
@@ -107,8 +107,8 @@ def run(target: str, draft: str, data: str, gammas=GAMMAS, steps: int = 64, seed
     prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in load_prompts(data, limit)]
     rows = []
     for gamma in gammas:
-        engines = {rule: SpeculativeEngine(t_model, d_model, get_sampler(rule, temperature=temperature), gamma,
-                                           device, eos, pad) for rule in RULES}
+        engines = {rule: SpeculativeEngine(t_model, d_model, get_sampler(rule, temperature=temperature), gamma=gamma,
+                                           device=device, eos_token_ids=eos, pad_token_id=pad) for rule in RULES}
         per_rule: dict[str, list[dict]] = {rule: [] for rule in RULES}
         for i, ids in enumerate(tqdm(prompts, desc=f"bench block γ={gamma}", unit="prompt", disable=not progress)):
             for rule in RULES:

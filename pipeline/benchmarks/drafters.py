@@ -53,7 +53,8 @@ def _loops(target, tokenizer, eos: list[int], lookup_tokens: list[int], lookup_m
     greedy = get_sampler("greedy", temperature=0.0)
 
     def ours(drafter, gamma):
-        engine = SpeculativeEngine(target, drafter, greedy, gamma, device, eos, pad)
+        engine = SpeculativeEngine(target, drafter, greedy, gamma=gamma, device=device, eos_token_ids=eos,
+                                   pad_token_id=pad)
 
         def decode(inputs):
             r = engine.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens)

@@ -189,7 +189,7 @@ def _ours(bench: _Bench, gam: int, temperature: float, seed: int, static: bool =
     if gam:
         drafter = bench.d_model if bench.bridge is None else TextDrafter(
             bench.d_model, bench.bridge, resolve_mode("auto", False, sampler.verifies_by_argmax))
-    engine = SpeculativeEngine(bench.t_model, drafter, sampler, gam, bench.device,
+    engine = SpeculativeEngine(bench.t_model, drafter, sampler, gamma=gam, device=bench.device,
                                eos_token_ids=[], pad_token_id=bench.pad, suppress_tokens=bench.masked,
                                static_cache=static)
     g = torch.Generator(device=bench.device).manual_seed(seed)

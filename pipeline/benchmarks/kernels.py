@@ -361,7 +361,7 @@ def _cupy_info() -> dict:
     return {"version": cupy.__version__, "nvrtc": list(nvrtc.getVersion())}
 
 
-def run(batches=FULL["batches"], gammas=FULL["gammas"], vocabs=FULL["vocabs"], dtypes=FULL["dtypes"],
+def run(*, batches=FULL["batches"], gammas=FULL["gammas"], vocabs=FULL["vocabs"], dtypes=FULL["dtypes"],
         extra=FULL["extra"], repeats: int = 50, graph_calls: int = GRAPH_CALLS, graph_replays: int = GRAPH_REPLAYS,
         temperature: float = 1.0, out: Path | None = None, max_seconds: float | None = None, progress=print,
         clock=time.monotonic, trees=(), tree_batches=TREE_FULL["tree_batches"]) -> dict:
@@ -406,7 +406,8 @@ def run(batches=FULL["batches"], gammas=FULL["gammas"], vocabs=FULL["vocabs"], d
             label = f"B={job[0]} tree {job[1]} V={TREE_VOCAB} {TREE_DTYPE}"
         else:
             B, gamma, V, dtype = job
-            rows += _bench_config(B, gamma, V, dtype, idx, timing, temperature, floor, hf_fn, fi_api, fi_info)
+            rows += _bench_config(B, gamma, V, dtype, seed=idx, timing=timing, temperature=temperature, floor=floor,
+                                  hf_fn=hf_fn, fi_api=fi_api, fi_info=fi_info)
             label = f"B={B} γ={gamma} V={V} {dtype}"
         result["complete"] = idx + 1 == len(jobs)
         result["goals"] = goals(rows)
@@ -443,7 +444,7 @@ def _tree_calls(verifier, tree: TokenTree, sets) -> tuple[Callable, Callable]:
     return (lambda i: verifier(tree, *sets[i % k], generator=gen)), (lambda i: verifier(tree, *sets[i % k]))
 
 
-def _bench_config(B, gamma, V, dtype, seed, timing, temperature, floor, hf_fn, fi_api, fi_info) -> list[dict]:
+def _bench_config(B, gamma, V, dtype, *, seed, timing, temperature, floor, hf_fn, fi_api, fi_info) -> list[dict]:
     """Timing rows of one (B, γ, V, dtype): the three cupy samplers, torch, HF (B = 1), FlashInfer."""
     sets = _sets(B, gamma, V, dtype, seed)
     base = {"B": B, "gamma": gamma, "V": V, "dtype": dtype, "input_sets": len(sets)}

@@ -173,10 +173,11 @@ class _Pair:
         """The rule's speculative engine at γ, or the target alone (``choice`` None: γ = 0, `exact` sampler)."""
 
         if choice is None:
-            return SpeculativeEngine(self.t_model, None, get_sampler("exact", temperature=temperature), 0,
-                                     self.device, self.eos, self.pad)
+            return SpeculativeEngine(self.t_model, None, get_sampler("exact", temperature=temperature), gamma=0,
+                                     device=self.device, eos_token_ids=self.eos, pad_token_id=self.pad)
         sampler = get_sampler(choice.name, preset=choice.preset, temperature=temperature)
-        return SpeculativeEngine(self.t_model, self.d_model, sampler, self.gamma, self.device, self.eos, self.pad)
+        return SpeculativeEngine(self.t_model, self.d_model, sampler, gamma=self.gamma, device=self.device,
+                                 eos_token_ids=self.eos, pad_token_id=self.pad)
 
 
 def _skip_reason(choice: RuleChoice, part: str) -> str | None:
@@ -241,7 +242,7 @@ def _most_uncertain(model, ids: torch.Tensor) -> int:
     return int(entropy.argmax()) + 1
 
 
-def _sampled(pair: _Pair, choices: list[RuleChoice], prompts: list[torch.Tensor], samples: int, new_tokens: int,
+def _sampled(pair: _Pair, choices: list[RuleChoice], prompts: list[torch.Tensor], *, samples: int, new_tokens: int,
              seed: int, alpha: float, bar) -> dict[RuleChoice, dict]:
     """T = 1: per prompt, N draws with each rule and N with the target alone; two homogeneity tests per prompt."""
     per_rule: dict[RuleChoice, list] = {c: [] for c in choices}
@@ -266,7 +267,7 @@ def _sampled(pair: _Pair, choices: list[RuleChoice], prompts: list[torch.Tensor]
     return out
 
 
-def run(target: str | None = None, draft: str | None = None, data: str | None = None,
+def run(*, target: str | None = None, draft: str | None = None, data: str | None = None,
         rules: list[RuleChoice] | None = None, dtypes=("float32",), gamma: int = 4, greedy_tokens: int = 32,
         limit: int | None = None, samples: int = 400, max_new_tokens: int = 3, sample_prompts: int = 1,
         sample_prompt_tokens: int | None = None, seed: int = 0, alpha: float = 0.01, ignore_eos: bool = False,
@@ -308,7 +309,8 @@ def run(target: str | None = None, draft: str | None = None, data: str | None = 
                 bar.set_postfix_str(f"{name} greedy")
                 greedy = _greedy(pair, greedy_choices, prompts, greedy_tokens, bar)
                 bar.set_postfix_str(f"{name} sampled")
-                sampled = _sampled(pair, choices, short, samples, max_new_tokens, seed, alpha, bar)
+                sampled = _sampled(pair, choices, short, samples=samples, new_tokens=max_new_tokens, seed=seed,
+                                   alpha=alpha, bar=bar)
                 for c in choices:
                     results.append({"rule": c.name, "preset": c.preset, "label": c.label,
                                     "lossless": RULES[c.name].lossless, "dtype": name, "greedy": greedy.get(c),

@@ -80,8 +80,8 @@ def run(target: str, draft: str | None, data: str, *, sampler: str = "exact", ga
             runs: dict[str, list[dict]] = {kind: [] for kind in SERVERS}
             for r in range(repeats):
                 for kind in SERVERS:
-                    runs[kind].append(asyncio.run(_level(urls[kind], prompts, c, requests, max_tokens, seed,
-                                                         timeout, chat)))
+                    runs[kind].append(asyncio.run(_level(urls[kind], prompts, concurrency=c, requests=requests,
+                                                         max_tokens=max_tokens, seed=seed, timeout=timeout, chat=chat)))
                     print(f"  {kind} (max batch {batches[kind]}), concurrency {c}, repeat {r + 1}/{repeats}: "
                           f"{runs[kind][-1]['ok']}/{requests} ok, {runs[kind][-1]['tokens_per_second']:.1f} tok/s",
                           file=sys.stderr)
@@ -124,7 +124,7 @@ def _goals(results: list[dict], ratios: list[dict], c: int) -> dict:
             "requests_sent": sum(r["sent"] for r in results), "requests_lost": lost, "requests_failed": failed}
 
 
-async def _level(url: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int, seed: int,
+async def _level(url: str, prompts: list[str], *, concurrency: int, requests: int, max_tokens: int, seed: int,
                  timeout: float, chat: bool = False) -> dict:
     """``requests`` requests by ``concurrency`` clients against the server at ``url`` -> the run's counts,
     latencies and throughput."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.tuning.export import FORMATS, PICK_OF
+from pipeline.tuning.export import FORMATS, PICK_OF, export, load_source
 from pipeline.tuning.schedule import MAX_QUALITY_LOSS, PENALTY, PICKS
 
 HELP = ("write the tuned setting (a study's schedule, or a report's recommendation) as a transformers generation "
@@ -50,8 +50,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline.tuning.export import export, load_source
-
     schedule = load_source(args.source, task=args.task, penalty=args.spread_penalty,
                            max_quality_loss=args.max_quality_loss)
     path, notes = export(schedule, args.format, args.out, pick=args.pick, context=args.context_bucket,

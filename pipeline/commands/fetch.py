@@ -9,9 +9,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline import data
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 from pipeline.tasks import FETCHABLE, get_task
+from pipeline.weights import fetch
 from pipeline.weights.registry import MODELS
 
 HELP = (f"fetch a task's data ({', '.join(get_task(name).display for name in FETCHABLE)}) from the Hub, its published "
@@ -53,7 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.model is not None:
         return fetch_model(args)
-    from pipeline import data
 
     if args.dtype is not None:
         raise SpecsweepError("--dtype applies to --model (the converted weights' dtype), not to --task")
@@ -95,8 +96,6 @@ def chosen_source(args: argparse.Namespace) -> Path | None:
 
 def fetch_model(args: argparse.Namespace) -> int:
     """--model: the model as a transformers folder in --out (pipeline.weights.fetch)."""
-    from pipeline.weights import fetch
-
     given = [f"--{name}" for name in TASK_ONLY if getattr(args, name) is not None]
     if given:
         raise SpecsweepError(f"{', '.join(given)} applies to --task, not to --model")

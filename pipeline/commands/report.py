@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import argparse
 
-HELP = ("collect results/runs, the Optuna studies and the benchmarks into one table and write the analysis report "
-        "(reports/report.md and report.html)")
+HELP = ("collect the results files named (runs; Optuna studies, kernel and sampler benchmarks when their folders are "
+        "given) into one table and write the analysis report (reports/report.md and report.html)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", default="results/runs",
                    help="folder of results JSON files, or one results file (default: results/runs)")
-    p.add_argument("--tune", default="results/tune",
-                   help="folder of Optuna studies: <task>-pareto.json and <task>/study.db (default: results/tune; "
-                        "missing = none)")
-    p.add_argument("--kernels", default="kernels/results",
-                   help="folder of `specsweep bench kernels` JSON (default: kernels/results; missing = none)")
-    p.add_argument("--bench", default="results/bench",
-                   help="folder of `specsweep bench samplers` JSON (default: results/bench; missing = none)")
+    # Only the folders named are read: a report of the runs a user names holds nothing else (the pipeline's report
+    # stage in dvc.yaml names all four).
+    p.add_argument("--tune", default=None,
+                   help="folder of Optuna studies: <task>-pareto.json and <task>/study.db, e.g. results/tune "
+                        "(default: none; a missing folder adds nothing)")
+    p.add_argument("--kernels", default=None,
+                   help="folder of `specsweep bench kernels` JSON, e.g. kernels/results (default: none; a missing "
+                        "folder adds nothing)")
+    p.add_argument("--bench", default=None,
+                   help="folder of `specsweep bench` JSON (samplers, engine, lossless, serve), e.g. results/bench "
+                        "(default: none; a missing folder adds nothing)")
     p.add_argument("--max-quality-loss", "--max_quality_loss", type=float, default=0.01,
                    help="quality loss allowed for the 'fastest' recommendation, relative to the AR/exact reference "
                         "(default: 0.01 = 1 %%)")
@@ -31,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline.report import write_report
+    from pipeline.report import write_report  # imports torch and matplotlib: kept out of `specsweep --help`
 
     csv_path, md_path, n = write_report(args.runs, args.out, tune=args.tune, kernels=args.kernels, bench=args.bench,
                                         max_quality_loss=args.max_quality_loss, analysis=not args.table_only,

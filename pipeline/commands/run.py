@@ -109,8 +109,8 @@ def _grid_value(name: str, item: str):
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline import distributed
-    from pipeline.runner import run_grid
+    from pipeline import distributed  # imports torch: kept out of `specsweep --help`
+    from pipeline.runner import run_grid  # imports torch: kept out of `specsweep --help`
 
     values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", *DISPLAY_FLAGS)}
     auto = None
@@ -174,7 +174,7 @@ def _report(config: RunConfig, result: dict, verbose: bool = False) -> None:
     if result is None:  # a rank other than 0 of a data-parallel run: rank 0 reports
         return
     if verbose:
-        from pipeline.origins import pieces_for, print_samples
+        from pipeline.origins import pieces_for, print_samples  # imports torch: kept out of `specsweep --help`
 
         pieces, note = pieces_for(result["config"])
         print_samples(result["samples"], pieces, note=note)
@@ -202,10 +202,10 @@ def _report(config: RunConfig, result: dict, verbose: bool = False) -> None:
         parts.append("FLAGGED (see the warnings above)")
     print("; ".join(parts))
     if m.get("by_group"):  # a task with categories (spec_bench): speedup and tokens/step per group
-        from pipeline.categories import summary_lines
+        from pipeline.categories import summary_lines  # imports torch: kept out of `specsweep --help`
 
         print("per group (paired speedup [interval], mean accepted tokens):", *summary_lines(m["by_group"]), sep="\n")
     print(f"wrote {config.out}")
-    from pipeline.tracking import log_run
+    from pipeline.tracking import log_run  # imports torch: kept out of `specsweep --help`
 
     log_run(config, result)

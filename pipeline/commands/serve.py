@@ -10,6 +10,8 @@ import logging
 from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
 from pipeline.rules import param_help, param_is_integer, param_names
+from pipeline.serving.server import bind, serve
+from pipeline.serving.settings import POINT_SETTINGS, Served, check, from_recommendation, given_point_settings
 
 HELP = ("serve a model with a drafter (a draft model, prompt lookup or suffix decoding) and the settings of a run, or "
         "the recommended point of a study or report, over OpenAI's HTTP API (/v1/completions, /v1/chat/completions, "
@@ -84,8 +86,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def served_settings(args: argparse.Namespace):
     """The :class:`~pipeline.serving.settings.Served` settings the flags ask for."""
-    from pipeline.serving.settings import POINT_SETTINGS, Served, from_recommendation, given_point_settings
-
     values = {name: getattr(args, name) for name in (*SERVED, *param_names())}
     folder = args.from_study or args.from_report
     if folder is None:
@@ -122,8 +122,6 @@ def _check_server_flags(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline.serving.settings import check
-
     _check_server_flags(args)
     served = served_settings(args)
     check(served.config, args.max_batch)
@@ -132,9 +130,8 @@ def main(args: argparse.Namespace) -> int:
     log.info("serving %s", served.describe())
     log.info("settings from %s", served.source)
 
-    from pipeline.serving.app import create_app
-    from pipeline.serving.decoder import Decoder
-    from pipeline.serving.server import bind, serve
+    from pipeline.serving.app import create_app  # imports torch and FastAPI: kept out of `specsweep --help`
+    from pipeline.serving.decoder import Decoder  # imports torch: kept out of `specsweep --help`
 
     bind(args.host, args.port).close()  # a port in use fails now, before the models load
     decoder = Decoder(served.config)
@@ -148,6 +145,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _forwards(decoder) -> dict:
-    from pipeline.stack import forwards_used
+    from pipeline.stack import forwards_used  # imports torch: kept out of `specsweep --help`
 
     return forwards_used(decoder.engine())

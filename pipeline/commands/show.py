@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+from pipeline.errors import SpecsweepError
+from pipeline.result import read_result
+from pipeline.roofline import describe
+
 HELP = ("print a results file's samples coloured by each token's origin (accepted draft, correction, bonus), with "
         "acceptance by token class and the run's roofline")
 
@@ -18,10 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline.errors import SpecsweepError
+    # imports torch: kept out of `specsweep --help`
     from pipeline.origins import class_table_lines, pieces_for, print_samples
-    from pipeline.result import read_result
-    from pipeline.roofline import describe
 
     result = read_result(args.results)
     if result is None:

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from pipeline.data import DATA_FILE
 from pipeline.errors import SpecsweepError
 
 HELP = ("synthesise speech from text with eSpeak NG into a folder of WAV clips and a transcripts.jsonl manifest "
@@ -30,8 +31,6 @@ def read_texts(path: Path, field: str) -> list[str]:
     """The ``field`` of each JSON line of ``path``, or of each row of a folder written by `specsweep fetch` (its
     data.parquet); a one-line SpecsweepError when the file or the field is missing."""
     if path.is_dir():
-        from pipeline.data import DATA_FILE
-
         if not (path / DATA_FILE).is_file():
             raise SpecsweepError(f"--texts {path} is a folder without {DATA_FILE}: give a JSONL file or a folder "
                                  "written by specsweep fetch")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipeline.env_info import usable_cores
 from pipeline.errors import SpecsweepError
+from pipeline.toy import speech_data, text_data
 
 HELP = "offline toy tasks: generate text/speech data and train small draft/target pairs on it"
 
@@ -53,8 +55,6 @@ def main(args: argparse.Namespace) -> int:
 def _data(args: argparse.Namespace) -> int:
     import time
 
-    from pipeline.toy import speech_data, text_data
-
     t0 = time.perf_counter()
     text = text_data.generate(args.out / "text", seed=args.seed, quick=args.quick)
     speech = speech_data.generate(args.out / "speech", seed=args.seed, quick=args.quick,
@@ -80,8 +80,6 @@ def _tasks(value: str) -> list[str]:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pipeline.env_info import usable_cores
-
     if args.threads is not None and args.threads < 1:
         raise SpecsweepError(f"--threads must be >= 1; got {args.threads}")
     if len(args.task) > 1:
@@ -125,11 +123,11 @@ def _train_one(args: argparse.Namespace, task: str, threads: int) -> int:
 
     torch.set_num_threads(threads)
     if task == "text":
-        from pipeline.toy import train_text as trainer
+        from pipeline.toy import train_text as trainer  # imports torch: kept out of `specsweep --help`
 
         needed = args.data / "text" / "train.jsonl"
     else:
-        from pipeline.toy import train_speech as trainer
+        from pipeline.toy import train_speech as trainer  # imports torch: kept out of `specsweep --help`
 
         needed = args.data / "speech" / "train" / "manifest.jsonl"
     if not needed.is_file():

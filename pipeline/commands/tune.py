@@ -8,8 +8,17 @@ import dataclasses
 import os
 
 from pipeline.commands import run as run_command
+from pipeline.config import RunConfig
+from pipeline.errors import SpecsweepError
 from pipeline.rules import param_names
-from pipeline.tuning.schedule import MAX_QUALITY_LOSS, PENALTY
+from pipeline.tuning.schedule import (
+    MAX_QUALITY_LOSS,
+    PENALTY,
+    Cell,
+    describe_pick,
+    parse_batch_sizes,
+    parse_context_buckets,
+)
 
 HELP = "search γ, sampler, sigmoid alpha/beta (and dtype) with Optuna for the speedup/quality Pareto front"
 
@@ -59,17 +68,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline.config import RunConfig
-    from pipeline.errors import SpecsweepError
-    from pipeline.tuning.schedule import Cell, describe_pick, parse_batch_sizes, parse_context_buckets
-    from pipeline.tuning.space import SearchSpace, space_for_pair
-    from pipeline.tuning.study import tune_schedule
+    from pipeline.tuning.space import SearchSpace, space_for_pair  # imports torch: kept out of `specsweep --help`
+    from pipeline.tuning.study import check_quality_objective, tune_schedule  # imports torch, as above
 
     skip = {"command", "_module", "no_progress", "space", "n_trials", "study_name", "study_dir", "storage",
             "out", "baseline", "worker", "heartbeat_interval", "grace_period", "max_retry", "batch_sizes",
             "context_buckets", "spread_penalty", "max_quality_loss"}
     values = {k: v for k, v in vars(args).items() if k not in skip}
     base = RunConfig.from_dict({**values, "out": os.devnull}).validate()
+    check_quality_objective(base)   # before the space reads the models
     for path in args.baseline:
         if not os.path.isfile(path):
             raise SpecsweepError(f"--baseline {path} does not exist: run the γ = 0 baseline first")

@@ -20,7 +20,7 @@ import torch
 
 from pipeline.decoding.static import static_forward_for
 from pipeline.errors import SpecsweepError
-from pipeline.tree_shape import TreeSpan
+from pipeline.tree_tensors import TreeSpan
 
 # How each kind of model is called: (token ids, attention mask, position ids) keyword names.
 _CALL_NAMES = {

@@ -40,12 +40,15 @@ from pipeline.decoding.cache import CachedModel, model_kind
 from pipeline.decoding.draft_policy import DraftLengths, DraftPolicy, row_limits
 from pipeline.decoding.drafters.base import DraftAsk, Drafter, DraftPrompt, DraftSetup, Proposal, StepOutcome
 from pipeline.decoding.drafters.model import ModelDrafter
+from pipeline.decoding.host_sync import to_host
+from pipeline.decoding.logit_mask import LogitMask
 from pipeline.decoding.timing import PhaseTimer, peak_memory_mb, reset_peak_memory
 from pipeline.errors import SpecsweepError
 from pipeline.models import max_positions
 from pipeline.origins import BONUS, N_ORIGINS, origin_table
 from pipeline.rng import RowGenerators
 from pipeline.samplers import FiniteCheck, Sampler
+from pipeline.tree_tensors import outcomes
 
 
 @dataclass
@@ -98,7 +101,7 @@ class SpeculativeEngine:
     encoder runs once per batch; input_ids are the decoder prompt (e.g. <|startoftranscript|><|notimestamps|>).
     """
 
-    def __init__(self, target, draft, sampler: Sampler, gamma: int, device: str, eos_token_ids: list[int],
+    def __init__(self, target, draft, sampler: Sampler, *, gamma: int, device: str, eos_token_ids: list[int],
                  pad_token_id: int = 0, suppress_tokens: list[int] = (),
                  begin_suppress_tokens: list[int] = (), static_cache: bool = True,
                  draft_policy: DraftPolicy | None = None, char_lengths: torch.Tensor | None = None) -> None:
@@ -333,7 +336,7 @@ class SpeculativeEngine:
         if state.node_counts is None or width == 0:
             return
         if proposal.tree is not None:
-            tested, accepted = proposal.tree.outcomes(res.path, proposal.real)                # [b, N] each
+            tested, accepted = outcomes(proposal.tree, res.path, proposal.real)               # [b, N] each
             group = _node_groups(proposal.tree, self.gamma, str(self.device))
         else:
             j = torch.arange(width, device=self.device)
@@ -527,59 +530,3 @@ class _Decoding:
     @property
     def batch(self) -> int:
         return len(self.rows_host)
-
-
-class LogitMask:
-    """Ids never emitted (Whisper's suppress_tokens), and ids never emitted first (its begin_suppress_tokens): set to
-    -inf in logits [..., V] of any vocabulary size, in place. The id tensor of each size is made once (boolean-mask
-    indexing inside a step would be a host sync on a GPU)."""
-
-    def __init__(self, suppress, begin_suppress, device: torch.device) -> None:
-        self.ids = sorted({int(i) for i in suppress or ()})
-        self.begin_ids = sorted({int(i) for i in begin_suppress or ()})
-        self.active = bool(self.ids or self.begin_ids)
-        self.device = device
-        self._tensors: dict[tuple[bool, int], torch.Tensor | None] = {}
-
-    def prepare(self, *vocab_sizes: int) -> None:
-        """Make the id tensors for these vocabulary sizes now (a first call with a new size makes its own, with a
-        host-to-device copy)."""
-        for V in vocab_sizes:
-            for first in (False, True):
-                ids = [i for i in (self.begin_ids if first else self.ids) if 0 <= i < V]
-                self._tensors[first, V] = torch.tensor(ids, dtype=torch.int64, device=self.device) if ids else None
-
-    def restricted(self, ids: list[int]) -> LogitMask:
-        """The same mask over a head of the target ids ``ids`` (a draft's vocabulary map, vocab_map.py): row k is
-        target id ids[k]; suppressed ids outside ``ids`` need no mask there."""
-        row = {t: k for k, t in enumerate(ids)}
-        return LogitMask([row[i] for i in self.ids if i in row], [row[i] for i in self.begin_ids if i in row],
-                         self.device)
-
-    def __call__(self, logits: torch.Tensor, first_position: bool) -> torch.Tensor:
-        """With ``first_position`` only begin_suppress (applied on top of logits already masked with suppress)."""
-        if (first_position, logits.shape[-1]) not in self._tensors:
-            self.prepare(logits.shape[-1])
-        ids = self._tensors[first_position, logits.shape[-1]]
-        if ids is not None:
-            logits.index_fill_(-1, ids, float("-inf"))
-        return logits
-
-    def at(self, logits: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """In place: suppress at every position of logits [..., V], begin_suppress too where ``first`` bool [...]
-        (the positions whose law is a continuation's first token's)."""
-        self(logits, False)
-        logits[first] = self(logits[first], True)
-        return logits
-
-
-def to_host(parts: dict[str, torch.Tensor]) -> dict[str, list]:
-    """One device-to-host transfer of several int64 tensors of the same batch b, each [b] or [k, b]: a dict of the
-    same names, [b] as a list of b ints and [k, b] as k lists of b ints."""
-    rows, spans = [], {}
-    for name, t in parts.items():
-        block = t[None] if t.dim() == 1 else t
-        spans[name] = (sum(r.shape[0] for r in rows), block.shape[0], t.dim() == 1)
-        rows.append(block.long())
-    host = torch.cat(rows).tolist()
-    return {name: host[start] if flat else host[start: start + n] for name, (start, n, flat) in spans.items()}

@@ -29,7 +29,7 @@ def draft_continue(draft, vocab: Vocabulary, prefixes: list[list[int]], n_tokens
                    first: torch.Tensor | None = None) -> list[list[int]]:
     """The draft samples up to ``n_tokens`` target ids at T = 1 after each prefix (left-padded together, one KV
     cache; a row stops after an EOS). ``context`` float32 [B, F, H]: a Whisper draft's encoder outputs.
-    ``suppress`` (a :class:`~pipeline.decoding.engine.LogitMask` over target ids, or None) is masked in the draft's
+    ``suppress`` (a :class:`~pipeline.decoding.logit_mask.LogitMask` over target ids, or None) is masked in the draft's
     rows, begin_suppress also at the first sample of the rows where ``first`` bool [B] (their prefix is the prompt)."""
     device = next(draft.parameters()).device
     training = draft.training
@@ -69,7 +69,7 @@ def on_policy_batch(draft, target, vocab: Vocabulary, teachers: list[TeacherSequ
     """One :class:`TeacherSequence` (source "draft", the teacher's context kept) per teacher sequence: its prompt
     and a random part of its continuation, then the draft's sample, with the target's law at the sampled positions
     only. Sequences with a ``context`` (a Whisper draft's) are sampled and scored reading it; ``suppress``: the
-    target's ids never emitted (a :class:`~pipeline.decoding.engine.LogitMask`, or None)."""
+    target's ids never emitted (a :class:`~pipeline.decoding.logit_mask.LogitMask`, or None)."""
     prefixes = []
     for seq in teachers:
         cut = seq.prompt + int(torch.randint(0, len(seq.ids) - seq.prompt, (1,), generator=generator))

@@ -25,7 +25,7 @@ from transformers.utils import logging as hf_logging
 from pipeline.config import RunConfig
 from pipeline.data import load_task_data
 from pipeline.decoding.drafters.vocab_map import CONFIG_KEY
-from pipeline.decoding.engine import LogitMask
+from pipeline.decoding.logit_mask import LogitMask
 from pipeline.distill import whisper
 from pipeline.distill.curve import write_curve
 from pipeline.distill.settings import DistillSettings

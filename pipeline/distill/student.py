@@ -142,7 +142,7 @@ class Vocabulary:
         return Vocabulary(self.d2t.to(device), self.t2d.to(device), self.reduced)
 
     def mask(self, suppress):
-        """``suppress`` (a :class:`~pipeline.decoding.engine.LogitMask` over target ids: a speech target's ids never
+        """``suppress`` (a :class:`~pipeline.decoding.logit_mask.LogitMask` over target ids: a speech target's ids never
         emitted) over the draft's rows, as `specsweep run` masks them; None when there is nothing to mask."""
         return suppress.restricted(self.d2t.tolist()) if suppress is not None and suppress.active else None
 

@@ -75,7 +75,7 @@ def target_laws(forward, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
                 first: torch.Tensor | None = None):
     """One forward (:func:`causal_forward`'s signature) over a left-padded batch int64 [B, L] -> (top ids int64
     [B, L, k], top log-probs float32 [B, L, k], the logits [B, L, V], the KV cache). ``mask_logits`` (a speech
-    target's suppressed ids, :class:`pipeline.decoding.engine.LogitMask`) is applied first: at every position, and
+    target's suppressed ids, :class:`pipeline.decoding.logit_mask.LogitMask`) is applied first: at every position, and
     where ``first`` bool [B, L] (default: the last column, the first new token's law) also as a continuation's first
     token's. Row by row, so [B, L, V] float32 exists once."""
     logits, cache = forward(input_ids, attention_mask, position_ids(attention_mask), None)

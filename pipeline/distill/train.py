@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.decoding.engine import LogitMask
+from pipeline.decoding.logit_mask import LogitMask
 from pipeline.distill.divergence import acceptance, agreement, divergence
 from pipeline.distill.on_policy import on_policy_batch
 from pipeline.distill.settings import DistillSettings

@@ -94,7 +94,3 @@ def decoder_hidden(draft, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return draft.model.decoder(input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=context,
                                use_cache=False).last_hidden_state
 
-
-def save_processor(folder, processor) -> None:
-    """The target's processor (feature extractor and tokenizer) beside the draft, as `specsweep run` loads it."""
-    processor.save_pretrained(folder)

@@ -195,11 +195,11 @@ class BlockSampler(Sampler):
 
     name = "block"
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         if self.temperature == 0.0 or gamma == 0:  # greedy verify, or a plain draw from the target
-            return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator,
-                                                          lengths)
+            return ExactSampler(self.temperature).verify_checked(draft_tokens, draft_logits, target_logits, generator,
+                                                                 lengths)
         inv_t = 1.0 / self.temperature
         p = softmax_fp32(target_logits, inv_t)                                   # [B, γ+1, V_t]
         u = uniforms(B, gamma, draft_tokens.device, generator)

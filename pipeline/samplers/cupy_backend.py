@@ -427,7 +427,7 @@ class ExactSampler(torch_ref.ExactSampler):
         """Compile and load the kernels now: call before capturing a step in a CUDA graph."""
         self.launcher.prepare(torch.device(device))
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
             return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits, lengths)
         return exact_step(self.launcher, draft_tokens, draft_logits, target_logits, self.temperature, generator,
@@ -445,7 +445,7 @@ class SigmoidSampler(torch_ref.SigmoidSampler):
     launcher: Launcher = ExactSampler.launcher
     prepare = ExactSampler.prepare
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
             return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits, lengths)
         return sigmoid_step(self.launcher, draft_tokens, draft_logits, target_logits, self.alpha / self.temperature,
@@ -460,7 +460,7 @@ class GreedySampler(torch_ref.GreedySampler):
     prepare = ExactSampler.prepare
     tree_verifier = ExactSampler.tree_verifier
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         return greedy_step(self.launcher, draft_tokens, draft_logits, target_logits, lengths)
 
 

@@ -67,7 +67,7 @@ class HFSampler(Sampler):
                 "the hf sampler needs temperature > 0 (at T = 0 HF verifies by token matching): use sampler greedy")
         self._fn = hf_speculative_sampling()
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         if B != 1:
             raise SamplerInputError(f"the hf sampler runs batch 1, as HF does; got batch {B}: use --batch-size 1")
@@ -77,8 +77,9 @@ class HFSampler(Sampler):
             # step reads its accepted count back anyway).
             own = int(lengths[0])
             if own < gamma:
-                res = self._verify(draft_tokens[:, :own], None if draft_logits is None else draft_logits[:, :own],
-                                   target_logits[:, : own + 1], generator)
+                res = self.verify_checked(draft_tokens[:, :own],
+                                          None if draft_logits is None else draft_logits[:, :own],
+                                          target_logits[:, : own + 1], generator)
                 tokens = torch.full((1, gamma + 1), -1, dtype=torch.int64, device=draft_tokens.device)
                 tokens[:, : own + 1] = res.tokens
                 return SamplerResult(accepted=res.accepted, tokens=tokens, draft_ok=res.draft_ok,
@@ -86,7 +87,8 @@ class HFSampler(Sampler):
         if gamma == 0:
             # A step with no draft (the engine drafts fewer tokens as a row nears its limit): HF's loop then just
             # samples from the target; so does this, as the reference does at γ = 0.
-            return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator, None)
+            return ExactSampler(self.temperature).verify_checked(draft_tokens, draft_logits, target_logits, generator,
+                                                                 None)
         # HF hands the sampler fp32 logits already divided by the temperature (its logits warpers do that).
         new_logits = target_logits.float() / self.temperature
         if draft_logits is None:  # a deterministic draft: one-hot logits [1, γ, V_t] for HF's function (docstring)

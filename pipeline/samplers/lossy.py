@@ -157,7 +157,7 @@ class TypicalSampler(Sampler):
     def params(self) -> dict:
         return {"temperature": self.temperature, "epsilon": self.epsilon, "delta": self.delta}
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
             return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         B, gamma = draft_tokens.shape
@@ -199,10 +199,10 @@ class FuzzySampler(Sampler):
         # At T = 0 a draft that is the draft's own argmax is accepted iff it is the target's, up to threshold ln 2.
         return self.temperature == 0.0 and self.threshold <= LN2
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         if gamma == 0:  # nothing to accept: exact's draw from the target (or its argmax at T = 0)
-            return ExactSampler(self.temperature)._verify(draft_tokens, draft_logits, target_logits, generator)
+            return ExactSampler(self.temperature).verify_checked(draft_tokens, draft_logits, target_logits, generator)
         if self.temperature == 0.0:
             return self._verify_limit(draft_tokens, draft_logits, target_logits, lengths)
         inv_t = 1.0 / self.temperature
@@ -286,7 +286,7 @@ class RelaxedSampler(Sampler):
     def verifies_by_argmax(self) -> bool:
         return self.top_k == 1
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         gamma = draft_tokens.shape[1]
         target_max, target_argmax = target_logits.max(dim=-1)                   # [B, γ+1]
         z = target_logits[:, :gamma]                                             # [B, γ, V_t]
@@ -318,7 +318,7 @@ class AcceptAllSampler(Sampler):
     def verifies_by_argmax(self) -> bool:
         return False  # it accepts every draft token, the target's argmax or not
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         B, gamma = draft_tokens.shape
         if lengths is None:
             accepted = torch.full((B,), gamma, dtype=torch.int64, device=draft_tokens.device)

@@ -49,9 +49,9 @@ from pipeline.samplers.contract import (
 
 
 class Sampler:
-    """Base class: validates inputs against the contract, then runs ``_verify``.
+    """Base class: validates inputs against the contract, then runs ``verify_checked``.
 
-    Subclasses set ``name`` and ``backend`` and implement ``_verify(draft_tokens, draft_logits, target_logits,
+    Subclasses set ``name`` and ``backend`` and implement ``verify_checked(draft_tokens, draft_logits, target_logits,
     generator, lengths)`` with the contract's shapes; ``lengths`` (per-row draft lengths) arrives None or already
     clamped into [0, γ]; ``draft_logits`` arrives None for a deterministic draft only where the rule takes one at
     this temperature (``Rule.deterministic_drafts``; the call is refused in one line otherwise).
@@ -97,10 +97,12 @@ class Sampler:
         validate_lengths(lengths, draft_tokens)
         if draft_logits is None:
             check_deterministic(self)
-        return self._verify(draft_tokens, draft_logits, target_logits, generator,
-                            clamp_lengths(lengths, draft_tokens.shape[1]))
+        return self.verify_checked(draft_tokens, draft_logits, target_logits, generator,
+                                   clamp_lengths(lengths, draft_tokens.shape[1]))
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths) -> SamplerResult:
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths) -> SamplerResult:
+        """The rule itself, on inputs the contract has checked (``__call__``): what each subclass implements, and
+        what another rule calls to fall back on this one (e.g. exact's draw at γ = 0)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -216,7 +218,7 @@ class ExactSampler(Sampler):
 
     name = "exact"
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
             return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         B, gamma = draft_tokens.shape
@@ -308,7 +310,7 @@ class SigmoidSampler(Sampler):
     def _weights(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(logits.float() * (self.alpha / self.temperature) + self.beta)
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
             return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)
         B, gamma = draft_tokens.shape
@@ -366,5 +368,5 @@ class GreedySampler(Sampler):
     def verifies_by_argmax(self) -> bool:
         return True
 
-    def _verify(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
+    def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)

@@ -58,6 +58,7 @@ from pipeline.samplers.contract import (
 )
 from pipeline.samplers.torch_ref import drafted_ok, finite_max_ok, softmax_fp32
 from pipeline.tree_shape import TokenTree
+from pipeline.tree_tensors import children_table
 
 
 def normalised(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
@@ -136,7 +137,7 @@ def tree_rejection_verify(tree: TokenTree, draft_tokens: torch.Tensor, p_all: to
     """
     B, dev = draft_tokens.shape[0], draft_tokens.device
     rows = torch.arange(B, device=dev)
-    children = tree.children_table(dev)
+    children = children_table(tree, dev)
     walk = _Walk.start(B, tree.depth, dev)
     p = p_all[:, 0]
     for d in range(tree.depth):
@@ -172,7 +173,7 @@ def tree_greedy_verify(tree: TokenTree, draft_tokens: torch.Tensor, target_logit
     :func:`tree_rejection_verify`) -> (accepted [B], path [B, D], next_token [B])."""
     B, dev = draft_tokens.shape[0], draft_tokens.device
     rows = torch.arange(B, device=dev)
-    children = tree.children_table(dev)
+    children = children_table(tree, dev)
     best = target_logits.argmax(dim=-1)                                            # [B, N+1]
     walk = _Walk.start(B, tree.depth, dev)
     for d in range(tree.depth):

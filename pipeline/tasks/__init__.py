@@ -21,7 +21,7 @@ from pipeline.tasks.librispeech import LibriSpeechTask
 from pipeline.tasks.prompts import PromptsTask
 from pipeline.tasks.spec_bench import SpecBenchTask
 
-__all__ = ["FETCHABLE", "LONG_INPUTS", "TASK_NAMES", "get_task", "quality_metric"]
+__all__ = ["FETCHABLE", "LONG_INPUTS", "TASK_NAMES", "default_temperature", "get_task", "quality_metric"]
 
 _TASKS: dict[str, Task] = {task.name: task for task in (PromptsTask(), CnnDailyMailTask(), LibriSpeechTask(),
                                                          SpecBenchTask())}
@@ -46,3 +46,10 @@ def quality_metric(name: str) -> QualityMetric | None:
     table row without a task has)."""
     task = _TASKS.get(name)
     return task.metric if task is not None else None
+
+
+def default_temperature(name: str) -> float:
+    """The temperature a run of task ``name`` samples at when none is given (1.0 for a name that is no task: the
+    run's validation refuses it)."""
+    task = _TASKS.get(name)
+    return task.default_temperature if task is not None else 1.0

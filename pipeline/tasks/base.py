@@ -208,6 +208,14 @@ class Task:
     wants_ar_outputs = False
     """True: the run scores against the γ = 0 loop's own outputs (:meth:`score_run`'s ``ar_samples``)."""
 
+    default_temperature = 1.0
+    """The temperature a run of this task samples at when --temperature is not given."""
+
+    def quality_error(self, temperature: float) -> str | None:
+        """Why this task's quality score is not defined at ``temperature`` (None: it is, or the task has none).
+        `specsweep tune`, whose objective is the quality, refuses such a study in one line."""
+        return None
+
     def score_run(self, samples: list[dict], records: list[dict], tokenizer, seed: int,
                   ar_samples: list[dict] | None) -> tuple[dict, list[dict]]:
         """A run's quality from its samples (pipeline/result.py ``Sample``) -> (corpus-level, per sample). The

@@ -25,11 +25,14 @@ speedup with its interval. Spec-Bench's speedup is the ratio of mean tokens/s ov
 over its turns' seconds); here both loops decode the first ``--samples-per-repeat`` questions of each category in
 every repeat, back to back per category, and the speedup is the median over repeats of that ratio.
 
+Temperature: Spec-Bench measures greedy decoding, so a run decodes at T = 0 unless --temperature says otherwise.
+
 Quality: how far the outputs are the target's own. At T = 0 every output is compared token by token with the γ = 0
 loop's output for the same unit (its own conversation): the share of identical outputs (lossless rules: 1.0), the
 token agreement (positions where both emitted the same token over the longer output's length, summed over units;
-the quality objective) and the share of the AR tokens before the first divergence. At T > 0 sampled outputs are not
-compared.
+the quality objective) and the share of the AR tokens before the first divergence. At T > 0 two sampled outputs
+agree by chance only, so a run records no quality and `specsweep tune` refuses the study
+(:meth:`SpecBenchTask.quality_error`).
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ class SpecBenchTask(Task):
     source_fields = ("category",)
     source_hint = 'a JSONL file of {"question_id", "category", "turns": [str, ...]} lines (Spec-Bench\'s questions)'
     wants_ar_outputs = True
+    default_temperature = 0.0   # Spec-Bench measures greedy decoding
+
+    def quality_error(self, temperature: float) -> str | None:
+        if temperature > 0:
+            return ("--task spec_bench's quality is agreement with the γ = 0 loop's tokens, which sampled outputs "
+                    f"(--temperature {temperature:g}) share only by chance: decode at --temperature 0 (the default)")
+        return None
 
     # ------------------------------------------------------------------------------------------------- data
 
@@ -145,7 +155,7 @@ class SpecBenchTask(Task):
 
     def check_target(self, config) -> None:
         """Refuses a target whose tokenizer has no chat template (its tokenizer alone is loaded)."""
-        from pipeline.models import load_tokenizer
+        from pipeline.models import load_tokenizer  # imports torch: the task registry stays light
 
         require_template(load_tokenizer(config.target), config.target)
 
@@ -181,12 +191,12 @@ class SpecBenchTask(Task):
         return {c: [u for u in units if u["category"] == c and u["question_id"] in ids] for c, ids in chosen.items()}
 
     def encoder(self, target, tokenizer, processor, config) -> Encoder:
-        from pipeline.models import max_positions
+        from pipeline.models import max_positions  # imports torch: the task registry stays light
 
         return Conversations(tokenizer, config, max_positions(target.config))
 
     def score_run(self, samples, records, tokenizer, seed, ar_samples):
-        from pipeline.categories import agreement
+        from pipeline.categories import agreement  # imports torch: the task registry stays light
 
         if ar_samples is None:
             return {}, [{} for _ in samples]
@@ -198,7 +208,7 @@ class SpecBenchTask(Task):
         return agreement([s["token_ids"] for s in samples], [ar[s["id"]] for s in samples])
 
     def run_metrics(self, records, samples, measurement):
-        from pipeline.categories import by_category
+        from pipeline.categories import by_category  # imports torch: the task registry stays light
 
         return by_category(records, samples, measurement.get("groups"), GROUPS)
 

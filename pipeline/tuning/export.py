@@ -26,8 +26,7 @@ Formats (each from one pick of the schedule, :data:`PICK_OF`):
           it (TensorRT-LLM's DecodingBaseConfig validator). ``--max-batch-size N`` extends the largest measured
           batch size's γ to N.
   json    ``<out>``, JSON (kind "specsweep-settings"): every cell's pick, read back by ``specsweep run
-          --from-config FILE`` (:func:`apply_settings`) and by anything serving with our engine
-          (:func:`load_settings`, :meth:`Settings.entry`).
+          --from-config FILE`` and by anything serving with our engine (pipeline/settings_file.py).
 
 Token trees (``draft_tree``, docs/trees.md): json carries the shape and the children rule, and ``specsweep run
 --from-config`` runs the same tree. transformers' assisted generation, vLLM's draft-model, n-gram and suffix methods
@@ -46,12 +45,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic, write_text_atomic
 from pipeline.result import read_result
+from pipeline.settings_file import SETTINGS_KIND, SETTINGS_VERSION
 from pipeline.tree_plan import resolve_tree
 from pipeline.tuning.schedule import (
     KIND,
@@ -72,8 +71,6 @@ from pipeline.tuning.schedule import (
 
 FORMATS = ("hf", "vllm", "trtllm", "json")
 PICK_OF = {"hf": "standard", "vllm": "standard_fixed", "trtllm": "standard_fixed", "json": "choice"}
-SETTINGS_KIND = "specsweep-settings"
-SETTINGS_VERSION = 1
 HF_SCHEDULE = {"constant": "constant", "heuristic": "heuristic_transient"}
 
 
@@ -421,77 +418,3 @@ def _json(schedule: dict, rows: list[dict], pick: str, out) -> Path:
             **{k: schedule.get(k) for k in ("task", "target", "draft", "dtype", "temperature", "device")},
             "entries": rows}
     return write_json_atomic(out, data)
-
-
-# ---------------------------------------------------------------------------------------------- reading ours back
-
-@dataclass
-class Settings:
-    """A settings file of ``specsweep export --format json``."""
-
-    path: str
-    data: dict
-
-    def entry(self, batch_size: int, prompt_tokens: int | None = None) -> dict:
-        """The entry for ``batch_size``: the smallest measured batch size at or above it (the largest beyond them);
-        with several prompt-length buckets, the one that holds ``prompt_tokens``."""
-        rows = [r for r in self.data["entries"] if r.get("context") is None or prompt_tokens is None
-                or Cell.from_dict(r).holds(prompt_tokens)]
-        contexts = {tuple(r["context"]) if r.get("context") else None for r in rows}
-        if len(contexts) > 1:
-            raise SpecsweepError(f"{self.path} has settings for several prompt-length buckets: give the prompt length "
-                                 "(--max-prompt-tokens for `specsweep run`), or export one bucket (--context-bucket)")
-        if not rows:
-            raise SpecsweepError(f"{self.path}: no prompt-length bucket holds {prompt_tokens} tokens")
-        rows = sorted(rows, key=lambda r: r["batch_size"])
-        return next((r for r in rows if r["batch_size"] >= batch_size), rows[-1])
-
-
-def load_settings(path: str | os.PathLike) -> Settings:
-    """Read a settings file of ``specsweep export --format json``; anything else is a one-line SpecsweepError."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise SpecsweepError(f"--from-config {path}: not a readable JSON file ({' '.join(str(e).split())[:120]})") \
-            from None
-    if not isinstance(data, dict) or data.get("kind") != SETTINGS_KIND or not data.get("entries"):
-        raise SpecsweepError(f"--from-config {path}: not a settings file of `specsweep export --format json`")
-    if not isinstance(data.get("version"), int) or data["version"] > SETTINGS_VERSION:
-        raise SpecsweepError(f"--from-config {path}: settings version {data.get('version')!r} is newer than this "
-                             "specsweep reads")
-    return Settings(str(path), data)
-
-
-def run_values(entry: dict, draft: str | None, rule_keys) -> dict:
-    """An entry's settings as RunConfig names (every rule parameter: the entry's, else None)."""
-    s = entry["settings"]
-    values = {"gamma": s["gamma"], "sampler": s["sampler"], "draft_schedule": s.get("draft_schedule") or "constant",
-              "draft_confidence": float(s.get("draft_confidence") or 0.0), "gamma_max": s.get("gamma_max"),
-              **{k: (s.get("params") or {}).get(k) for k in rule_keys}}
-    if s.get("temperature") is not None:
-        values["temperature"] = s["temperature"]
-    if s.get("draft_tokenizer_mode"):
-        values["draft_tokenizer_mode"] = s["draft_tokenizer_mode"]
-    if s.get("draft_tree") and s["gamma"] > 0:
-        values["draft_tree"] = s["draft_tree"]
-        values["tree_children"] = s.get("tree_children") or "without-replacement"
-    if draft and s["gamma"] > 0:
-        values["draft"] = draft
-    return values
-
-
-def apply_settings(path: str, values: dict, defaults: dict, rule_keys) -> dict:
-    """``values`` (flat run settings) with the settings file's entry for their batch size filled in: a setting still
-    at its default (or absent) takes the file's; one set to another value than both is a one-line SpecsweepError."""
-    settings = load_settings(path)
-    batch = values.get("batch_size") or defaults.get("batch_size") or 1
-    entry = settings.entry(int(batch), values.get("max_prompt_tokens"))
-    merged = dict(values)
-    for key, value in run_values(entry, settings.data.get("draft"), rule_keys).items():
-        given = values.get(key)
-        if given is None or (key in defaults and given == defaults[key]) or given == value:
-            merged[key] = value
-            continue
-        raise SpecsweepError(f"--{key.replace('_', '-')} {given} disagrees with --from-config {path} ({key} {value} "
-                             f"at batch size {entry['batch_size']}): pass one or the other")
-    return merged

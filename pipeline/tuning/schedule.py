@@ -40,6 +40,7 @@ from pipeline.io import write_json_atomic
 from pipeline.objectives import quality_ratio
 from pipeline.result import read_result
 from pipeline.rules import RULES, is_lossless
+from pipeline.settings_file import in_bucket
 from pipeline.tree_plan import PARENTS, is_widths
 
 KIND = "specsweep-schedule"
@@ -84,8 +85,7 @@ class Cell:
         return cls(int(d["batch_size"]), (int(ctx[0]), None if ctx[1] is None else int(ctx[1])))
 
     def holds(self, prompt_tokens: int) -> bool:
-        low, high = self.context or (0, None)
-        return prompt_tokens >= low and (high is None or prompt_tokens < high)
+        return in_bucket(self.context, prompt_tokens)
 
 
 def context_label(context) -> str:

@@ -77,6 +77,7 @@ from pipeline.tuning.storage import (
     redact,
     storage_url,
 )
+from pipeline.weights import resolve
 
 # ---------------------------------------------------------------------------------------------- baselines
 
@@ -168,7 +169,7 @@ def tune_schedule(base: RunConfig, space: SearchSpace, *, study_name: str, study
     own in ``study_dir/cells/<key>/`` named ``<study_name>-<key>``, on the prompts of its bucket. Each trial's
     speedup is paired against the γ = 0 loop at the cell's batch size, inside its run; each cell measures its own
     AR baseline unless a ``--baseline`` file matches it. With no cell left at the base, ``out`` lists the cells."""
-
+    check_quality_objective(base)     # before any cell's baseline runs
     study_dir = Path(study_dir)
     if context_buckets and get_task(base.task).speech:
         raise SpecsweepError(f"--context-buckets splits text prompts by their length; --task {base.task} is speech: "
@@ -208,8 +209,6 @@ def bucket_data(base: RunConfig, cell, folder: Path) -> Path:
 
     from transformers import AutoConfig
 
-    from pipeline.weights import resolve
-
     task = get_task(base.task)
     records = load_task_data(base.task, base.data)
     tokenizer = load_tokenizer(base.target)
@@ -236,11 +235,20 @@ def bucket_data(base: RunConfig, cell, folder: Path) -> Path:
     return path
 
 
-def _check_tune_args(base: RunConfig, n_trials: int) -> None:
-    """Raise SpecsweepError unless ``base.task`` has a quality metric and ``n_trials`` >= 1."""
+def check_quality_objective(base: RunConfig) -> None:
+    """Raise SpecsweepError unless ``base.task`` has a quality metric defined at ``base.temperature``."""
     if base.task not in QUALITY:
         raise SpecsweepError(f"specsweep tune needs a task with a quality metric ({sorted(QUALITY)}); "
                              f"got --task {base.task}")
+    undefined = get_task(base.task).quality_error(base.temperature)
+    if undefined is not None:
+        raise SpecsweepError(f"specsweep tune optimises the quality, and {undefined}")
+
+
+def _check_tune_args(base: RunConfig, n_trials: int) -> None:
+    """Raise SpecsweepError unless ``base.task`` has a quality metric (:func:`check_quality_objective`) and
+    ``n_trials`` >= 1."""
+    check_quality_objective(base)
     if n_trials < 1:
         raise SpecsweepError(f"--n-trials must be >= 1; got {n_trials}")
 

@@ -1,6 +1,8 @@
-"""What the `specsweep bench` subcommands share: the device rule and the toy pair's default folders."""
+"""What the `specsweep bench` subcommands share: the device rule, the GPU check and the toy pair's default folders."""
 
 from __future__ import annotations
+
+from pipeline.errors import SpecsweepError
 
 
 def bench_device(name: str) -> str:
@@ -23,3 +25,11 @@ def gpu_slug() -> str:
     import torch  # a GPU benchmark only
 
     return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+
+
+def require_cupy(command: str) -> None:
+    """A one-line SpecsweepError unless the cupy backend (a CUDA GPU, cupy and the kernels) can run ``command``."""
+    from pipeline.samplers import cupy_backend  # imports torch: kept out of `specsweep --help`
+
+    if not cupy_backend.available():
+        raise SpecsweepError(f"{command} needs the cupy backend: {cupy_backend.unavailable_reason()}")

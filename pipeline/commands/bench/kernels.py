@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.commands.bench.common import gpu_slug
+from pipeline.commands.bench.common import gpu_slug, require_cupy
 from pipeline.errors import SpecsweepError
 
 HELP = "the cupy CUDA verify kernels vs HF, torch, FlashInfer and the floor (GPU)"
@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
         raise SpecsweepError("--repeats, --graph-calls and --graph-replays must be >= 1 and --max-seconds "
                              f">= 0; got {args.repeats}, {args.graph_calls}, {args.graph_replays}, "
                              f"{args.max_seconds:g}")
-    kernel_bench._require_gpu()
+    require_cupy("bench kernels")   # before gpu_slug, which needs CUDA
     out = args.out or Path("kernels/results") / f"kernels-{gpu_slug()}.json"
     sizes = kernel_bench.QUICK if args.quick else kernel_bench.FULL
     trees = kernel_bench.TREE_QUICK if args.quick else kernel_bench.TREE_FULL

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.commands.bench.common import bench_device
+from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
 
 HELP = "per dtype: do the lossless rules keep the target's output?"
@@ -58,7 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from pipeline.benchmarks import lossless  # imports torch: kept out of `specsweep --help`
-    from pipeline.dtypes import DTYPES
 
     if min(args.gamma, args.greedy_tokens, args.sample_prompts, args.sample_prompt_tokens or 1) < 1 \
             or args.samples < 10 or args.max_new_tokens < 2 or (args.limit is not None and args.limit < 1):
@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
         target, draft = toy[:2]
         data = data or toy[2]
     out = args.out or Path("results/bench") / f"lossless-{device.split(':')[0]}.json"
-    result = lossless.run(target, draft, data, rules=rules, dtypes=dtypes, gamma=args.gamma,
+    result = lossless.run(target=target, draft=draft, data=data, rules=rules, dtypes=dtypes, gamma=args.gamma,
                           greedy_tokens=args.greedy_tokens, limit=args.limit, samples=args.samples,
                           max_new_tokens=args.max_new_tokens, sample_prompts=args.sample_prompts,
                           sample_prompt_tokens=args.sample_prompt_tokens, seed=args.seed, alpha=args.alpha,

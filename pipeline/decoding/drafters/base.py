@@ -29,7 +29,8 @@ import torch
 
 from pipeline.decoding.cache import CachedModel
 from pipeline.decoding.timing import PhaseTimer
-from pipeline.tree_shape import TokenTree, TreeSpan
+from pipeline.tree_shape import TokenTree
+from pipeline.tree_tensors import TreeSpan, children_table
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Proposal:
     tree          a token tree (pipeline/tree_shape.py): tokens [b, N] and logits [b, N, V] are its nodes (each
                   node's logits those of its parent, the distribution it was drawn from); None: a chain
     replacement   how a tree's stochastic siblings were drawn: independently (True) or without replacement
-    span          how the target attends over the tree (:class:`~pipeline.tree_shape.TreeSpan` of the root and
+    span          how the target attends over the tree (:class:`~pipeline.tree_tensors.TreeSpan` of the root and
                   its N nodes, on the device), None for a chain
     real          bool [b, N] on the device: the nodes each row proposed where some row's tree is smaller than the
                   step's (a drafter without a model: each row's matches, the others padding the verify step never
@@ -171,7 +172,7 @@ class Proposal:
             rows = torch.arange(accepted.shape[0], device=accepted.device)
             last = path.gather(1, (accepted - 1).clamp_min(0)[:, None]).squeeze(1)
             at = torch.where(accepted > 0, last + 1, 0)                              # 0: the root
-            kids = self.tree.children_table(accepted.device)[at]                     # [b, K]
+            kids = children_table(self.tree, accepted.device)[at]                    # [b, K]
             return ~((kids >= 0) & self.real[rows[:, None], kids.clamp_min(0)]).any(dim=1)
         return None if self.lengths is None else accepted == self.lengths
 

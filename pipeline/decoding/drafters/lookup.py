@@ -43,6 +43,7 @@ from pipeline.decoding.drafters.ngram import NgramIndex, Proposer
 from pipeline.decoding.drafters.suffix_tree import OutputCache, SuffixDecoder
 from pipeline.errors import SpecsweepError
 from pipeline.tree_shape import TokenTree, place_paths
+from pipeline.tree_tensors import whole_span
 
 
 class LookupDrafter(Drafter):
@@ -129,7 +130,7 @@ class LookupDrafter(Drafter):
         if not nodes:
             return Proposal(tokens, None)
         tree = self.shape.subtree(nodes)
-        return Proposal(tokens.clamp_min(0), None, tree=tree, span=tree.span(ask.u.device), real=tokens >= 0,
+        return Proposal(tokens.clamp_min(0), None, tree=tree, span=whole_span(tree, ask.u.device), real=tokens >= 0,
                         drafted_host=own)
 
     def commit(self, outcome: StepOutcome) -> None:

@@ -5,7 +5,7 @@ parents list, or the best tree for a node budget (pipeline/tree_plan.py, ``best:
 distribution at the root (the step's first logits, as for a chain) it picks the root's children, reads them in one
 forward in which each attends to the context and itself, picks their children from the logits that forward gives,
 and so on: depth D costs D draft forwards, as a chain of D tokens does, and the target scores all N nodes in one
-forward (pipeline/decoding/cache.py, a :class:`~pipeline.tree_shape.TreeSpan`).
+forward (pipeline/decoding/cache.py, a :class:`~pipeline.tree_tensors.TreeSpan`).
 
 Children of a node (``children``):
   without-replacement  sampled one after another, each from the draft's distribution with the earlier siblings
@@ -26,7 +26,8 @@ import torch
 from pipeline.decoding.drafters.base import DraftAsk, DraftSetup, Proposal, StepOutcome
 from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.samplers.contract import sample_from_weights
-from pipeline.tree_shape import TREE_CHILDREN, TokenTree, TreeSpan
+from pipeline.tree_shape import TREE_CHILDREN, TokenTree
+from pipeline.tree_tensors import TreeSpan
 
 
 class TreeDrafter(ModelDrafter):
