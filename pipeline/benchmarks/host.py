@@ -74,10 +74,13 @@ class SkipLauncher(cupy_backend.Launcher):
     def sm_count(self, device) -> int:
         return self.sms
 
-    def stream_key(self, device) -> object:
+    def stream(self, device) -> object:
         return "cpu"
 
-    def launch(self, kernel, dtype, grid, args, device) -> None:
+    def kernel(self, kernel, dtype, device) -> object:
+        return kernel
+
+    def launch(self, kernel, grid, args, stream) -> None:
         self.launches[kernel] += 1
 
 
