@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,23 +160,35 @@ def launch(fn, grid: tuple[int, int, int], pack: ArgPack, stream: int, device_in
     stream handle: torch's ``current_stream().cuda_stream``) of device ``device_index``, with the arguments in
     ``pack``. Asynchronous. cuLaunchKernel copies the arguments when it is called, so ``pack`` may be rewritten
     as soon as this returns."""
-    get_device, launch_kernel = _driver()
-    if get_device() == device_index:
-        launch_kernel(fn.ptr, *grid, THREADS, 1, 1, 0, stream, pack.address, 0)
+    runtime, _ = _driver()
+    if runtime.getDevice() == device_index:
+        _launch_on_current_device(fn, grid, pack, stream, device_index)
         return
     import cupy
 
     with cupy.cuda.Device(device_index):
-        launch_kernel(fn.ptr, *grid, THREADS, 1, 1, 0, stream, pack.address, 0)
+        _launch_on_current_device(fn, grid, pack, stream, device_index)
+
+
+_THREAD = threading.local()
+
+
+def _launch_on_current_device(fn, grid, pack: ArgPack, stream: int, device_index: int) -> None:
+    runtime, launch_kernel = _driver()
+    ready = _THREAD.__dict__.setdefault("devices", set())
+    if device_index not in ready:    # as CuPy's own launches: a runtime call makes the device's context current on
+        runtime.memGetInfo()         # this thread, once per thread and device (the driver launches in it)
+        ready.add(device_index)
+    launch_kernel(fn.ptr, *grid, THREADS, 1, 1, 0, stream, pack.address, 0)
 
 
 @functools.cache
 def _driver():
-    """(the runtime's current device, cuLaunchKernel), from CuPy's bindings (imported on the first launch)."""
+    """(CuPy's CUDA runtime bindings, cuLaunchKernel), imported on the first launch."""
     from cupy.cuda import runtime
     from cupy_backends.cuda.api import driver
 
-    return runtime.getDevice, driver.launchKernel
+    return runtime, driver.launchKernel
 
 
 # ---- argument helpers ------------------------------------------------------------------------------------------

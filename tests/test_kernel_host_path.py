@@ -12,6 +12,9 @@ calls read their own inputs (the same tokens as a fresh sampler's first call).
 
 from __future__ import annotations
 
+import ctypes
+
+import numpy as np
 import pytest
 import torch
 from cuda_on_cpu import CpuLauncher, KernelLibrary, build, compiler
@@ -55,6 +58,19 @@ def calls(samplers: dict, lengths=None, deterministic=False):
             "sigmoid": lambda: sigmoid(dt, dl, tl, generator=gen, lengths=lengths),
             "greedy": lambda: greedy(dt, dl, tl, lengths=lengths),
             "tree": lambda: tree(*nodes, generator=gen, tree=TREE)}
+
+
+def test_an_argpack_holds_each_argument_where_culaunchkernel_reads_it():
+    args = (np.uint64(0x7F00_DEAD_BEEF), np.int32(-3), np.float32(1.5), np.int64(-7))
+    pack = loader.ArgPack(args)
+    assert pack.sizes == (8, 4, 4, 8)
+    params = ctypes.cast(pack.address, ctypes.POINTER(ctypes.c_void_p))       # what the driver is handed
+    assert [ctypes.string_at(params[i], a.itemsize) for i, a in enumerate(args)] == [a.tobytes() for a in args]
+    pack.set(0, 0x1234)
+    assert ctypes.string_at(params[0], 8) == np.uint64(0x1234).tobytes()
+    assert ctypes.string_at(params[1], 4) == np.int32(-3).tobytes()
+    with pytest.raises(ValueError, match="at most 8 bytes"):
+        loader.ArgPack((np.zeros(2),))
 
 
 def test_inputs_are_laid_out_as_the_loop_hands_them_over():

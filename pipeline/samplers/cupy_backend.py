@@ -311,12 +311,13 @@ class Plan:
 
     launches  (kernel, grid, ArgPack, ((slot, address number), ...)) per launch, in order
     u         float32 [B, γ+1], the uniforms' buffer (None: the step draws none)
+    keep      other tensors the kernels read (a tree's table): kept alive with the plan
     """
 
     def __init__(self, launcher: Launcher, layout: _Layout, stream: object, result: SamplerResult,
-                 u: torch.Tensor | None, launches: list[tuple]) -> None:
+                 u: torch.Tensor | None, launches: list[tuple], keep: tuple = ()) -> None:
         self.launcher, self.layout, self.stream = launcher, layout, stream
-        self.result, self.u = result, u
+        self.result, self.u, self.keep = result, u, keep
         self.launches = [(launcher.kernel(kernel, layout.dtype, layout.device), grid, *_pack(args))
                          for kernel, grid, args in launches]
 
@@ -424,9 +425,7 @@ def _tree_plan(launcher: Launcher, layout: _Layout, stream: object, shape: Token
                  (tokens, ptr(table), target, draft, _NULL if greedy else _In(U), *real_args, n, i32(depth), vt,
                   vd, tsb, tsr, dsb, dsr, inv_t, i32(greedy), i32(replacement), i32(slices), ptr(ws.part), ptr(out),
                   ld, ptr(out[:, depth + 1]), ld, ptr(out[:, depth + 2:]), ld, ptr(ok[0]), ptr(ok[1])))]
-    plan = Plan(launcher, layout, stream, result, u, launches)
-    plan.table = table                       # the kernel reads it: kept alive with the plan
-    return plan
+    return Plan(launcher, layout, stream, result, u, launches, keep=(table,))
 
 
 def make_plan(launcher: Launcher, mode: tuple, draft_tokens, draft_logits, target_logits, lengths=None,
