@@ -131,8 +131,12 @@ def module(device_index: int):
 
 @functools.cache
 def function(device_index: int, name: str, dtype: str):
-    """Kernel ``name<dtype>`` of the device's module (a cupy.cuda.Function; ``ptr`` is its CUfunction)."""
-    return module(device_index).get_function(f"{name}<{CXX_TYPES[dtype]}>")
+    """Kernel ``name<dtype>`` loaded on the device: a cupy.cuda.Function (``ptr`` is its CUfunction), kept."""
+    import cupy
+
+    raw = module(device_index).get_function(f"{name}<{CXX_TYPES[dtype]}>")     # a RawKernel, per device
+    with cupy.cuda.Device(device_index):
+        return raw.kernel
 
 
 _STREAMS: dict[tuple[int, int], object] = {}

@@ -135,6 +135,9 @@ class Launcher:
 
     def workspace(self, device: torch.device, stream: object = None) -> _Workspace:
         """The workspace of ``stream`` on ``device`` (None: the current stream)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:        # "cuda" is the current device, as tensors say
+            device = torch.device("cuda", torch.cuda.current_device())
         key = (str(device), self.stream(device) if stream is None else stream)
         ws = self._workspaces.get(key)
         if ws is None:
