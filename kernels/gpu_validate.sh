@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Everything that needs a CUDA GPU, in one script: the GPU tests, compute-sanitizer, the kernel benchmark and the
-# engine benchmark. Installs nothing.
+# Everything that needs a CUDA GPU, in one script: the GPU tests, compute-sanitizer, the kernel benchmark, the host
+# cost of one eager verify call and the engine benchmark. Installs nothing.
 #
-#   bash kernels/gpu_validate.sh [STEP ...]      (default: every step; 6 min 10 s of steps on an H100)
+#   bash kernels/gpu_validate.sh [STEP ...]      (default: every step; 6 min 10 s on an H100 before the host step came)
 #
 # Steps, in order:
 #   compile    compile the CUDA kernels once (fills CuPy's cache; later steps and processes load the cubin)
@@ -13,9 +13,11 @@
 #   sanitizer  compute-sanitizer memcheck / racecheck / synccheck on a small verify step
 #   kernels    `specsweep bench kernels` (the chain kernels, and tree_verify on trees 2,2,1 and 3,2,1)
 #              -> kernels/results/kernels-<gpu>.json
+#   host       `specsweep bench host --device cuda`: the host side of one eager call of each kernel sampler through
+#              the real launcher -> results/bench/host-cuda.json
 #   engine     `specsweep bench engine --device cuda` -> results/bench/engine-cuda.json
 # A machine that limits one command's time can run it in two parts, e.g. `compile tests sanitizer`, then
-# `kernels engine`.
+# `host kernels engine`.
 #
 # Python: $PYTHON, else .venv/bin/python, else python3; it needs torch with CUDA, cupy, transformers, accelerate,
 # pytest and specsweep itself installed (`make setup` after installing a CUDA torch, see README; or
@@ -27,7 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 export PYTHON=$PY  # kernels/sanitize.sh uses the same interpreter
-ALL="compile tests sanitizer kernels engine"
+ALL="compile tests sanitizer kernels host engine"
 STEPS=${*:-$ALL}
 for s in $STEPS; do
     case " $ALL " in *" $s "*) ;; *) echo "gpu_validate.sh: unknown step '$s': choose from: $ALL"; exit 2 ;; esac
@@ -77,6 +79,9 @@ fi
 # what it measured
 if want kernels; then
     step "bench kernels" 300 "$PY" -m pipeline bench kernels --repeats 30
+fi
+if want host; then
+    step "bench host" 120 "$PY" -m pipeline bench host --device cuda
 fi
 if want engine; then
     step "bench engine" 420 "$PY" -m pipeline bench engine --device cuda --repeats 4

@@ -2,12 +2,17 @@
 
     module(device_index)              cupy.RawModule with every instantiation (compiled once per process and
                                       device; CuPy's on-disk cache means a second process loads the cubin)
-    launch(name, dtype, grid, args)   one kernel launch on torch.cuda.current_stream(); no synchronisation
+    function(device_index, name, dtype)    one instantiation, loaded (its ``ptr`` is the CUfunction)
+    launch(fn, grid, pack, stream, index)  one launch through the driver (cuLaunchKernel); no synchronisation
+    ArgPack(args)                     a kernel's arguments, laid out once as cuLaunchKernel reads them
     compile_for_arch("90")            compile every instantiation to a cubin without a GPU (tests, ptxas figures)
 
 Kernel arguments are raw device addresses of torch tensors (``tensor.data_ptr()``): no copies, no DLPack
-objects, nothing that waits for the device. Scalars are passed as explicit numpy types (int32 / int64 /
-float32) so that they match the kernel's C types byte for byte.
+objects, nothing that waits for the device. Scalars are given as explicit numpy types (int32 / int64 /
+float32) so that they match the kernel's C types byte for byte. An :class:`ArgPack` holds them in the form
+cuLaunchKernel takes (``kernelParams``: an array of pointers, one per argument, to the argument's bytes); it is
+built once per launch shape, a call rewrites only the addresses that change (its inputs), and the launch hands
+the array to the driver as it is: no conversion of each argument on every call.
 
 Headers: cuda_fp16.h and cuda_bf16.h come from the ``nvidia-cuda-runtime`` wheel (nvidia/cu13/include), found
 with cuda-pathfinder, so compilation needs no CUDA toolkit on the machine.
@@ -15,7 +20,9 @@ with cuda-pathfinder, so compilation needs no CUDA toolkit on the machine.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,8 +130,13 @@ def module(device_index: int):
 
 
 @functools.cache
-def _function(device_index: int, name: str, dtype: str):
-    return module(device_index).get_function(f"{name}<{CXX_TYPES[dtype]}>")
+def function(device_index: int, name: str, dtype: str):
+    """Kernel ``name<dtype>`` loaded on the device: a cupy.cuda.Function (``ptr`` is its CUfunction), kept."""
+    import cupy
+
+    raw = module(device_index).get_function(f"{name}<{CXX_TYPES[dtype]}>")     # a RawKernel, per device
+    with cupy.cuda.Device(device_index):
+        return raw.kernel
 
 
 _STREAMS: dict[tuple[int, int], object] = {}
@@ -147,21 +159,68 @@ def cupy_stream(device_index: int):
     return cp_stream
 
 
-def launch(name: str, dtype: str, grid: tuple[int, int, int], args: tuple, device_index: int) -> None:
-    """Launch kernel ``name<dtype>`` with ``THREADS`` threads per block on torch's current stream. Asynchronous."""
+def launch(fn, grid: tuple[int, int, int], pack: ArgPack, stream: int, device_index: int) -> None:
+    """Launch ``fn`` (from :func:`function`) over ``grid`` with ``THREADS`` threads per block on ``stream`` (a CUDA
+    stream handle: torch's ``current_stream().cuda_stream``) of device ``device_index``, with the arguments in
+    ``pack``. Asynchronous. cuLaunchKernel copies the arguments when it is called, so ``pack`` may be rewritten
+    as soon as this returns."""
+    runtime, _ = _driver()
+    if runtime.getDevice() == device_index:
+        _launch_on_current_device(fn, grid, pack, stream, device_index)
+        return
     import cupy
 
-    fn = _function(device_index, name, dtype)
-    stream = cupy_stream(device_index)
-    if cupy.cuda.runtime.getDevice() == device_index:
-        with stream:
-            fn(grid, (THREADS, 1, 1), args)
-    else:
-        with cupy.cuda.Device(device_index), stream:
-            fn(grid, (THREADS, 1, 1), args)
+    with cupy.cuda.Device(device_index):
+        _launch_on_current_device(fn, grid, pack, stream, device_index)
+
+
+_THREAD = threading.local()
+
+
+def _launch_on_current_device(fn, grid, pack: ArgPack, stream: int, device_index: int) -> None:
+    runtime, launch_kernel = _driver()
+    ready = _THREAD.__dict__.setdefault("devices", set())
+    if device_index not in ready:    # as CuPy's own launches: a runtime call makes the device's context current on
+        runtime.memGetInfo()         # this thread, once per thread and device (the driver launches in it)
+        ready.add(device_index)
+    launch_kernel(fn.ptr, *grid, THREADS, 1, 1, 0, stream, pack.address, 0)
+
+
+@functools.cache
+def _driver():
+    """(CuPy's CUDA runtime bindings, cuLaunchKernel), imported on the first launch."""
+    from cupy.cuda import runtime
+    from cupy_backends.cuda.api import driver
+
+    return runtime, driver.launchKernel
 
 
 # ---- argument helpers ------------------------------------------------------------------------------------------
+
+class ArgPack:
+    """A kernel's arguments as cuLaunchKernel reads them: each in its own 8-byte slot of one buffer (``slots``,
+    uint64 [n]; an argument of 4 bytes in its slot's first 4, as a little-endian machine reads it), and ``params``,
+    the array of the slots' addresses (``void*[n]``, at ``address``). ``sizes``: each argument's bytes. Built once;
+    :meth:`set` rewrites one slot in place (a pointer that changes from call to call)."""
+
+    def __init__(self, args: tuple) -> None:
+        values = [np.asarray(a) for a in args]
+        unfit = [i for i, v in enumerate(values) if v.ndim or v.itemsize > 8]
+        if unfit:
+            raise ValueError(f"kernel arguments are numpy scalars of at most 8 bytes; arguments {unfit} are not")
+        self.sizes = tuple(v.itemsize for v in values)
+        self.slots = np.zeros(len(values), dtype=np.uint64)
+        raw = self.slots.view(np.uint8).reshape(len(values), 8)
+        for i, v in enumerate(values):
+            raw[i, : v.itemsize] = np.frombuffer(v.tobytes(), dtype=np.uint8)
+        base = self.slots.ctypes.data
+        self.params = (ctypes.c_void_p * len(values))(*(base + 8 * i for i in range(len(values))))
+        self.address = ctypes.addressof(self.params)
+
+    def set(self, index: int, address: int) -> None:
+        """Write a device address (a pointer argument) into slot ``index``."""
+        self.slots[index] = address
+
 
 def ptr(tensor) -> np.uint64:
     """Device address of a torch tensor's first element, as a kernel pointer argument."""

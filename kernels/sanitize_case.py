@@ -38,8 +38,8 @@ def main() -> int:
                     sampler = cls(temperature=0.0 if name == "greedy" else 0.8)
                     sampler(dt, dl, tl, generator=g)
                     sampler(dt, dl, tl, generator=g, lengths=lengths)
-                    # the step functions hand the unclamped lengths to the kernels, which clamp them themselves
-                    sampler.verify_checked(dt, dl, tl, g, lengths - 1)
+                    # the samplers hand lengths to the kernels unclamped (-1, γ + 2 here): the kernels clamp them
+                    sampler(dt, dl, tl, generator=g, lengths=lengths - 1)
                     if sampler.takes_deterministic_drafts:       # exact, greedy: a null draft pointer
                         sampler(dt, None, tl, generator=g)
                         sampler(dt, None, tl, generator=g, lengths=lengths)

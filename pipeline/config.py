@@ -23,13 +23,16 @@ from pipeline.tree_shape import TREE_BACKENDS, TREE_CHILDREN, TREE_RULES
 ENGINES = ("specsweep", "hf")
 DRAFTERS = ("model", "prompt-lookup", "suffix")
 WANDB_MODES = ("online", "offline", "disabled")
+VERIFY_GRAPHS = ("auto", "on", "off")
 
 
-def setting(default=dataclasses.MISSING, help: str = "", *, choices=None, flag: str | None = None):
+def setting(default=dataclasses.MISSING, help: str = "", *, choices=None, flag: str | None = None,
+            const: str | None = None):
     """A run setting and its CLI flag (``specsweep run`` derives its flags from these fields, so each default
     and help text exists once). ``flag`` overrides the flag's name (e.g. ``--no-static-cache`` for a setting
-    that is on by default); ``help=""`` means the setting has no flag."""
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
+    that is on by default); ``help=""`` means the setting has no flag; ``const``: the value of the flag given
+    without one (``--verify-graphs`` alone is ``on``)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "const": const})
 
 
 @dataclass
@@ -164,8 +167,12 @@ class RunConfig:
                                             "vocabulary). A draft saved with its own map (specsweep distill "
                                             "--draft-vocab) uses that map")
     ignore_eos: bool = setting(False, "always generate --max-new-tokens tokens")
-    verify_graphs: bool = setting(False, "replay each verify step from a CUDA graph (--backend cupy on a GPU; same "
-                                         "tokens)")
+    verify_graphs: str = setting("auto", "replay the verify step from CUDA graphs (same tokens): auto replays a "
+                                         "kernel sampler's chain steps where they can be (--backend cupy, --engine "
+                                         "specsweep, a CUDA device, no --draft-tree) and verifies eagerly, with a "
+                                         "one-line note, a step whose capture fails; on (--verify-graphs alone) "
+                                         "requires them; off verifies every step eagerly",
+                                 choices=VERIFY_GRAPHS, const="on")
     static_cache: bool = setting(True, "use transformers' forward and DynamicCache for every model (default: the "
                                        "engine's static-cache forward for model families that have one, GPT-2; "
                                        "same tokens, less overhead)", flag="--no-static-cache")
@@ -196,6 +203,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.temperature is None:   # not given: the task's own (Spec-Bench's is 0)
             self.temperature = default_temperature(self.task)
+        if isinstance(self.verify_graphs, bool):   # a results file of a version where it was a switch (default off)
+            self.verify_graphs = "on" if self.verify_graphs else "off"
 
     def validate(self) -> RunConfig:
         """Raise SpecsweepError (one line: what is wrong, what to do) for the first problem found: the decoding
@@ -221,7 +230,8 @@ class RunConfig:
             raise bad(f"--processes must be >= 1 (1: this process only); got {self.processes}")
         if self.limit is not None and self.limit < 1:
             raise bad(f"--limit must be >= 1; got {self.limit}")
-        if self.verify_graphs and (self.backend != "cupy" or self.engine != "specsweep" or self.device == "cpu"):
+        if self.verify_graphs == "on" and (self.backend != "cupy" or self.engine != "specsweep"
+                                           or self.device == "cpu"):
             raise bad("--verify-graphs replays the CUDA kernels' verify step from CUDA graphs: use it with "
                       "--backend cupy, --engine specsweep and a CUDA device")
         if self.draft_tokenizer_mode in ("intersection", "string") and get_task(self.task).speech \
@@ -310,7 +320,7 @@ class RunConfig:
             self.tree_children = "top-k"
         needs = {"--sampler exact or greedy": self.sampler in TREE_RULES,
                  f"--backend {' or '.join(TREE_BACKENDS)}": self.backend in TREE_BACKENDS,
-                 "no --verify-graphs (a tree step is not captured in CUDA graphs)": not self.verify_graphs,
+                 "no --verify-graphs (a tree step is not captured in CUDA graphs)": self.verify_graphs != "on",
                  "--engine specsweep": self.engine == "specsweep", "the static-cache forward": self.static_cache,
                  "a constant draft length": self.draft_schedule == "constant" and self.draft_confidence == 0,
                  "a draft with the target's tokenizer": self.draft_tokenizer_mode in ("auto", "shared")}

@@ -162,9 +162,8 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
                                      "draft's LM head in place); at T > 0 use --engine specsweep")
             tokenizers = (tokenizer, draft_tokenizer(config.draft))
         return HFEngine(target, draft, sampler, config.gamma, config.temperature, device, eos, pad, tokenizers)
-    if config.verify_graphs:
-
-        sampler = GraphedVerify(sampler)
+    if graphs_apply(config, device):
+        sampler = GraphedVerify(sampler, fall_back=config.verify_graphs == "auto")
     gc = getattr(target, "generation_config", None)
     return SpeculativeEngine(target, build_drafter(config, sampler, target, draft, tokenizer, device), sampler,
                              gamma=config.gamma, device=device, eos_token_ids=eos, pad_token_id=pad,
@@ -173,6 +172,15 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
                              static_cache=config.static_cache, draft_policy=DraftPolicy.of(config),
                              char_lengths=token_text(config.target, tokenizer).char_lengths(
                                  target.get_output_embeddings().weight.shape[0], device))
+
+
+def graphs_apply(config: RunConfig, device: str) -> bool:
+    """Whether the run replays its verify step from CUDA graphs (--verify-graphs): on, or auto where it can (a kernel
+    sampler's chain steps on a CUDA device; the checks of RunConfig refuse on where it cannot)."""
+    if config.verify_graphs == "on":
+        return True
+    return (config.verify_graphs == "auto" and config.backend == "cupy" and str(device).startswith("cuda")
+            and config.draft_tree is None)
 
 
 def run_tree(config: RunConfig) -> TokenTree:
@@ -225,7 +233,7 @@ def autoregressive_engine(config: RunConfig, target, tokenizer, device: str):
     """The γ = 0 loop of the run's engine around the same loaded target, sampling exactly from it (the AR
     baseline's sampler), for the paired timing."""
     ar = dataclasses.replace(config, gamma=0, sampler="exact", backend="torch", rule_params={}, preset=None,
-                             verify_graphs=False, draft_tree=None)
+                             verify_graphs="off", draft_tree=None)
     return build_engine(ar, build_sampler(ar), target, None, tokenizer, device)
 
 

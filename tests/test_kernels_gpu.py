@@ -96,12 +96,13 @@ def test_no_host_sync_and_reproducible():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        first = [_run(s, inputs, 8) for s in samplers]
+        # a sampler's next call with the same signature rewrites its result tensors: keep copies of the first
+        first = [(r.tokens.clone(), r.accepted.clone()) for r in (_run(s, inputs, 8) for s in samplers)]
         second = [_run(s, inputs, 8) for s in samplers]
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    for a, b in zip(first, second):
-        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.accepted, b.accepted)
+    for (tokens, accepted), b in zip(first, second):
+        assert torch.equal(tokens, b.tokens) and torch.equal(accepted, b.accepted)
 
 
 def test_no_host_sync_with_per_row_lengths():
@@ -237,6 +238,37 @@ def test_a_graph_replays_after_its_workspace_grew():
         graph.replay()
         torch.cuda.manual_seed(seed)
         assert _same(captured, sampler(*small)), f"replay with seed {seed}"
+
+
+def test_a_failed_capture_falls_back_to_eager_steps_with_one_note(capsys, monkeypatch):
+    """--verify-graphs auto: a step that cannot be captured (here one that syncs with the host inside the capture)
+    is verified eagerly, the same tokens, with one line on stderr for its signature; the caller's stream is current
+    again; without fall_back the capture's error propagates."""
+    from pipeline.samplers.cuda_graphs import GraphedVerify
+
+    def syncing(graphed):
+        step = graphed._step
+
+        def run(*args):
+            if torch.cuda.is_current_stream_capturing():
+                torch.cuda.synchronize()                       # forbidden while capturing
+            return step(*args)
+        monkeypatch.setattr(graphed, "_step", run)
+        return graphed
+
+    sampler = cupy_backend.SAMPLERS["exact"](temperature=0.8)
+    graphed = syncing(GraphedVerify(sampler, fall_back=True))
+    inputs = make_inputs(CUDA, 4, 5, 32_000, 32_000, "bfloat16", seed=95)
+    for seed in (96, 97):
+        want = _run(sampler, inputs, seed)
+        want = type(want)(*(t.clone() for t in (want.accepted, want.tokens, want.draft_ok, want.target_ok)))
+        assert _same(want, graphed(*inputs, generator=torch.Generator(device="cuda").manual_seed(seed)))
+    assert graphed.graphs == 0 and len(graphed.eager) == 1
+    assert capsys.readouterr().err.count("--verify-graphs auto: capturing the verify step at B = 4, γ = 5") == 1
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    with pytest.raises(RuntimeError):
+        syncing(GraphedVerify(sampler))(*inputs)
+    torch.cuda.synchronize()
 
 
 def test_graphs_replay_on_two_streams_at_once():

@@ -66,17 +66,19 @@ def test_run_writes_results_with_speedup_against_the_ar_baseline(setup, capsys, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_verify_graphs_give_the_same_tokens_through_the_cli(setup):
-    """--verify-graphs replays the cupy kernels' verify step from CUDA graphs: the same tokens as eager steps."""
+def test_verify_graphs_give_the_same_tokens_through_the_cli(setup, capsys):
+    """--verify-graphs replays the cupy kernels' verify step from CUDA graphs, by default (auto) and when asked
+    (on, the flag alone): the same tokens as eager steps (off), and no note of a failed capture."""
     root, tp, dp, data, _ = setup
     tokens = []
-    for extra in ((), ("--verify-graphs",)):
-        out = root / f"graphs-{len(extra)}.json"
+    for extra, recorded in (((), "auto"), (("--verify-graphs",), "on"), (("--verify-graphs", "off"), "off")):
+        out = root / f"graphs-{recorded}.json"
         assert main(base_args(tp, dp, data, out, "--backend", "cupy", "--batch-size", "2", *extra, device="cuda")) == 0
         res = json.loads(out.read_text())
-        assert res["config"]["verify_graphs"] == bool(extra)
+        assert res["config"]["verify_graphs"] == recorded
         tokens.append([s["token_ids"] for s in res["samples"]])
-    assert tokens[0] == tokens[1]
+    assert tokens[0] == tokens[1] == tokens[2]
+    assert "--verify-graphs auto: capturing" not in capsys.readouterr().err
 
 
 def test_same_seed_same_tokens_through_the_cli(setup):

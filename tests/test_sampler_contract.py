@@ -10,7 +10,7 @@ from sync_detector import NoHostSync, assert_no_host_sync
 
 from pipeline.errors import BackendUnavailableError, NonFiniteLogitsError, SamplerInputError, SpecsweepError
 from pipeline.rules import RULES
-from pipeline.samplers import FiniteCheck, available_samplers, get_sampler
+from pipeline.samplers import FiniteCheck, SamplerResult, available_samplers, get_sampler
 from pipeline.samplers.contract import assemble_tokens, sample_from_weights
 from pipeline.samplers.torch_ref import SigmoidSampler, rejection_verify
 
@@ -249,6 +249,24 @@ def test_finite_check_accumulates_without_syncing_and_raises_at_the_end():
     ok = FiniteCheck()
     ok.update(s(dt, dl, tl))
     ok.check()
+
+
+def test_finite_check_keeps_each_steps_flags_when_the_sampler_rewrites_its_buffers():
+    """A kernel sampler (or a replayed CUDA graph) hands back the same flag tensors every step: a non-finite step
+    in the middle is still reported after later finite steps have rewritten them."""
+    ok = torch.ones((2, 3), dtype=torch.bool)
+    res = SamplerResult(accepted=torch.zeros(3, dtype=torch.int64), tokens=torch.zeros((3, 2), dtype=torch.int64),
+                        draft_ok=ok[0], target_ok=ok[1])
+    guard = FiniteCheck()
+    with NoHostSync() as mode:
+        guard.update(res)
+        ok[1, 2] = False                    # step 2: a NaN in row 2's target logits
+        guard.update(res)
+        ok[1, 2] = True                     # step 3 rewrites the flags
+        guard.update(res)
+    assert not mode.syncs
+    with pytest.raises(NonFiniteLogitsError, match="target_logits"):
+        guard.check()
 
 
 # ---- no host sync, determinism -------------------------------------------------------------------------------

@@ -52,8 +52,10 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
             choices = f" (one of {', '.join(f.metadata['choices'])})" if f.metadata["choices"] else ""
             p.add_argument(*names, dest=f.name, default=f.default, help=help_text + choices + _GRID_HELP)
             continue
+        optional_value = {"nargs": "?", "const": f.metadata["const"]} if f.metadata.get("const") else {}
         p.add_argument(*names, dest=f.name, type=_TYPES[f.type.split("|")[0].strip()], required=required,
-                       default=None if required else f.default, choices=f.metadata["choices"], help=help_text)
+                       default=None if required else f.default, choices=f.metadata["choices"], help=help_text,
+                       **optional_value)
     for name in param_names():
         if name not in exclude:
             p.add_argument(f"--{name}", type=int if param_is_integer(name) else float, help=param_help(name))

@@ -38,6 +38,10 @@ Logits may be fp32, fp16 or bf16; arithmetic that matters is done in fp32. V_d m
 (padded embedding matrices): draft entries past V_d count as probability 0. V_d > V_t is an error, because
 the draft could propose a token the target cannot score.
 
+A result's tensors may be the sampler's own buffers, rewritten by its next call with inputs of the same dtypes,
+shapes, strides and devices: the kernel samplers (pipeline/samplers/cupy_backend.py) and a replayed CUDA graph
+(pipeline/samplers/cuda_graphs.py) work so. Read a result, or ``.clone()`` it, before the next call.
+
 Samplers never synchronise with the host inside a step: no ``.item()``, no Python branch on tensor values,
 no ``.nonzero()``. Problems found in tensor *values* (NaN, +inf, a row of only -inf) are therefore reported
 through device-side flags in the result (``draft_ok``, ``target_ok``), which the caller checks when it
@@ -121,20 +125,20 @@ class FiniteCheck:
     """
 
     def __init__(self) -> None:
-        self._draft_ok: list[torch.Tensor] = []
-        self._target_ok: list[torch.Tensor] = []
+        self._flags: list[torch.Tensor] = []
 
     def update(self, result: SamplerResult) -> None:
-        """Keeps references only: no device work per step."""
-        self._draft_ok.append(result.draft_ok)
-        self._target_ok.append(result.target_ok)
+        """Copies the step's flags (one small device op, no sync): a result's tensors may be buffers its sampler
+        rewrites at its next call (the kernel samplers', a replayed CUDA graph's), so a reference would see only
+        the last step."""
+        self._flags.append(torch.cat((result.draft_ok, result.target_ok)))      # bool [2B]: draft, then target
 
     def check(self) -> None:
-        if not self._draft_ok:
+        if not self._flags:
             return
-        for flags, name in ((self._draft_ok, "draft_logits"), (self._target_ok, "target_logits")):
-            ok = torch.cat(flags).all().reshape(1)
-            _raise_if_bad(ok, name, where=" (at some verify step)")
+        ok = torch.cat([flags.view(2, -1) for flags in self._flags], dim=1).all(dim=1)        # bool [2]
+        _raise_if_bad(ok[:1], "draft_logits", where=" (at some verify step)")
+        _raise_if_bad(ok[1:], "target_logits", where=" (at some verify step)")
 
 
 def _shape(t: torch.Tensor) -> str:

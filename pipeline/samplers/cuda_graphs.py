@@ -21,11 +21,17 @@ change from call to call); per-row draft lengths are checked and clamped into [0
 the device: no host sync) and copied into the graph's static int64 [B] lengths buffer. The result's tensors
 are the graph's static outputs: valid until the next call with the same signature.
 
+With ``fall_back`` (``--verify-graphs auto``, the default on CUDA): where capturing a signature fails (a CUDA error,
+an operation capture forbids), that signature's steps run eagerly through the wrapped sampler, the same tokens, and
+one line on stderr says so, once per signature. Without it the capture's error propagates. Bad input is refused in
+one line either way (SamplerInputError, before any capture).
+
 Needs a CUDA GPU and a kernel sampler (``backend="cupy"``); the engine uses it through ``--verify-graphs``.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +56,7 @@ class _Captured:
 class GraphedVerify:
     """Wraps a kernel sampler (``backend="cupy"``): same call, same tokens, verify steps replayed from CUDA graphs."""
 
-    def __init__(self, sampler) -> None:
+    def __init__(self, sampler, fall_back: bool = False) -> None:
         if getattr(sampler, "launcher", None) is None:
             raise SamplerInputError(
                 f"CUDA-graph verify needs a kernel sampler (backend='cupy'); got {sampler!r}: use --backend cupy")
@@ -58,7 +64,9 @@ class GraphedVerify:
         self.name, self.backend = sampler.name, sampler.backend
         self.temperature = sampler.temperature
         self.draft_temperature = sampler.draft_temperature
+        self.fall_back = fall_back
         self._graphs: dict[tuple, _Captured] = {}
+        self.eager: dict[tuple, str] = {}      # signatures verified eagerly -> why their capture failed
 
     @property
     def params(self) -> dict:
@@ -104,14 +112,18 @@ class GraphedVerify:
                   torch.zeros((B, gamma + 1), dtype=torch.float32, device=device),
                   torch.full((B,), gamma, dtype=torch.int64, device=device) if with_lengths else None)
         stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
+        caller = torch.cuda.current_stream(device)
+        stream.wait_stream(caller)
         with torch.cuda.stream(stream):
             for _ in range(2):                                  # this stream's workspace, at this size
                 self._step(*static)
-        torch.cuda.current_stream(device).wait_stream(stream)
+        caller.wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            result = self._step(*static)
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                result = self._step(*static)
+        finally:
+            torch.cuda.set_stream(caller)    # a failed capture leaves the capture stream current
         return _Captured(graph, *static, result=result)
 
     def __call__(self, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None, target_logits: torch.Tensor,
@@ -124,9 +136,10 @@ class GraphedVerify:
         key = (tuple(draft_tokens.shape), draft_sig, tuple(target_logits.shape), target_logits.dtype,
                draft_tokens.device, lengths is None)
         captured = self._graphs.get(key)
+        if captured is None and key not in self.eager:
+            captured = self._capture_or_note(key, draft_tokens, draft_logits, target_logits, lengths is not None)
         if captured is None:
-            captured = self._graphs[key] = self._capture(draft_tokens, draft_logits, target_logits,
-                                                         lengths is not None)
+            return self.sampler(draft_tokens, draft_logits, target_logits, generator=generator, lengths=lengths)
         B, gamma = draft_tokens.shape
         captured.draft_tokens.copy_(draft_tokens)
         if draft_logits is not None:
@@ -138,6 +151,24 @@ class GraphedVerify:
             captured.u.copy_(uniforms(B, gamma, draft_tokens.device, generator))
         captured.graph.replay()
         return captured.result
+
+    def _capture_or_note(self, key: tuple, draft_tokens, draft_logits, target_logits,
+                         with_lengths: bool) -> _Captured | None:
+        """The signature's graph, captured now; with ``fall_back``, None where capture fails (its steps then run
+        eagerly, and one line on stderr says why)."""
+        try:
+            captured = self._graphs[key] = self._capture(draft_tokens, draft_logits, target_logits, with_lengths)
+            return captured
+        except RuntimeError as e:                # CUDA and CuPy driver errors, operations capture forbids
+            if not self.fall_back:
+                raise
+            if draft_tokens.is_cuda:
+                torch.cuda.synchronize(draft_tokens.device)     # a sticky error would surface here, and end the run
+            self.eager[key] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            B, gamma = draft_tokens.shape
+            print(f"note: --verify-graphs auto: capturing the verify step at B = {B}, γ = {gamma} failed "
+                  f"({self.eager[key]}); these steps are verified eagerly (same tokens)", file=sys.stderr)
+            return None
 
     def __repr__(self) -> str:
         return f"GraphedVerify({self.sampler!r}, graphs={self.graphs})"

@@ -20,9 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from pipeline.kernels.loader import CXX_TYPES, THREADS
+from pipeline.kernels.loader import CXX_TYPES, THREADS, ArgPack
 from pipeline.samplers.cupy_backend import Launcher
 
 RUNTIME_DIR = Path(__file__).resolve().parent
@@ -131,16 +129,19 @@ class KernelLibrary:
         """Run kernel ``name`` to completion. ``args``: numpy scalars, one per kernel parameter, each of the
         parameter's exact size (a mismatch is an error here, where CUDA would read garbage). ``schedule``: 0 runs a
         block's threads in index order between barriers, any other value seeds a random order."""
+        self.launch_pack(name, grid, block, ArgPack(args), workers, schedule)
+
+    def launch_pack(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int], pack: ArgPack,
+                    workers: int = 1, schedule: int = 1) -> None:
+        """:meth:`launch` with the arguments already packed as cuLaunchKernel takes them (a loader.ArgPack)."""
         sizes = self.param_sizes(name)
-        values = [np.asarray(a) for a in args]
-        if len(values) != len(sizes):
-            raise LaunchError(f"{name} takes {len(sizes)} arguments; got {len(values)}")
-        wrong = [(i, v.dtype.name, s) for i, (v, s) in enumerate(zip(values, sizes)) if v.itemsize != s]
+        if len(pack.sizes) != len(sizes):
+            raise LaunchError(f"{name} takes {len(sizes)} arguments; got {len(pack.sizes)}")
+        wrong = [(i, got, want) for i, (got, want) in enumerate(zip(pack.sizes, sizes)) if got != want]
         if wrong:
-            raise LaunchError(f"{name}: argument size mismatch (index, numpy type, bytes expected): {wrong}")
-        params = (ctypes.c_void_p * len(values))(*[v.ctypes.data for v in values])
+            raise LaunchError(f"{name}: argument size mismatch (index, bytes given, bytes expected): {wrong}")
         error = ctypes.create_string_buffer(512)
-        rc = self._lib.cuda_on_cpu_launch(name.encode(), *grid, *block, params, workers, schedule, error,
+        rc = self._lib.cuda_on_cpu_launch(name.encode(), *grid, *block, pack.params, workers, schedule, error,
                                            len(error))
         if rc != 0:
             raise LaunchError(f"{name} grid {grid}: {error.value.decode()}")
@@ -170,10 +171,12 @@ class CpuLauncher(Launcher):
     def sm_count(self, device) -> int:
         return self.sms
 
-    def stream_key(self, device) -> object:
+    def stream(self, device) -> object:
         return "cpu"
 
-    def launch(self, kernel, dtype, grid, args, device) -> None:
-        name = f"{kernel}<{CXX_TYPES[dtype]}>"
-        self.launches.append((name, tuple(grid)))
-        self.library.launch(name, tuple(grid), (THREADS, 1, 1), args, self.workers, self.schedule)
+    def kernel(self, kernel, dtype, device) -> object:
+        return f"{kernel}<{CXX_TYPES[dtype]}>"
+
+    def launch(self, kernel, grid, args, stream) -> None:
+        self.launches.append((kernel, tuple(grid)))
+        self.library.launch_pack(kernel, tuple(grid), (THREADS, 1, 1), args, self.workers, self.schedule)
