@@ -237,3 +237,27 @@ def bench_forward_dtypes(root: Path) -> str:
                          f"{settings['threads']}, {settings['context']}, {data['provenance']['date'][:10]}"])
     return table(["model", "new tokens", "float32 ms", "bfloat16 ms", "bfloat16 over float32", "r float32",
                   "r bfloat16", "threads, context, date"], rows)
+
+
+HOST_BEFORE, HOST_AFTER = "results/bench/host-cpu-before.json", "results/bench/host-cpu.json"
+HOST_WRITER = "specsweep bench host --device cpu [--out results/bench/host-cpu-before.json] (docs/benchmarks.md)"
+DTYPE_SHORT = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+
+
+def bench_host(root: Path) -> str:
+    """docs/benchmarks.md: the host side of one eager verify call of each kernel sampler on the CPU (launches
+    recorded and skipped), before and after issue 43's plans: µs with its interval, dispatches and Python peak bytes."""
+    before, after = (read_source(root, path, HOST_WRITER) for path in (HOST_BEFORE, HOST_AFTER))
+
+    def key(r: dict) -> tuple:
+        return r["B"], r["gamma"], r["V"], r["dtype"], r["sampler"]
+
+    old = {key(r): r for r in before["results"]}
+    rows = []
+    for r in after["results"]:
+        b = old[key(r)]
+        rows.append([f"{r['B']}, {r['gamma']}, {r['V']}, {DTYPE_SHORT.get(r['dtype'], r['dtype'])}", r["sampler"],
+                     ci(b["host_us"], 1), ci(r["host_us"], 1), f"{b['dispatches']} → {r['dispatches']}",
+                     f"{b['python_bytes']['peak']} → {r['python_bytes']['peak']}"])
+    return table(["B, γ, V, dtype", "sampler", "host µs before [95 %]", "host µs after [95 %]",
+                  "dispatches per call", "Python peak bytes"], rows)

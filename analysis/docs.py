@@ -43,6 +43,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-forward-cuda": gpu_blocks.bench_forward_cuda,
     "bench-forward-whisper-cpu": bench_blocks.bench_forward_whisper_cpu,
     "bench-forward-dtypes": bench_blocks.bench_forward_dtypes,
+    "bench-host": bench_blocks.bench_host,
     "bench-block-gain": bench_blocks.bench_block_gain,
     "bench-deterministic-cpu": bench_blocks.bench_deterministic_cpu,
     "bench-deterministic-gpu": gpu_blocks.bench_deterministic_gpu,
