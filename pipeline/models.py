@@ -151,8 +151,10 @@ def _load_error(what: str, name: str, e: Exception) -> SpecsweepError:
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
-    """Refuse a pair whose vocabularies differ (token -> id maps are compared, not names). Different
-    embedding-matrix sizes of one tokenizer (32000 vs 32001 rows) are fine: the sampler handles them."""
+    """Refuse a pair whose vocabularies differ under ``--draft-tokenizer-mode shared`` (token -> id maps are
+    compared, not names); a draft with another tokenizer runs in the intersection or string mode
+    (pipeline/decoding/drafters/cross_tokenizer.py). Different embedding-matrix sizes of one tokenizer (32000 vs
+    32001 rows) are fine: the sampler handles them."""
     tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
     if tv == dv:
         return
@@ -161,8 +163,9 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
     moved = sum(1 for k in tv.keys() & dv.keys() if tv[k] != dv[k])
     raise SpecsweepError(
         f"draft {draft_name!r} and target {target_name!r} use different tokenizers ({only_t} tokens only in the "
-        f"target's, {only_d} only in the draft's, {moved} with different ids): speculative decoding needs one "
-        "vocabulary; pick a draft from the target's model family")
+        f"target's, {only_d} only in the draft's, {moved} with different ids), and --draft-tokenizer-mode shared "
+        "needs one: use --draft-tokenizer-mode auto, intersection or string (a draft with another tokenizer), or a "
+        "draft of the target's family")
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

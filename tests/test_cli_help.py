@@ -45,3 +45,58 @@ def test_python_m_pipeline_help_imports_no_torch_or_transformers():
 
 def test_the_check_sees_torch_where_it_is_imported():
     assert "torch" in imported(["-c", "import torch, argparse; argparse.ArgumentParser().parse_args(['--help'])"])
+
+
+def help_text(capsys, *argv: str) -> str:
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+def flag_help(text: str, flag: str) -> str:
+    """The help of ``flag`` in a --help text (its option line and the indented lines after it), on one line."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(flag + " ")
+                 or line.lstrip().startswith(flag + ","))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()
+                or (lines[i].lstrip().startswith("-") and len(lines[i]) - len(lines[i].lstrip()) <= 4)), len(lines))
+    return " ".join(" ".join(lines[start:end]).split())
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "tune"])
+def test_model_flags_point_to_the_registry_without_listing_it(command, capsys):
+    """--target names what it takes (registry names, pypi: sources) and where the names are listed; the help lists no
+    registry name itself (the registry grows); --draft no longer says it must share the target's tokenizer."""
+    from pipeline.weights.registry import MODELS
+
+    text = help_text(capsys, command)
+    target = flag_help(text, "--target")
+    assert "registry name" in target and "pypi:" in target and "specsweep fetch --help" in target, target
+    assert not [name for name in MODELS if name in text], command
+    assert "sharing the target's tokenizer" not in text
+    if " --draft-tokenizer-mode " in text:          # run and tune: a draft with another tokenizer is one flag away
+        assert "--draft-tokenizer-mode" in flag_help(text, "--draft")
+
+
+def test_no_static_cache_names_every_family_with_a_static_forward(capsys):
+    import re
+
+    from pipeline.decoding.static import STATIC_FORWARDS, gpt2, llama, whisper
+
+    classes = {"GPT2LMHeadModel", *llama.FAMILIES, *whisper.FAMILIES}
+    assert {gpt2.GPT2StaticForward, llama.LlamaStaticForward, whisper.WhisperStaticForward} == set(STATIC_FORWARDS)
+    families = {re.sub(r"(ForCausalLM|LMHeadModel|ForConditionalGeneration)$", "", c) for c in classes}
+    said = flag_help(help_text(capsys, "run"), "--no-static-cache").replace("-", "")
+    assert not [f for f in families if f not in said], (families, said)
+
+
+def test_one_tokenizer_is_refused_with_what_to_do_instead():
+    from pipeline.errors import SpecsweepError
+    from pipeline.models import check_same_tokenizer
+    from pipeline.synthetic import build_tokenizer
+
+    with pytest.raises(SpecsweepError) as err:
+        check_same_tokenizer(build_tokenizer(), build_tokenizer(words=["zebra", "yak"]), "t", "d")
+    assert "needs one vocabulary" not in str(err.value) and "--draft-tokenizer-mode auto" in str(err.value)

@@ -16,8 +16,12 @@ import ast
 import re
 from pathlib import Path
 
-import tomllib
 from test_import_graph import PACKAGES, modules
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomllib is 3.11's; tomli is its backport (a dev dependency there)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 80

@@ -23,8 +23,8 @@ SERVED = ("target", "draft", "drafter", "lookup_min", "lookup_max", "suffix_dept
           "temperature", "dtype", "device", "max_new_tokens", "max_prompt_tokens", "chat_template", "ignore_eos",
           "static_cache", "threads", "seed")
 _ALIASES = {"target": ("--model",)}
-_HELP = {"target": "the served model (--model is the same flag): a registry name such as smollm2-135m-instruct, a "
-                   "pypi: source, a local folder or a Hub id (docs/models.md); its name is the model id of "
+_HELP = {"target": "the served model (--model is the same flag): a registry name or pypi: source (`specsweep fetch "
+                   "--help` lists them; docs/models.md), a local folder or a Hub id; its name is the model id of "
                    "/v1/models (default with --from-study/--from-report: the recommended point's)",
          "draft": "draft model for --drafter model (default with --from-study/--from-report: the recommended "
                   "point's)",
@@ -93,8 +93,9 @@ def served_settings(args: argparse.Namespace):
             raise SpecsweepError("--lossless and --max-quality-loss choose a study's or report's recommended point: "
                                  "add --from-study DIR or --from-report DIR, or drop them")
         if values["target"] is None:
-            raise SpecsweepError("--model (or --target) is required, e.g. --model smollm2-135m-instruct (or "
-                                 "--from-study DIR / --from-report DIR, which name the pair)")
+            raise SpecsweepError("--model (or --target) is required: a registry name (`specsweep fetch --help` "
+                                 "lists them), a pypi: source, a folder or a Hub id (or --from-study DIR / "
+                                 "--from-report DIR, which name the pair)")
         rule_params = {k: values.pop(k) for k in param_names() if values[k] is not None}
         config = RunConfig(**{k: v for k, v in values.items() if v is not None and k not in param_names()},
                            rule_params=rule_params, task="prompts", data="")
