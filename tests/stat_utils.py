@@ -3,7 +3,9 @@
 Every chi-square test in the suite uses ``assert_fits``, which applies one Bonferroni-corrected threshold:
 a family-wise false-alarm rate of FAMILY_ALPHA spread over at most MAX_TESTS tests. Seeds are fixed, so a
 pass or a fail is deterministic; the negative controls in test_sampler_exactness.py show the same test
-rejects wrong samplers.
+rejects wrong samplers. A chi-square needs two cells after pooling: with one it raises (TooFewCells) rather
+than pass, and ``assert_fits`` then tests a law with all but a sliver of its mass in one cell exactly, on the
+samples outside that cell (tests/test_stat_utils.py).
 """
 
 from __future__ import annotations
@@ -39,17 +41,49 @@ def pooled(observed: np.ndarray, expected_prob: np.ndarray) -> tuple[np.ndarray,
     return np.array(obs), np.array(exp)
 
 
+class TooFewCells(AssertionError):
+    """Pooling left fewer than 2 cells: a chi-square of one cell tests nothing."""
+
+
 def chisquare_pvalue(observed: np.ndarray, expected_prob: np.ndarray) -> float:
+    """The chi-square p-value of ``observed`` counts against the law ``expected_prob`` (cells pooled as
+    :func:`pooled` does). Raises :class:`TooFewCells` where pooling leaves fewer than 2 cells."""
     obs, exp = pooled(observed, expected_prob)
     if len(obs) < 2:
-        return 1.0
+        n, cells = int(obs.sum()), int((np.asarray(expected_prob).ravel() > 0).sum())
+        raise TooFewCells(f"chi-square undefined: pooling cells of expected count < {MIN_EXPECTED:g} left "
+                          f"{len(obs)} cell of {n} samples over {cells} cells of positive probability: draw more "
+                          "samples, or test a law with all but a sliver of its mass in one cell with assert_fits")
     exp = exp * (obs.sum() / exp.sum())  # exact totals despite float rounding
     return float(stats.chisquare(obs, exp).pvalue)
 
 
+def outside_pvalue(observed: np.ndarray, expected_prob: np.ndarray) -> float:
+    """The two-sided exact binomial p-value of the samples outside the law's largest cell: what counts can test of a
+    law with all but a sliver of its mass in one cell (e.g. the accepted count where draft = target, or where their
+    supports are disjoint); 0 or 1 where the law is a point mass."""
+    obs = np.asarray(observed, dtype=np.float64).ravel()
+    law = np.asarray(expected_prob, dtype=np.float64).ravel()
+    main = int(law.argmax())
+    n, outside = int(obs.sum()), int(obs.sum() - obs[main])
+    rest = float(1.0 - law[main] / law.sum())
+    if rest <= 0.0:
+        return float(outside == 0)
+    return float(stats.binomtest(outside, n, rest).pvalue)
+
+
 def assert_fits(observed: np.ndarray, expected_prob: np.ndarray, what: str) -> float:
-    p = chisquare_pvalue(observed, expected_prob)
-    assert p > THRESHOLD, f"{what}: chi-square p = {p:.3g} <= {THRESHOLD:.3g}; the sampler's distribution is wrong"
+    """Fail unless ``observed`` counts fit the law ``expected_prob``: the chi-square test, or where pooling leaves
+    one cell because one cell holds all but less than MIN_EXPECTED samples' worth of mass, the exact test of the
+    samples outside it (:func:`outside_pvalue`). Too few samples for either raises :class:`TooFewCells`."""
+    try:
+        p, test = chisquare_pvalue(observed, expected_prob), "chi-square"
+    except TooFewCells:
+        law = np.asarray(expected_prob, dtype=np.float64).ravel()
+        if law.max() / law.sum() * np.sum(observed) < MIN_EXPECTED:
+            raise
+        p, test = outside_pvalue(observed, expected_prob), "exact test of the samples outside its main cell"
+    assert p > THRESHOLD, f"{what}: {test} p = {p:.3g} <= {THRESHOLD:.3g}; the sampler's distribution is wrong"
     return p
 
 
