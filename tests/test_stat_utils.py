@@ -1,4 +1,4 @@
-"""tests/stat_utils.py, the chi-square helper every sampler test uses: where pooling leaves one cell it never passes
+"""tests/stat_utils.py, the chi-square test every sampler test uses: where pooling leaves one cell it never passes
 silently. A law with all but a sliver of its mass in one cell is tested exactly on the samples outside that cell;
 too few samples for any test is an error that says so."""
 
