@@ -23,13 +23,15 @@ DISTILL ?= distill
 SPECSWEEP_FIXTURES ?= ../shared/fixtures
 
 # $(call workspace,FOLDER,PROFILE): copy dvc.yaml, the profile (as params.yaml) and its search space into FOLDER and
-# make it a DVC repository without git.
+# make it a DVC repository without git, whose cache hard-links outputs instead of copying them (the Qwen models
+# alone are 10 GB in float32; DVC makes linked files read-only).
 define workspace
 	mkdir -p $(1)/sweeps
 	cp dvc.yaml .dvcignore $(1)/
 	cp params.$(2).yaml $(1)/params.yaml
 	cp sweeps/optuna_space.$(2).yaml $(1)/sweeps/
-	test -d $(1)/.dvc || (cd $(1) && $(abspath $(BIN))/dvc init --no-scm --quiet)
+	test -d $(1)/.dvc || (cd $(1) && $(abspath $(BIN))/dvc init --no-scm --quiet && \
+		$(abspath $(BIN))/dvc config cache.type reflink,hardlink,copy)
 endef
 
 # $(call repro,FOLDER): `dvc repro` in FOLDER, its data from the fixtures when they are there.

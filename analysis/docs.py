@@ -25,7 +25,7 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
 
-from . import bench_blocks, gpu_blocks, run_tables
+from . import bench_blocks, budgets, gpu_blocks, run_tables
 from .run_tables import TABLES
 
 BEGIN = re.compile(r"<!-- BEGIN GENERATED (\S+) -->")
@@ -35,6 +35,7 @@ END = "<!-- END GENERATED -->"
 REGISTRY: dict[str, Callable[[Path], str]] = {
     # README.md
     "readme-h100": gpu_blocks.readme_h100,
+    "budgets": budgets.render,
     # docs/benchmarks.md
     "bench-kernels-h100": gpu_blocks.bench_kernels_h100,
     "bench-engine-h100": gpu_blocks.bench_engine_h100,
@@ -57,6 +58,8 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "gpu-kernels": gpu_blocks.gpu_kernels_bullet,
     "gpu-lossless": gpu_blocks.gpu_lossless_bullet,
     "pair-provenance": run_tables.provenance("pair"),
+    "real-provenance": run_tables.provenance("real"),
+    "toy-provenance": run_tables.provenance("default"),
     # tables of run results, from results/published/<profile>/ (analysis/run_tables.py)
     **{t.name: t.render for t in TABLES},
 }

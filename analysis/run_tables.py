@@ -101,18 +101,6 @@ def _cost(r: dict) -> str | None:
     return None if c is None or (r["config"]["drafter"] or "model") != "model" else f"c {num(c)}"
 
 
-def acceptance_and_cost(r: dict) -> str:
-    """"0.06, c 0.09" (a draft model) or "0.27"."""
-    return ", ".join(x for x in (num(r["metrics"]["acceptance_rate"]), _cost(r)) if x)
-
-
-def real_cell(r: dict) -> str:
-    """"0.57 [0.55, 0.60]; 0.11; 1.22; c 0.10": speedup, acceptance, tokens per step, c (a draft model)."""
-    m = r["metrics"]
-    parts = [speedup(r), num(m["acceptance_rate"]), num(m["mean_accepted_tokens"]), _cost(r)]
-    return "; ".join(x for x in parts if x)
-
-
 def metric(key: str, digits: int = 2) -> Callable[[dict], str]:
     """A metric of the record, with ``digits`` decimals."""
     return lambda r: num(r["metrics"][key], digits)
@@ -140,9 +128,6 @@ THEORY = (Column("α", "{run}", metric("iid_alpha")), Column("c", "{run}", metri
           Column("theoretical", "{run}", metric("theoretical_speedup")),
           Column("measured / theoretical", "{run}", metric_ratio("speedup", "theoretical_speedup")),
           Column("measured / predicted", "{run}", metric_ratio("speedup", "predicted_speedup")))
-REAL_GAMMAS = tuple(Column(f"γ {g}", f"{{pair}}-{{grid}}-float32/{{pair}}-exact-torch-g{g}-float32", real_cell)
-                    for g in (2, 4, 6))
-
 def provenance(profile: str) -> Callable[[Path], str]:
     """A renderer of one line saying where and when ``profile``'s published runs were measured."""
     def render(root: Path) -> str:
@@ -179,6 +164,22 @@ def tokens_digest(r: dict) -> str:
     return r["tokens_sha256"][:8]
 
 
+REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair None: no target alone to compare
+    ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "qwen-model-bfloat16/qwen-model-bfloat16-exact-torch-g3",
+     "qwen"),
+    ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "qwen-model-bfloat16/qwen-model-bfloat16-exact-torch-g4",
+     "qwen"),
+    ("Qwen2.5-Coder-1.5B, prompt lookup", "qwen-lookup-bfloat16/qwen-exact-torch-g4-bfloat16", "qwen"),
+    ("Qwen2.5-Coder-1.5B, 0.5B draft, transformers' assisted generation",
+     "qwen-hf-bfloat16/qwen-hf-bfloat16-exact-torch-g4", "qwen"),
+    ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens), 24 tokens",
+     "qwen-model-float32/qwen-model-float32-exact-torch-g4", None),
+    ("SmolLM2-135M-Instruct, prompt lookup", "smollm2-lookup-bfloat16/smollm2-exact-torch-g4-bfloat16", "smollm2"),
+    ("Whisper base, tiny.en draft", "whisper-base-model-bfloat16/whisper-base-model-bfloat16-exact-torch-g3",
+     "whisper-base"),
+    ("Whisper base, prompt lookup", "whisper-base-lookup-bfloat16/whisper-base-exact-torch-g4-bfloat16",
+     "whisper-base"))
+
 PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfloat16-128"),
              ("draft, head cut to 32768 tokens, γ 4", "qwen-model-k32768-g4-bfloat16-128"),
              ("prompt lookup, γ 4", "qwen-lookup-g4-bfloat16-128"),
@@ -194,21 +195,32 @@ TABLES = (
     RunTable("results-toy-rules", "default", "pair", TOY_PAIRS,
              (*TOY_RULES, Column("prompt lookup", "{pair}-lookup-float32/{pair}-exact-torch-g4-float32",
                                  speedup_quality))),
+    # docs/results.md, "The toy text pair's BPE draft": the matched draft against the one with another tokenizer
+    RunTable("results-toy-bpe", "default", "draft, mode",
+             (Row("word-level, shared", {rule: f"text-main-float32/text-{rule}-torch-g4-float32"
+                                         for rule in ("exact", "greedy")}),
+              Row("BPE: intersection (exact) / string (greedy)",
+                  {rule: f"text-bpe-float32/text-bpe-float32-{rule}-torch-g4" for rule in ("exact", "greedy")})),
+             (Column("exact γ 4 (lossless)", "{exact}", speedup), Column("greedy γ 4", "{greedy}", speedup),
+              Column("acceptance in characters, exact γ 4", "{exact}", metric("acceptance_rate_chars")),
+              Column("acceptance in characters, greedy γ 4", "{greedy}", metric("acceptance_rate_chars")))),
     # docs/results.md, "Against theory"
     RunTable("results-toy-theory", "default", "text run",
              tuple(Row(f"{rule} γ {g}", {"run": f"text-main-float32/text-{rule}-torch-g{g}-float32"})
                    for rule in ("exact", "greedy") for g in (2, 4)), THEORY),
-    # README.md, "Pretrained models"
-    RunTable("readme-real", "real", "pair, drafter",
-             (Row("SmolLM2-135M-Instruct, distilled draft (2 layers)", {"pair": "smollm2", "grid": "gamma"}),
-              Row("SmolLM2-135M-Instruct, prompt lookup", {"pair": "smollm2", "grid": "lookup"},
-                  empty=("quality (target alone)",)),
-              Row("Whisper base, distilled decoder on its encoder", {"pair": "whisper-base", "grid": "gamma"})),
-             (Column("quality (target alone)", "{pair}-ar-float32", named_quality),
-              *(Column(f"γ {g}", f"{{pair}}-{{grid}}-float32/{{pair}}-exact-torch-g{g}-float32", speedup)
-                for g in (2, 4, 6)),
-              Column("acceptance, c at γ 4", "{pair}-{grid}-float32/{pair}-exact-torch-g4-float32",
-                     acceptance_and_cost))),
+    # README.md, "Pretrained models": the real profile's runs (make real), each row one run
+    RunTable("readme-real", "real", "target, drafter",
+             tuple(Row(label, {"run": run, "pair": pair}, empty=() if pair else ("target alone (bfloat16)",))
+                   for label, run, pair in REAL_RUNS),
+             (Column("dtype", "{run}", setting("dtype")), Column("γ", "{run}", setting("gamma")),
+              Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
+              Column("acceptance", "{run}", metric("acceptance_rate")),
+              Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
+              Column("c", "{run}", lambda r: _cost(r) and num(r["metrics"]["cost_ratio"])),
+              Column("r", "{run}", metric("verify_cost_ratio")),
+              Column("quality", "{run}", named_quality),
+              Column("target alone (bfloat16)", "{pair}-ar-bfloat16", named_quality),
+              Column("identical to the target alone", "{run}", agreement))),
     # README.md and docs/results.md, "A real draft that pays": the Qwen2.5-Coder pair (make pair)
     RunTable("readme-pair", "pair", "Qwen2.5-Coder-1.5B-Instruct with",
              tuple(Row(label, {"run": run}) for label, run in PAIR_RUNS),
@@ -230,14 +242,13 @@ TABLES = (
                  ("acceptance", metric("acceptance_rate")), ("tokens/step", metric("mean_accepted_tokens")),
                  ("c", metric("cost_ratio")), ("r", metric("verify_cost_ratio")), ("paired speedup", speedup),
                  ("identical to the target alone", agreement)))),
-    # docs/results.md, "The real profile"
-    RunTable("results-real", "real", "pair, drafter",
-             (Row("SmolLM2, distilled draft (2 layers, 8192 tokens)", {"pair": "smollm2", "grid": "gamma"}),
-              Row("SmolLM2, prompt lookup", {"pair": "smollm2", "grid": "lookup"}),
-              Row("SmolLM2, suffix decoding", {"pair": "smollm2", "grid": "suffix"}, empty=("γ 2", "γ 6")),
-              Row("Whisper base, distilled decoder on its encoder (2 layers, 16384 tokens)",
-                  {"pair": "whisper-base", "grid": "gamma"}),
-              Row("Whisper base, prompt lookup", {"pair": "whisper-base", "grid": "lookup"}),
-              Row("Whisper base, suffix decoding", {"pair": "whisper-base", "grid": "suffix"}, empty=("γ 2", "γ 6"))),
-             REAL_GAMMAS),
+    # docs/results.md, "The paper's table on a real pair": the rules at T = 1 (make real)
+    RunTable("results-real-sampling", "real", "rule, T = 1, γ 4",
+             tuple(Row(rule, {"run": f"qwen-sampling-bfloat16/qwen-sampling-bfloat16-{rule}-torch-g4"})
+                   for rule in ("exact", "sigmoid", "typical")),
+             (Column("ROUGE-L", "{run}", lambda r: quality_text(r, 1)),
+              Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
+              Column("acceptance", "{run}", metric("acceptance_rate")),
+              Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
+              Column("c", "{run}", metric("cost_ratio")), Column("r", "{run}", metric("verify_cost_ratio")))),
 )
