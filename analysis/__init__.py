@@ -7,6 +7,8 @@ could shadow another). Modules, in the order the report uses them:
   tables      every results file (runs, AR baselines, Optuna trials, kernel and sampler benchmarks) -> one table
   pareto      the speed/quality Pareto front
   theory      expected accepted tokens per step from acceptance rates (per position, and i.i.d.)
+  speed_reference   one speed reference per task and target across dtypes (the target alone in its fastest
+                    measured dtype): speedup_vs_reference
   recommend   the fastest setting within a quality loss, and the best lossless one
   figures     the matplotlib figures (Agg backend, PNG, written atomically)
   document    a small block model rendered to Markdown and to self-contained HTML

@@ -44,7 +44,19 @@ from . import (
 )
 from .document import Bullets, Figure, Heading, Para, Table, to_html, to_markdown
 from .pareto import pareto_mask
-from .recommend import GROUP, baselines, flagged, is_lossless, of_kind, recommend, to_number, with_loss
+from .recommend import (
+    GROUP,
+    VS_REFERENCE,
+    baselines,
+    flagged,
+    is_lossless,
+    of_kind,
+    recommend,
+    to_number,
+    with_loss,
+    with_speed_reference,
+)
+from .speed_reference import describe, several_dtypes
 from .theory import parse_rates
 
 TITLE = "specsweep report: verify kernel, γ and sigmoid settings, speed against quality"
@@ -62,7 +74,7 @@ def build_report(table, out_dir: str | os.PathLike, max_quality_loss: float = 0.
                              f"got {max_quality_loss}")
     out_dir = Path(out_dir)
     fig_dir = out_dir / "figures"
-    table = add_effective_params(table)
+    table = with_speed_reference(add_effective_params(table))   # speedup_vs_reference: analysis/speed_reference.py
     written: dict[str, Path] = {"results.csv": write_text_atomic(out_dir / "results.csv", table.to_csv(index=False))}
     blocks = _header(table, max_quality_loss)
     blocks += _missing(missing or [])
@@ -137,6 +149,13 @@ def _header(table, max_quality_loss: float) -> list:
                        "else the mean of the exact runs): ROUGE-L / reference, or (1 − WER) / (1 − reference WER); "
                        f"the allowed loss is {max_quality_loss:.1%} (`--max-quality-loss`). Lossless: exact, and "
                        "greedy at temperature 0."))
+    if several_dtypes(table):
+        blocks.append(Para("A speedup is over the target alone in the run's own dtype, so a dtype can win on "
+                           "speedup and lose on speed. Where a task and target ran in several dtypes, the "
+                           "recommendation, the Pareto fronts and the rules' order rank its runs and trials "
+                           "against one reference instead, the target alone in its fastest measured dtype "
+                           "(**speedup vs reference**; `speedup_vs_reference` in `runs.csv` and `results.csv`, "
+                           "analysis/speed_reference.py); each such pair names its reference below."))
     return blocks
 
 
@@ -152,8 +171,9 @@ def _recommendations(table, max_quality_loss: float) -> list:
     rec = recommend(table, max_quality_loss)
     if rec.empty:
         return [*blocks, Para("No run or trial with a measured speedup: nothing to recommend yet.")]
+    several = several_dtypes(rec)
     cols = ["task", "target", "draft", "choice", "sampler", "backend", "gamma", "parameters", "dtype", "speedup",
-            "quality", "quality loss", "device", "date", "source"]
+            *_vs_reference_column(several), "quality", "quality loss", "device", "date", "source"]
     rows = []
     for _, r in rec.iterrows():
         if r.get("run") is None or (isinstance(r.get("run"), float) and math.isnan(r["run"])):
@@ -161,13 +181,17 @@ def _recommendations(table, max_quality_loss: float) -> list:
                         + [None] * (len(cols) - 5))
             continue
         rows.append([r["task"], r["target"], r["draft"], r["choice"], r["sampler"], r["backend"], _int(r["gamma"]),
-                     _with_mode(_params(r), r), r["dtype"], _speedup(r), _raw_quality(r),
-                     _pct(r["quality_loss"]),
+                     _with_mode(_params(r), r), r["dtype"], _speedup(r), *_vs_reference_cell(r, several),
+                     _raw_quality(r), _pct(r["quality_loss"]),
                      _device(r), r["date"], r["source"]])
     blocks.append(Table(cols, rows))
     for _, r in rec.iterrows():
         if r.get("note") and isinstance(r.get("run"), str):
             blocks.append(Para(f"**{r['task']}, {r['choice']}** (`{r['run']}`): {r['note']}."))
+    measured = of_kind(table, "run", "trial", "baseline")
+    for _, pair in measured.groupby(["task", "target"], sort=True) if several else ():
+        if several_dtypes(pair):
+            blocks.append(Para(f"**Speed reference.** {describe(pair)}"))
     blocks.append(Para("Quality is the raw score (ROUGE-L, or WER); loss is relative to the reference named in "
                        "`results.csv` (`reference_source`). On few samples, quality differences of a few percent "
                        "are within sampling noise: confirm a sigmoid choice on more data."))
@@ -206,9 +230,10 @@ def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> l
         other = tokenizers_view.other_tokenizer(group)   # a draft with another tokenizer: its mode in the tables
         base = baselines(cand, task, target, draft)
         blocks.append(Heading(2, f"{name}"))
+        speed_rows = cand[(cand["task"] == task) & (cand["target"] == target)]
         blocks += _quality_section(group, losses, task=task, target=target, draft=draft, metric=metric, name=name,
                                    slug=slug, fig_dir=fig_dir, max_quality_loss=max_quality_loss, written=written,
-                                   baseline_rows=base, other=other)
+                                   baseline_rows=base, speed_rows=speed_rows, other=other)
         blocks += _rules_section(losses, task, target, draft, metric, other)
         blocks += _acceptance_section(group, name, slug, fig_dir, written, other)
         blocks += _sigmoid_section(group, metric, name, slug, fig_dir, written)
@@ -216,16 +241,23 @@ def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> l
 
 
 def _quality_section(group, losses, *, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
-                     written, baseline_rows, other: bool = False) -> list:
+                     written, baseline_rows, speed_rows, other: bool = False) -> list:
     """``baseline_rows``: the pair's AR baselines (recommend.baselines: its own, else the target's with another
-    draft); ``other``: the pair's draft has another tokenizer, so the front's table names each run's mode."""
+    draft); ``speed_rows``: the task and target's runs, trials and baselines, every draft's (its speed reference);
+    ``other``: the pair's draft has another tokenizer, so the front's table names each run's mode. Where the task
+    and target ran in several dtypes, the figure, the front and its table use the speedup against the common
+    reference (analysis/speed_reference.py)."""
     blocks = [Heading(3, "Quality against speedup")]
     if metric is None:
         return [*blocks, Para(f"Task {task} has no quality metric: no quality/speedup figure.")]
     base = baseline_rows[baseline_rows[metric].notna()] if metric in baseline_rows.columns else baseline_rows[:0]
     reference = float(base[metric].iloc[0]) if not base.empty else None
+    several = several_dtypes(group)
+    x = "speedup_vs_reference" if several else "speedup"
+    xlabel = (f"speedup over the target alone in {group['speed_reference_dtype'].dropna().iloc[0]}, its fastest "
+              "measured dtype" if several else "measured speedup over AR (tokens/s ratio)")
     path = figures.quality_vs_speedup(group, metric, f"{name}: {METRIC_NAME[metric]} vs speedup",
-                                      fig_dir / f"quality-{slug}.png", reference, max_quality_loss)
+                                      fig_dir / f"quality-{slug}.png", reference, max_quality_loss, x=x, xlabel=xlabel)
     if path is None:
         return [*blocks, Para("No run or trial with both a speedup and a quality score.")]
     written[path.name] = path
@@ -240,22 +272,25 @@ def _quality_section(group, losses, *, task, target, draft, metric, name, slug, 
     if sel.empty:
         return blocks
     sign = QUALITY[task][1]
-    mask = pareto_mask([float(v) for v in sel["speedup"]], [sign * float(v) for v in sel[metric]])
-    front = sel[mask].sort_values("speedup")
-    blocks.append(Para(f"Pareto front ({len(front)} of {len(sel)} runs and trials; speedup and quality both "
-                       "maximised):"))
+    mask = pareto_mask([float(v) for v in sel[x]], [sign * float(v) for v in sel[metric]])
+    front = sel[mask].sort_values(x)
+    if several:
+        blocks.append(Para(f"**Speed reference.** {describe(speed_rows)}"))
+    blocks.append(Para(f"Pareto front ({len(front)} of {len(sel)} runs and trials; "
+                       f"{'speedup vs reference' if several else 'speedup'} and quality both maximised):"))
     blocks.append(Table(["run", "kind", "sampler", "gamma", *_mode_column(other), "parameters", "dtype", "speedup",
-                         METRIC_NAME[metric], "quality loss", "acceptance", "device"],
+                         *_vs_reference_column(several), METRIC_NAME[metric], "quality loss", "acceptance", "device"],
                         [[r["run"], r["kind"], r["sampler"], _int(r["gamma"]), *_mode_cell(r, other), _params(r),
-                          r["dtype"], _speedup(r), r[metric], _pct(r["quality_loss"]), r["acceptance_rate"],
-                          _device(r)]
+                          r["dtype"], _speedup(r), *_vs_reference_cell(r, several), r[metric],
+                          _pct(r["quality_loss"]), r["acceptance_rate"], _device(r)]
                          for _, r in front.iterrows()]))
     return blocks
 
 
 def _rules_section(losses, task, target, draft, metric, other: bool = False) -> list:
     """Every acceptance rule side by side: per (rule, γ), the pipeline's runs (not trials, not flagged) with their
-    acceptance rate, tokens per step, quality loss and paired speedup, fastest first (with ``other``, a draft with
+    acceptance rate, tokens per step, quality loss and paired speedup, fastest first against the common speed
+    reference (where the task and target ran in several dtypes, a column of its own; with ``other``, a draft with
     another tokenizer: its mode, and acceptance and emitted length in characters too)."""
     blocks = [Heading(3, "Acceptance rules side by side")]
     sel = losses[(losses["task"] == task) & (losses["target"] == target) & (losses["draft"] == draft)
@@ -263,13 +298,15 @@ def _rules_section(losses, task, target, draft, metric, other: bool = False) -> 
     if sel.empty:
         return [*blocks, Para("No unflagged run.")]
     chars = (lambda r: [r.get("acceptance_rate_chars"), r.get("chars_per_step")]) if other else (lambda r: [])
+    several = several_dtypes(sel)
     rows = [[r["sampler"], "yes" if is_lossless(r["sampler"], r.get("temperature")) else "no", _int(r["gamma"]),
              *_mode_cell(r, other), _params(r), r["dtype"], r.get("acceptance_rate"), r.get("mean_accepted_tokens"),
-             *chars(r), _pct(r["quality_loss"]) if metric else None, _speedup(r), r["run"]]
-            for _, r in sel.sort_values("speedup", ascending=False).iterrows()]
+             *chars(r), _pct(r["quality_loss"]) if metric else None, _speedup(r), *_vs_reference_cell(r, several),
+             r["run"]]
+            for _, r in sel.sort_values("speedup_vs_reference", ascending=False).iterrows()]
     blocks.append(Table(["rule", "lossless", "gamma", *_mode_column(other), "parameters", "dtype", "acceptance",
                          "tokens/step", *(["acceptance (chars)", "chars/step"] if other else []), "quality loss",
-                         "speedup", "run"], rows))
+                         "speedup", *_vs_reference_column(several), "run"], rows))
     blocks.append(Para("Acceptance is accepted / drafted tokens; tokens/step counts the corrected or bonus token "
                        "(pipeline/runner.py). Lossless is the registry's (pipeline/rules.py); a lossless rule's "
                        "quality loss is sampling noise. Rules and their parameters: `specsweep run --help`."))
@@ -283,6 +320,15 @@ _OTHER_TOKENIZER_NOTE = ("This draft's tokenizer is not the target's: the draft 
                          "string), tokens are the "
                          "target's, and acceptance and emitted length in characters compare it with a draft of the "
                          "target's own tokenizer (section **Drafts with another tokenizer**).")
+
+
+def _vs_reference_column(several: bool) -> list[str]:
+    """The "speedup vs reference" column: only where a task and target ran in several dtypes."""
+    return ["speedup vs reference"] if several else []
+
+
+def _vs_reference_cell(r, several: bool) -> list:
+    return [_speedup(r, VS_REFERENCE)] if several else []
 
 
 def _mode_column(other: bool) -> list[str]:
@@ -522,13 +568,14 @@ def _device(r) -> str | None:
     return f"{name}{' (CPU only)' if cpu else ''}"
 
 
-def _speedup(r) -> str | None:
+def _speedup(r, keys: tuple[str, str, str] = ("speedup", "speedup_ci_low", "speedup_ci_high")) -> str | None:
     """'1.23x [1.10, 1.31]': the median speedup and its interval where recorded ('unpaired' for a speedup
-    against an external baseline file)."""
-    v = to_number(r.get("speedup"))
+    against an external baseline file, or against the target alone in another dtype); ``keys``: the columns of
+    the speedup and its interval (recommend.VS_REFERENCE: against the common speed reference)."""
+    v = to_number(r.get(keys[0]))
     if v is None:
         return None
-    lo, hi = to_number(r.get("speedup_ci_low")), to_number(r.get("speedup_ci_high"))
+    lo, hi = to_number(r.get(keys[1])), to_number(r.get(keys[2]))
     if lo is None or hi is None:
         return f"{v:.2f}x (unpaired)"
     return f"{v:.2f}x [{lo:.2f}, {hi:.2f}]"

@@ -85,12 +85,14 @@ def _cpu_tag(rows) -> str:
 
 
 def quality_vs_speedup(rows, metric: str, title: str, path, reference: float | None = None,
-                       max_quality_loss: float | None = None) -> Path | None:
-    """Quality (``metric``: rougeL or wer) against measured speedup: runs filled, Optuna trials hollow, lossless
-    points (pipeline/rules.py: exact, or greedy at T = 0) ringed, speedup intervals as horizontal bars, the Pareto
-    front (speedup and quality both maximised, flagged measurements left out) drawn, flagged measurements as grey
-    crosses, the AR reference and the allowed quality loss shaded."""
-    measured = rows[rows["kind"].isin(("run", "trial")) & rows["speedup"].notna() & rows[metric].notna()]
+                       max_quality_loss: float | None = None, x: str = "speedup",
+                       xlabel: str = "measured speedup over AR (tokens/s ratio)") -> Path | None:
+    """Quality (``metric``: rougeL or wer) against measured speedup (column ``x``: the paired ``speedup``, or
+    ``speedup_vs_reference`` where the pair ran in several dtypes; its interval where ``x``_ci_low/_ci_high hold
+    one): runs filled, Optuna trials hollow, lossless points (pipeline/rules.py: exact, or greedy at T = 0) ringed,
+    speedup intervals as horizontal bars, the Pareto front (speedup and quality both maximised, flagged measurements
+    left out) drawn, flagged measurements as grey crosses, the AR reference and the allowed quality loss shaded."""
+    measured = rows[rows["kind"].isin(("run", "trial")) & rows[x].notna() & rows[metric].notna()]
     bad = flagged(measured)
     pts, excluded = measured[~bad], measured[bad]
     if pts.empty and excluded.empty:
@@ -98,22 +100,21 @@ def quality_vs_speedup(rows, metric: str, title: str, path, reference: float | N
     lower_better = metric == "wer"
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
     if not excluded.empty:
-        ax.scatter(excluded["speedup"], excluded[metric], marker="x", color="gray", s=40,
+        ax.scatter(excluded[x], excluded[metric], marker="x", color="gray", s=40,
                    label="flagged measurement (excluded)", zorder=1)
-    if "speedup_ci_low" in pts.columns:
-        ci = pts[pts["speedup_ci_low"].notna() & pts["speedup_ci_high"].notna()]
-        ax.errorbar(ci["speedup"], ci[metric], xerr=[ci["speedup"] - ci["speedup_ci_low"],
-                                                     ci["speedup_ci_high"] - ci["speedup"]],
+    if f"{x}_ci_low" in pts.columns:
+        ci = pts[pts[f"{x}_ci_low"].notna() & pts[f"{x}_ci_high"].notna()]
+        ax.errorbar(ci[x], ci[metric], xerr=[ci[x] - ci[f"{x}_ci_low"], ci[f"{x}_ci_high"] - ci[x]],
                     fmt="none", ecolor="gray", elinewidth=0.8, alpha=0.7, zorder=1)
     for sampler, group in pts.groupby("sampler", sort=True):
         for g, kw in _marker_groups(sampler, group, size=46):
-            ax.scatter(g["speedup"], g[metric], linewidths=1.3, **kw)
+            ax.scatter(g[x], g[metric], linewidths=1.3, **kw)
     temperatures = pts["temperature"] if "temperature" in pts.columns else [None] * len(pts)
     lossless = pts[[is_lossless(s, t) for s, t in zip(pts["sampler"], temperatures)]]
     if not lossless.empty:
-        ax.scatter(lossless["speedup"], lossless[metric], s=150, facecolors="none", edgecolors="black",
+        ax.scatter(lossless[x], lossless[metric], s=150, facecolors="none", edgecolors="black",
                    linewidths=0.8, label="lossless (ringed)", zorder=2)
-    xs = [float(v) for v in pts["speedup"]]
+    xs = [float(v) for v in pts[x]]
     ys = [(-1.0 if lower_better else 1.0) * float(v) for v in pts[metric]]
     order = front_order(xs, ys)
     ax.step([xs[i] for i in order], [float(pts[metric].iloc[i]) for i in order], where="post", color="black",
@@ -128,7 +129,7 @@ def quality_vs_speedup(rows, metric: str, title: str, path, reference: float | N
             ax.axhspan(min(reference, edge), max(reference, edge), color="gray", alpha=0.12,
                        label=f"within {max_quality_loss:.1%} quality loss")
     ax.axvline(1.0, color="gray", linewidth=0.6)
-    ax.set_xlabel("measured speedup over AR (tokens/s ratio)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("WER (lower is better; axis inverted)" if lower_better else "ROUGE-L (higher is better)")
     if lower_better:
         ax.invert_yaxis()

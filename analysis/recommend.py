@@ -10,6 +10,10 @@ tokenizer: pipeline/decoding/drafters/cross_tokenizer.py). It is
 
 Runs and trials whose speed measurement is flagged (:func:`flagged`) are never candidates.
 
+Speed: candidates are ranked by ``speedup_vs_reference`` (analysis/speed_reference.py): a task and target measured in
+several dtypes is ranked against the target alone in its fastest measured dtype, not each run against the target
+alone in its own dtype; with one dtype that is the paired speedup itself.
+
 Lossless: what the acceptance-rule registry says (pipeline/rules.py): exact and hf at any temperature (they
 sample the target's distribution exactly), greedy at temperature 0 only (it reproduces the target's greedy
 decoding; at T > 0 it is not lossless with respect to sampling).
@@ -21,6 +25,8 @@ import math
 
 from pipeline.objectives import QUALITY, quality_ratio
 from pipeline.rules import is_lossless, param_names
+
+from .speed_reference import add_speed_reference
 
 GROUP = ("task", "target", "draft")
 CANDIDATE_KINDS = ("run", "trial")
@@ -74,14 +80,23 @@ def flagged(table):
     return table["flagged"].map(lambda v: v is True or v == 1 or str(v).lower() == "true")
 
 
+def with_speed_reference(table):
+    """``table`` with the common speed reference's columns (:func:`add_speed_reference`), flagged rows' speeds not
+    used for it."""
+    return add_speed_reference(table, ~flagged(table))
+
+
 def with_loss(table):
-    """Candidate rows (runs and completed trials with a speedup and a measurement that is not flagged) with
-    ``reference`` and ``quality_loss`` columns. Flagged rows are left out: they are listed on their own."""
+    """Candidate rows (runs and completed trials with a speedup on the common speed reference,
+    ``speedup_vs_reference``, and a measurement that is not flagged) with ``reference`` and ``quality_loss``
+    columns. Flagged rows are left out: they are listed on their own."""
     import pandas as pd
 
     if table.empty or "speedup" not in table.columns:
         return pd.DataFrame()
-    cand = table[table["kind"].isin(CANDIDATE_KINDS) & table["speedup"].notna() & ~flagged(table)].copy()
+    table = with_speed_reference(table)
+    cand = table[table["kind"].isin(CANDIDATE_KINDS) & table["speedup_vs_reference"].notna()
+                 & ~flagged(table)].copy()
     if "trial_state" in cand.columns:
         cand = cand[cand["trial_state"].isna() | (cand["trial_state"] == "COMPLETE")]
     refs, losses, ref_src = [], [], []
@@ -129,10 +144,11 @@ def recommend(table, max_quality_loss: float = 0.01):
             if rows.empty:
                 out.append({**base, "run": None, "note": why})
                 continue
-            best = rows.sort_values(["speedup", "quality_loss"], ascending=[False, True]).iloc[0]
+            best = rows.sort_values(["speedup_vs_reference", "quality_loss"], ascending=[False, True]).iloc[0]
             out.append({**base, **{k: best.get(k) for k in (
                 "run", "kind", "sampler", "backend", "gamma", *param_names(), "preset", "dtype", "temperature",
-                "speedup", "speedup_ci_low", "speedup_ci_high", "quality", "quality_loss", "reference",
+                "speedup", "speedup_ci_low", "speedup_ci_high", *VS_REFERENCE, "speed_reference_dtype",
+                "speed_dtypes", "quality", "quality_loss", "reference",
                 "reference_source", "acceptance_rate", "draft_tokenizer_mode",
                 "source", "device_name", "date", "cpu_only")}, "note": _slower_note(best)})
     return pd.DataFrame(_point_to_a_faster_draft(out))
@@ -141,36 +157,43 @@ def recommend(table, max_quality_loss: float = 0.01):
 def _point_to_a_faster_draft(rows: list[dict]) -> list[dict]:
     """A choice slower than the target alone names the draft or drafter of the same task, target and choice that is
     shown faster than the target alone (its interval above 1x; the fastest such), where there is one: "decode with
-    the target alone" would be the wrong advice when another draft of the same target wins."""
+    the target alone" would be the wrong advice when another draft of the same target wins. Speeds are against the
+    common reference (``speedup_vs_reference``)."""
+    speed, low, high = VS_REFERENCE
     for row in rows:
         if not str(row.get("note") or "").startswith(SLOWER):
             continue
         faster = [r for r in rows if r.get("run") is not None and r is not row
                   and all(r.get(k) == row.get(k) for k in ("task", "target", "choice"))
-                  and (to_number(r.get("speedup_ci_low")) or 0.0) > 1]
+                  and (to_number(r.get(low)) or 0.0) > 1]
         if faster:
-            best = max(faster, key=lambda r: to_number(r.get("speedup")) or 0.0)
-            faster_one = (f"on this target, {best['draft']} is faster ({best['speedup']:.2f}x "
-                          f"[{best['speedup_ci_low']:.2f}, {best['speedup_ci_high']:.2f}], run {best['run']})")
+            best = max(faster, key=lambda r: to_number(r.get(speed)) or 0.0)
+            faster_one = (f"on this target, {best['draft']} is faster ({best[speed]:.2f}x "
+                          f"[{best[low]:.2f}, {best[high]:.2f}], run {best['run']})")
             row["note"] = row["note"].replace(ALONE, faster_one)
     return rows
 
 
+VS_REFERENCE = ("speedup_vs_reference", "speedup_vs_reference_ci_low", "speedup_vs_reference_ci_high")
 SLOWER = "slower than the target alone"
 ALONE = "with this pair on this machine, decode with the target alone"
 
 
 def _slower_note(row) -> str:
-    """A note when ``row``'s speedup (its interval's upper end where it has one) is below 1, or when its interval
-    reaches below 1 (not shown faster than the target alone), else ''."""
-    speedup, low, high = (to_number(row.get(k)) for k in ("speedup", "speedup_ci_low", "speedup_ci_high"))
+    """A note when ``row``'s speedup against the common reference (its interval's upper end where it has one) is
+    below 1, or when its interval reaches below 1 (not shown faster than the target alone), else ''. Where the
+    task and target ran in several dtypes, the note names the reference's dtype."""
+    speedup, low, high = (to_number(row.get(k)) for k in VS_REFERENCE)
     top = high if high is not None else speedup
     if top is None:
         return ""
+    several = (to_number(row.get("speed_dtypes")) or 1) > 1
+    where = f" in {row.get('speed_reference_dtype')}, its fastest measured dtype" if several else ""
     if top < 1:
-        return f"{SLOWER} (speedup {speedup:.2f}x, interval below 1x): {ALONE}"
+        below = "interval below 1x" if high is not None else "not paired, no interval"
+        return f"{SLOWER}{where} (speedup {speedup:.2f}x, {below}): {ALONE}"
     if low is not None and low < 1:
-        return (f"not shown faster than the target alone (speedup {speedup:.2f}x, but its interval "
+        return (f"not shown faster than the target alone{where} (speedup {speedup:.2f}x, but its interval "
                 f"[{low:.2f}, {high:.2f}] reaches below 1x): more repeats (--repeats) would settle it")
     return ""
 

@@ -1,4 +1,5 @@
-"""``specsweep report``'s writer: the runs table (pipeline/results_table.py) as reports/runs.csv and a short
+"""``specsweep report``'s writer: the runs table (pipeline/results_table.py), with each run's speedup against the
+target alone in its fastest measured dtype (pipeline.analysis.speed_reference), as reports/runs.csv and a short
 reports/summary.md, then the analysis report (pipeline.analysis, installed from analysis/) on top of it.
 """
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.analysis.build import build_report
+from pipeline.analysis.recommend import with_speed_reference
 from pipeline.analysis.tables import load_all
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
@@ -17,15 +19,16 @@ from pipeline.results_table import load_runs
 
 
 def summary_markdown(table) -> str:
-    """A short Markdown summary: one section per task, one line per run, best speedup first."""
+    """A short Markdown summary: one section per task, one line per run, best speedup against the common speed
+    reference first (``speedup_vs_reference``: the paired speedup where a task and target ran in one dtype)."""
     lines = ["# specsweep runs", "", f"{len(table)} run(s).", ""]
     if table.empty:
         return "\n".join(lines) + "\n"
     cols = [c for c in ("run", "sampler", "backend", "gamma", "dtype", "tokens_per_second", "speedup",
-                        "acceptance_rate", "quality", "tradeoff") if c in table.columns]
+                        "speedup_vs_reference", "acceptance_rate", "quality", "tradeoff") if c in table.columns]
     for task, group in table.groupby("task", sort=True, dropna=False):
         lines += [f"## {task}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        ordered = group.sort_values("speedup", ascending=False, na_position="last")
+        ordered = group.sort_values("speedup_vs_reference", ascending=False, na_position="last")
         for _, row in ordered.iterrows():
             lines.append("| " + " | ".join(_fmt(row[c]) for c in cols) + " |")
         lines.append("")
@@ -40,7 +43,7 @@ def write_report(runs: str | os.PathLike, out_dir: str | os.PathLike, *, tune: s
     (results.csv, report.md, report.html, figures/); returns the runs table's two paths and its row count.
     ``profile``: the pipeline's params file, whose ``missing:`` list the report states (:func:`profile_missing`)."""
     missing = profile_missing(profile) if profile is not None else []
-    table = load_runs(runs)
+    table = with_speed_reference(load_runs(runs))
     out_dir = Path(out_dir)
     csv_path = write_text_atomic(out_dir / "runs.csv", table.to_csv(index=False))
     md_path = write_text_atomic(out_dir / "summary.md", summary_markdown(table))

@@ -21,10 +21,10 @@ from pipeline.rules import param_names
 CONFIG_COLUMNS = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_tree", "draft_schedule",
                   "draft_confidence", "gamma_max", "dtype", "temperature", *param_names(), "preset", "engine",
                   "batch_size", "max_new_tokens", "limit", "categories", "per_category", "seed", "device")
-METRIC_COLUMNS = ("tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup_paired",
-                  "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha", "mean_accepted_tokens",
-                  "theoretical_speedup", "predicted_speedup", "cost_ratio", "verify_cost_ratio", "wall_time_s",
-                  "new_tokens", "peak_memory_mb", "acceptance_rate_chars", "chars_per_step")
+METRIC_COLUMNS = ("tokens_per_second", "ar_tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high",
+                  "speedup_paired", "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha",
+                  "mean_accepted_tokens", "theoretical_speedup", "predicted_speedup", "cost_ratio", "verify_cost_ratio",
+                  "wall_time_s", "new_tokens", "peak_memory_mb", "acceptance_rate_chars", "chars_per_step")
 # A draft with another tokenizer than the target's (pipeline/decoding/drafters/cross_tokenizer.py): from
 # metrics.cross_tokenizer, None
 # for a run with one tokenizer. The mode itself is the ``draft_tokenizer_mode`` column (resolved; "shared" for a

@@ -72,7 +72,7 @@ def make_study(tune: Path, name: str, trials: list[tuple[dict, tuple[float, floa
                                 directions=["maximize", "maximize"])
     dists = {"gamma": optuna.distributions.IntDistribution(1, 8),
              "sampler": optuna.distributions.CategoricalDistribution(["exact", "sigmoid"]),
-             "dtype": optuna.distributions.CategoricalDistribution(["float32"]),
+             "dtype": optuna.distributions.CategoricalDistribution(["float32", "bfloat16"]),
              "alpha": optuna.distributions.FloatDistribution(0.25, 4.0, log=True),
              "beta": optuna.distributions.FloatDistribution(-30.0, 0.0)}
     for params, values, path in trials:
