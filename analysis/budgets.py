@@ -113,17 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("time", help="time a command and record it")
     t.add_argument("name", help=f"one of: {', '.join(BUDGETS)}")
     t.add_argument("--cwd", type=Path, required=True, help="where to run it (a fresh clone after `make setup`)")
-    t.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     r = sub.add_parser("record", help="record a run GNU time timed")
     r.add_argument("name", help=f"one of: {', '.join(BUDGETS)}")
     r.add_argument("--time-log", type=Path, required=True, help="the stderr of `/usr/bin/time -v CMD`")
     r.add_argument("--cwd", type=Path, required=True, help="the clone it ran in")
     r.add_argument("--date", required=True, help="when it started (ISO 8601, UTC)")
     parser.add_argument("--root", type=Path, default=Path("."), help="the repository to record into (default: .)")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, command = parser.parse_args(argv[:split]), argv[split + 1:]
     try:
         if args.action == "time":
-            command = args.command[1:] if args.command[:1] == ["--"] else args.command
             if not command:
                 raise SpecsweepError("give the command to time after --, e.g. `... time make --cwd CLONE -- make`")
             entry = time_command(args.name, command, args.cwd)

@@ -29,6 +29,9 @@ def test_a_timed_command_is_recorded_with_its_exit_status_and_the_table_says_wit
     slow = budgets.from_time_log("make real", log, tmp_path, "2026-11-27T17:28:29Z")
     assert slow["seconds"] == pytest.approx(41 * 60 + 5.5) and not slow["within"] and slow["returncode"] == 0
     budgets.save(tmp_path, "make real", slow)
+    # the command line: what follows -- is the command, options before it are the tool's
+    assert budgets.main(["--root", str(tmp_path), "time", "make", "--cwd", str(tmp_path), "--",
+                         sys.executable, "-c", "import time; time.sleep(0.2)"]) == 0
     saved = json.loads((tmp_path / budgets.PATH).read_text())
     assert set(saved["commands"]) == {"make", "make test", "make real"}
     rows = {line.split("|")[1].strip(): line for line in budgets.render(tmp_path).splitlines()[2:]}
