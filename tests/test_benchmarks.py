@@ -30,6 +30,22 @@ def test_engine_goals_compare_the_right_loops():
     assert goal["ours_speculative_over_autoregressive"] == 1.0 and goal["hf_assisted_over_plain"] == 0.45
 
 
+def test_engine_goals_pair_ours_with_hfs_out_of_the_box_loop_with_an_interval():
+    def row(loop, seconds):
+        return {"loop": loop, "temperature": 0.0, "seconds": seconds, "model_forward_seconds": None}
+
+    rows = [row("ours_speculative", [1.0, 1.0, 1.0]), row("hf_assisted", [1.2, 0.9, 1.1]),
+            row("hf_assisted_default", [3.0, 1.5, 2.0]), row("ours_autoregressive", [1.0] * 3),
+            row("hf_plain", [1.0] * 3)]
+    goal = _goals(rows, equal_gamma=False)["T=0.0"]
+    ci = goal["intervals"]["speculative_over_hf_assisted_default"]
+    assert goal["speculative_over_hf_assisted_default"] == 2.0 and goal["speculative_over_hf_default_goal_1.5x_met"]
+    assert (ci["ci_low"], ci["median"], ci["ci_high"], ci["n"]) == (1.5, 2.0, 3.0, 3) and ci["ci_coverage"] == 0.75
+    assert goal["speculative_at_least_hf_assisted_met"] is None       # our draft length was adaptive: not equal γ
+    assert _goals(rows)["T=0.0"]["speculative_at_least_hf_assisted_met"] is True
+    assert "static_cache_speculative_speedup" not in goal                # its loops did not run
+
+
 def test_bench_engine_smoke_both_loops_draft_gamma_per_step(tmp_path, capsys):
     """A tiny run of `specsweep bench engine`: at T = 0 both speculative loops emit the same tokens, and both
     draft γ tokens per step (HF's schedule really is set: transformers 5 ignores it as a generate kwarg)."""
@@ -50,7 +66,7 @@ def test_bench_engine_smoke_both_loops_draft_gamma_per_step(tmp_path, capsys):
             assert 0 < r["model_forward_seconds"][0] < r["seconds"][0]
             if temperature > 0:  # full-γ steps are counted alike in both loops
                 assert sum(r["full_step_histogram"]) > 0 and 0 <= r["full_step_acceptance"] <= 1
-    assert "ours/HF speculative" in capsys.readouterr().out
+    assert "ours/HF assisted at equal γ 3" in capsys.readouterr().out
 
 
 def test_sampler_goal_needs_every_v_faster_than_hf():

@@ -416,7 +416,7 @@ def test_bench_engine_compares_string_mode_with_transformers_string_level_drafti
     assert 0 < by["ours_speculative"]["acceptance_rate"] <= 1
     assert by["hf_assisted"]["new_tokens"] == by["ours_speculative"]["new_tokens"] == 8 * by["hf_assisted"]["prompts"]
     assert result["goals"]["T=0.0"]["speculative_over_hf_assisted"] > 0
-    assert "ours/HF speculative" in capsys.readouterr().out
+    assert "ours/HF assisted at equal γ 3" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("mode", ["intersection", "string"])

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from pipeline.benchmarks.prompts import prompts_of
 from pipeline.benchmarks.timing import format_table
 from pipeline.config import RunConfig
-from pipeline.data import load_task_data
 from pipeline.decoding.drafters.lookup import prompt_lookup, suffix_decoding
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.env_info import provenance
@@ -36,14 +36,6 @@ from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
 from pipeline.models import eos_token_ids, load_causal_lm, load_tokenizer
 from pipeline.samplers import get_sampler
-from pipeline.tasks import get_task
-
-
-def prompts_of(config: RunConfig, target, tokenizer) -> list[dict]:
-    """The run's prompts, one batch-1 encoding each (the task's encoder: chat template, --max-prompt-tokens)."""
-    records = load_task_data(config.task, config.data, config.limit, config.seed if config.limit else None)
-    encode = get_task(config.task).encoder(target, tokenizer, None, config)
-    return [encode([record])[0] for record in records]
 
 
 def _loops(target, tokenizer, eos: list[int], lookup_tokens: list[int], lookup_max: int, max_new_tokens: int,

@@ -22,6 +22,7 @@ offered (the runner refuses it in one line).
 
 from __future__ import annotations
 
+import copy
 import time
 from contextlib import ExitStack, contextmanager
 
@@ -83,24 +84,48 @@ def hf_verify_step(sampler: Sampler | None, generator: torch.Generator | None, s
         hf_utils._speculative_sampling = original
 
 
-@contextmanager
-def assistant_schedule(draft, gamma: int):
-    """Make HF's assisted generation draft exactly ``gamma`` tokens per step (fewer only at max_new_tokens).
+ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+"""The keys of the assistant's generation config that set how far transformers' assisted generation drafts."""
 
-    Sets ``num_assistant_tokens``, a constant schedule and no confidence threshold on ``draft.generation_config``
-    (where HF's candidate generator reads them) inside the block; the previous values are restored after it.
-    """
+
+def assistant_defaults(draft) -> dict:
+    """What transformers' assisted generation drafts with out of the box for ``draft`` (:data:`ASSISTANT_SETTINGS`):
+    its generation config's values and, where they are unset, transformers' own defaults, filled in as its candidate
+    generator fills them at generate time (transformers 5: ``GenerationConfig``'s table of defaults, read from the
+    installed version, never copied here; earlier versions keep the defaults on the config itself)."""
+    from transformers import GenerationConfig
+
+    config = copy.deepcopy(draft.generation_config)
+    # transformers' own table, the one its candidate generator reads (a staticmethod of the installed version)
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+    if defaults is not None:
+        config.update(**defaults(), defaults_only=True)
+    return {key: getattr(config, key) for key in ASSISTANT_SETTINGS}
+
+
+@contextmanager
+def assistant_config(draft, settings: dict):
+    """Set ``settings`` (keys of :data:`ASSISTANT_SETTINGS`) on ``draft.generation_config``, where transformers'
+    candidate generator reads them, inside the block, and put every key of :data:`ASSISTANT_SETTINGS` back after it
+    (transformers writes the heuristic schedule's last draft length back to the draft's config after each call:
+    restored too). ``settings`` empty: the draft's own config, out of the box."""
     config = draft.generation_config
-    wanted = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
-              "assistant_confidence_threshold": 0.0}
-    saved = {k: getattr(config, k, None) for k in wanted}
-    for key, value in wanted.items():
+    saved = {k: getattr(config, k, None) for k in ASSISTANT_SETTINGS}
+    for key, value in settings.items():
         setattr(config, key, value)
     try:
         yield
     finally:
         for key, value in saved.items():
             setattr(config, key, value)
+
+
+def assistant_schedule(draft, gamma: int):
+    """Make HF's assisted generation draft exactly ``gamma`` tokens per step (fewer only at max_new_tokens) inside
+    the block: ``num_assistant_tokens``, a constant schedule and no confidence threshold on the draft's generation
+    config (:func:`assistant_config`)."""
+    return assistant_config(draft, {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+                                    "assistant_confidence_threshold": 0.0})
 
 
 @contextmanager
