@@ -186,29 +186,38 @@ def test_the_toy_tables_are_rendered_from_the_published_summary(tmp_path):
 
 
 def test_the_real_tables_are_rendered_and_a_run_the_summary_lacks_is_a_one_line_error(tmp_path, capsys):
-    runs = {"smollm2-ar-float32": run_result("cnn_dailymail", 0, 1.0, quality=0.192),
-            "whisper-base-ar-float32": run_result("librispeech", 0, 1.0, quality=0.057)}
-    for pair, task in (("smollm2", "cnn_dailymail"), ("whisper-base", "librispeech")):
-        for grid, drafter in (("gamma", None), ("lookup", "prompt-lookup")):
-            for gamma in (2, 4, 6):
-                runs[f"{pair}-{grid}-float32/{pair}-exact-torch-g{gamma}-float32"] = run_result(
-                    task, gamma, 0.5 + gamma / 10, drafter=drafter)
-        runs[f"{pair}-suffix-float32/{pair}-exact-torch-g4-float32"] = run_result(task, 4, 1.16, drafter="suffix")
+    from pipeline.analysis.run_tables import REAL_RUNS
+
+    runs = {"qwen-ar-bfloat16": run_result("cnn_dailymail", 0, 1.0, quality=0.158),
+            "smollm2-ar-bfloat16": run_result("cnn_dailymail", 0, 1.0, quality=0.198),
+            "whisper-base-ar-bfloat16": run_result("librispeech", 0, 1.0, quality=0.057)}
+    for i, (_, run, _) in enumerate(REAL_RUNS):
+        task = "librispeech" if run.startswith("whisper") else "cnn_dailymail"
+        runs[run] = run_result(task, 4, 1.0 + i / 10, drafter="prompt-lookup" if "lookup" in run else None)
+    for rule in ("exact", "sigmoid", "typical"):
+        runs[f"qwen-sampling-bfloat16/qwen-sampling-bfloat16-{rule}-torch-g4"] = run_result("cnn_dailymail", 4, 1.2,
+                                                                                             quality=0.13)
     write_runs(tmp_path / "real" / "results" / "runs", runs)
     assert publish.main(["--profile", "real", "--root", str(tmp_path)]) == 0
     readme = table(tmp_path, "readme-real")
-    assert readme[1] == ["SmolLM2-135M-Instruct, distilled draft (2 layers)", "ROUGE-L 0.192", "0.70 [0.65, 0.80]",
-                         "0.90 [0.85, 1.00]", "1.10 [1.05, 1.20]", "0.50, c 0.12"]
-    assert readme[2][1] == "" and readme[2][-1] == "0.50"           # prompt lookup: no quality cell, no c
-    assert readme[3][1] == "WER 5.7 %"
-    real = table(tmp_path, "results-real")
-    assert real[1][1] == "0.70 [0.65, 0.80]; 0.50; 2.25; c 0.12"
-    assert real[3] == ["SmolLM2, suffix decoding", "", "1.16 [1.11, 1.26]; 0.50; 2.25", ""]
+    head = readme[0]
+    assert head[:4] == ["target, drafter", "dtype", "γ", "paired speedup"]
+    assert readme[1][:4] == ["Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "float32", "4",
+                             "1.00 [0.95, 1.10]"]
+    assert readme[1][head.index("target alone (bfloat16)")] == "ROUGE-L 0.158"
+    assert readme[1][head.index("c")] == "0.12"
+    assert readme[3][head.index("c")] == ""            # prompt lookup: no draft model, no c
+    float32_row = next(r for r in readme if "24 tokens" in r[0])
+    assert float32_row[head.index("target alone (bfloat16)")] == ""    # no target alone in its dtype and length
+    assert readme[-1][head.index("target alone (bfloat16)")] == "WER 5.7 %"
+    sampling = table(tmp_path, "results-real-sampling")
+    assert [r[0] for r in sampling[1:]] == ["exact", "sigmoid", "typical"] and sampling[1][1] == "0.130"
 
-    (tmp_path / "real/results/runs/whisper-base-suffix-float32/whisper-base-exact-torch-g4-float32.json").unlink()
+    (tmp_path / "real/results/runs/qwen-sampling-bfloat16/qwen-sampling-bfloat16-typical-torch-g4.json").unlink()
     assert publish.main(["--profile", "real", "--root", str(tmp_path)]) == 0
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "results.md").write_text("<!-- BEGIN GENERATED results-real -->\n<!-- END GENERATED -->\n")
+    (tmp_path / "docs" / "results.md").write_text(
+        "<!-- BEGIN GENERATED results-real-sampling -->\n<!-- END GENERATED -->\n")
     capsys.readouterr()
     err = one_line_error(capsys, ["--root", str(tmp_path)])
-    assert "holds no run 'whisper-base-suffix-float32/whisper-base-exact-torch-g4-float32'" in err
+    assert "holds no run 'qwen-sampling-bfloat16/qwen-sampling-bfloat16-typical-torch-g4'" in err
