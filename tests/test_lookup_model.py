@@ -294,6 +294,7 @@ def test_specsweep_run_grid_records_what_the_drafter_did(tmp_path):
     """`specsweep run --drafter model,lookup-model`: both runs emit the target alone's tokens; the hybrid's results
     record its settings, its draft and its counts (lookup and draft tokens add up to the drafted ones)."""
     from pipeline.cli import main
+    from pipeline.results_table import result_row
 
     target, draft = save_pair(tmp_path)
     data = tmp_path / "p.jsonl"
@@ -317,3 +318,34 @@ def test_specsweep_run_grid_records_what_the_drafter_did(tmp_path):
         agreement = json.loads((tmp_path / f"{name}.json").read_text())["metrics"]["greedy_agreement"]
         assert agreement["identical"] == agreement["samples"] > 0
     assert json.loads((tmp_path / "model.json").read_text())["metrics"]["drafter_counts"] is None
+    # the report pairs it with its target apart from the draft model alone
+    assert result_row(hybrid, tmp_path / "lookup-model.json")["draft"] == f"lookup-model+{draft}"
+
+
+def test_the_search_space_and_the_exports_take_it_where_they_can():
+    """A study's trial may pick lookup-model (with lookup_max, a draft length, no tree); a pair without a draft
+    leaves it out; transformers, vLLM and TensorRT-LLM have no such drafter (one line), our JSON keeps it."""
+    import optuna
+    from test_lookup_drafters import _lookup_schedule
+
+    from pipeline.tuning.export import export
+    from pipeline.tuning.schedule import settings_of
+    from pipeline.tuning.space import SearchSpace, space_for_pair
+
+    space = SearchSpace(drafters=("model", "lookup-model", "prompt-lookup"), drafts=("fixed", "heuristic"),
+                        trees=("chain", "2,1")).check()
+    params = space.suggest(optuna.trial.FixedTrial({"gamma": 4, "sampler": "exact", "dtype": "float32",
+                                                    "drafter": "lookup-model", "lookup_max": 2, "draft": "heuristic",
+                                                    "gamma_max": 6}))
+    assert params["drafter"] == "lookup-model" and params["lookup_max"] == 2 and "draft_tree" not in params
+    assert params["draft_schedule"] == "heuristic"
+    base = RunConfig.from_dict({"target": "t", "data": "d", "drafter": "prompt-lookup"})
+    assert space_for_pair(space, base).drafters == ("prompt-lookup",)
+    settings = settings_of({"gamma": 5, "sampler": "exact", "drafter": "lookup-model", "lookup_min": 1,
+                            "lookup_max": 3})
+    assert settings["drafter"] == {"drafter": "lookup-model", "lookup_min": 1, "lookup_max": 3}
+    schedule = {**_lookup_schedule(settings["drafter"]), "draft": "models/draft"}
+    for fmt in ("hf", "vllm", "trtllm"):
+        with pytest.raises(SpecsweepError, match=f"{fmt} has no drafter that starts from a prompt-lookup match") as e:
+            export(schedule, fmt, "unused.json")
+        assert "\n" not in str(e.value)
