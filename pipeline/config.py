@@ -21,7 +21,9 @@ from pipeline.tree_plan import is_widths, resolve_tree
 from pipeline.tree_shape import TREE_BACKENDS, TREE_CHILDREN, TREE_RULES
 
 ENGINES = ("specsweep", "hf")
-DRAFTERS = ("model", "prompt-lookup", "suffix")
+DRAFTERS = ("model", "prompt-lookup", "suffix", "lookup-model")
+MODEL_DRAFTERS = ("model", "lookup-model")
+"""The drafters that run the --draft model (the others search the text itself)."""
 WANDB_MODES = ("online", "offline", "disabled")
 VERIFY_GRAPHS = ("auto", "on", "off")
 
@@ -59,18 +61,20 @@ class RunConfig:
                                        "kernels, sigmoid((z + 1e4) / 2e4))", choices=preset_names())
     gamma: int = setting(4, "draft tokens per step (the most, for a drafter that proposes as far as its match "
                             "reaches); 0 = autoregressive")
-    # What proposes (pipeline/decoding/drafters/): a draft model, or a search of the text itself (no draft model).
+    # What proposes (pipeline/decoding/drafters/): a draft model, a search of the text itself (no draft model), or
+    # both.
     drafter: str = setting("model", "model: the --draft model; prompt-lookup: the tokens after an earlier "
                                     "occurrence of the last n tokens, in the prompt and the text so far; suffix: "
                                     "suffix decoding, the most frequent continuation in suffix trees of the prompt, "
-                                    "the text so far and (--suffix-outputs) earlier outputs. The last two load no "
-                                    "draft model (a --draft given with them is not loaded, and the results record "
-                                    "none)",
+                                    "the text so far and (--suffix-outputs) earlier outputs; lookup-model: prompt "
+                                    "lookup's tokens first, then the --draft model's up to --gamma. prompt-lookup "
+                                    "and suffix load no draft model (a --draft given with them is not loaded, and "
+                                    "the results record none)",
                            choices=DRAFTERS)
-    lookup_min: int = setting(1, "prompt lookup: the shortest n-gram matched (transformers: 1; vLLM's "
-                                 "prompt_lookup_min)")
-    lookup_max: int = setting(3, "prompt lookup: the longest n-gram matched, tried first (transformers' "
-                                 "max_matching_ngram_size, default 2; vLLM's prompt_lookup_max)")
+    lookup_min: int = setting(1, "prompt lookup (and lookup-model): the shortest n-gram matched (transformers: "
+                                 "1; vLLM's prompt_lookup_min)")
+    lookup_max: int = setting(3, "prompt lookup (and lookup-model): the longest n-gram matched, tried first "
+                                 "(transformers' max_matching_ngram_size, default 2; vLLM's prompt_lookup_max)")
     suffix_depth: int = setting(24, "suffix decoding: the longest suffix matched and the deepest tree path (vLLM's "
                                     "suffix_decoding_max_tree_depth)")
     suffix_factor: float = setting(1.0, "suffix decoding: propose at most this times the match length (vLLM's "
@@ -279,9 +283,10 @@ class RunConfig:
             raise bad(f"--threads must be >= 1 (or leave it out: half the usable cores, at most 8); got {self.threads}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise bad(f"--max-prompt-tokens must be >= 1; got {self.max_prompt_tokens}")
-        if self.draft_vocab is not None and (self.draft_vocab < 2 or self.drafter != "model" or self.draft_tree):
-            raise bad(f"--draft-vocab {self.draft_vocab}: give K >= 2 with a draft model (--drafter model) and no "
-                      "--draft-tree (a tree's draft predicts the whole vocabulary)")
+        if self.draft_vocab is not None and (self.draft_vocab < 2 or self.drafter not in MODEL_DRAFTERS
+                                             or self.draft_tree):
+            raise bad(f"--draft-vocab {self.draft_vocab}: give K >= 2 with a draft model (--drafter model or "
+                      "lookup-model) and no --draft-tree (a tree's draft predicts the whole vocabulary)")
         get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
                                          batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
                                          preset=self.preset, deterministic_draft=self.drafter != "model")
@@ -289,15 +294,19 @@ class RunConfig:
 
     def _validate_drafter(self) -> None:
         """The drafter and its settings: one-line SpecsweepError on a problem."""
+        if self.drafter in MODEL_DRAFTERS and self.gamma > 0 and not self.draft:
+            raise SpecsweepError(f"--drafter {self.drafter} with --gamma > 0 needs --draft MODEL; or use a drafter "
+                                 "without a model (--drafter prompt-lookup or suffix), or --gamma 0 for "
+                                 "autoregressive decoding")
         if self.drafter == "model":
-            if self.gamma > 0 and not self.draft:
-                raise SpecsweepError("--gamma > 0 needs --draft MODEL, or a drafter without a model (--drafter "
-                                     "prompt-lookup or suffix), or --gamma 0 for autoregressive decoding")
             return
         if self.engine != "specsweep":
             raise SpecsweepError(f"--drafter {self.drafter} runs in our engine: use --engine specsweep (`specsweep "
                                  "bench drafters` compares our prompt lookup with transformers')")
-        if self.draft_schedule != "constant" or self.draft_confidence > 0:
+        if self.drafter == "lookup-model" and self.draft_tokenizer_mode in ("intersection", "string"):
+            raise SpecsweepError("--drafter lookup-model feeds the draft the target's tokens: give a draft with the "
+                                 "target's tokenizer (--draft-tokenizer-mode auto or shared)")
+        if self.drafter != "lookup-model" and (self.draft_schedule != "constant" or self.draft_confidence > 0):
             raise SpecsweepError(f"--drafter {self.drafter} proposes as far as its match reaches, up to --gamma: drop "
                                  "--draft-schedule and --draft-confidence")
         if not 1 <= self.lookup_min <= self.lookup_max:
@@ -311,6 +320,9 @@ class RunConfig:
         count."""
         if self.draft_tree is None:
             return
+        if self.drafter == "lookup-model":
+            raise SpecsweepError("--drafter lookup-model proposes a chain (its lookup tokens, then the draft's): leave "
+                                 "out --draft-tree, or use --drafter model or prompt-lookup for a tree")
         tree = resolve_tree(self.draft_tree, self.tree_profile, self.target, self.draft, self.temperature)
         if self.drafter != "model":
             if not is_widths(self.draft_tree):

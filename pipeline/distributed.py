@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.decoding.drafters.base import add_counts
 from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 from pipeline.errors import SpecsweepError
 from pipeline.origins import merge_counts
@@ -150,8 +151,8 @@ def unshard(shares: list[list]) -> list:
 def merge_totals(parts: list[dict]) -> dict:
     """Every rank's quality-pass totals (pipeline/runner.py ``_quality_pass``) as one run's: the wall time is the
     slowest rank's (the ranks run at once), phase times and calls, draft forwards, the accepted-count histogram,
-    the per-node counts, token classes, cuts and a cross-tokenizer draft's statistics are summed, peak memory is the
-    largest.
+    the per-node counts, token classes, cuts, the drafter's counts and a cross-tokenizer draft's statistics are
+    summed, peak memory is the largest.
     ``rank_wall`` lists each rank's wall time."""
 
     merged = {"wall": max(p["wall"] for p in parts), "rank_wall": [p["wall"] for p in parts],
@@ -172,6 +173,8 @@ def merge_totals(parts: list[dict]) -> dict:
         merged["token_classes"] = {}
         for counts in classes:
             merge_counts(merged["token_classes"], counts)
+    for part in parts:
+        merged["drafter_counts"] = add_counts(merged.get("drafter_counts"), part.get("drafter_counts"))
     bridges = [p["cross_tokenizer"] for p in parts if p.get("cross_tokenizer")]
     if bridges:
 

@@ -86,6 +86,10 @@ class Metrics(TypedDict, total=False):
     verify_time_s: float
     bridge_time_s: float             # a draft with another tokenizer: re-reading the emitted text (host)
     draft_forwards: int
+    # what the drafter counted beyond its forwards, summed over the run (lookup-model: row_steps, lookup_tokens,
+    # draft_tokens, accepted_lookup, accepted_draft, lookup_only_steps, steps_without_draft, lookup_histogram); None
+    # for the other drafters
+    drafter_counts: dict | None
     target_forwards: int
     peak_memory_mb: float
     acceptance_counted: bool

@@ -57,9 +57,12 @@ def result_row(result: dict, source: str | os.PathLike, name: str | None = None)
     row = {"run": name or Path(source).stem}
     row.update({k: cfg.get(k) for k in CONFIG_COLUMNS})
     # what proposed: a draft model (the draft column names it), or a drafter without one, which then stands in the
-    # draft column so that the report treats it as the target's pairing with it
+    # draft column so that the report treats it as the target's pairing with it; lookup-model with its draft
+    # ("lookup-model+DRAFT"), a pairing of its own beside the draft model's
     row["drafter"] = cfg.get("drafter") or "model"
-    if row["drafter"] != "model":
+    if row["drafter"] == "lookup-model":
+        row["draft"] = f"lookup-model+{cfg.get('draft')}"
+    elif row["drafter"] != "model":
         row["draft"] = row["drafter"]
     row["resolved_device"] = result.get("resolved", {}).get("device")
     row["draft_tokenizer_mode"] = result.get("resolved", {}).get("draft_tokenizer_mode") or "shared"

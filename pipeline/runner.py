@@ -37,8 +37,9 @@ from tqdm.auto import tqdm
 
 from pipeline import distributed, paired, roofline, stack
 from pipeline import origins as prov
-from pipeline.config import RunConfig
+from pipeline.config import MODEL_DRAFTERS, RunConfig
 from pipeline.data import load_task_data
+from pipeline.decoding.drafters.base import add_counts
 from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 from pipeline.dtypes import AUTO
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
@@ -185,7 +186,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     # the config as it was in effect: --processes > 1 implies per-example randomness; a drafter without a model
     # loads no draft
     effective = dataclasses.replace(config, seed_per_example=decoding.per_example,
-                                    draft=config.draft if config.drafter == "model" else None)
+                                    draft=config.draft if config.drafter in MODEL_DRAFTERS else None)
     results = make_result(effective.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
     write_result(config.out, results)
     return results
@@ -307,6 +308,7 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
                                  **paired.prompt_texts(engine, inputs))
         totals["wall"] += result.wall_time_s
         totals["draft_forwards"] += result.extra.get("draft_forwards", 0)
+        totals["drafter_counts"] = add_counts(totals.get("drafter_counts"), result.extra.get("drafter_counts"))
         hist = result.extra.get("accepted_histogram")
         if hist:
             hist = hist[: accepted_at_most(config) + 1]   # a tree's step accepts at most its depth
@@ -470,6 +472,8 @@ def _summarize(samples: list[dict], totals: dict) -> dict:
         # (pipeline/decoding/drafters/cross_tokenizer.py)
         "bridge_time_s": t.get("bridge", 0.0),
         "draft_forwards": totals["draft_forwards"],
+        # what the drafter counted beyond its forwards (lookup-model: its proposals by source, docs/engine.md)
+        "drafter_counts": totals.get("drafter_counts"),
         "target_forwards": calls.get("target", 0),
         "peak_memory_mb": totals["peak"],
         # False where HF's loop matched tokens itself (T = 0): acceptance is then estimated from call counts

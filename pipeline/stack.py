@@ -17,7 +17,7 @@ import dataclasses
 import functools
 from typing import NamedTuple
 
-from pipeline.config import RunConfig
+from pipeline.config import MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.draft_policy import DraftPolicy
 from pipeline.decoding.drafters.base import Drafter
 from pipeline.decoding.drafters.cross_tokenizer import (
@@ -28,6 +28,7 @@ from pipeline.decoding.drafters.cross_tokenizer import (
     same_vocabulary,
 )
 from pipeline.decoding.drafters.lookup import prompt_lookup, suffix_decoding
+from pipeline.decoding.drafters.lookup_model import LookupModelDrafter
 from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.decoding.drafters.tree import TreeDrafter
 from pipeline.decoding.drafters.vocab_map import VocabMapDrafter, draft_vocab, ranked_vocab
@@ -77,7 +78,7 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
     pair without a full Whisper draft in our engine, :func:`check_speech_pair`) before loading the models. With
     --device auto and several GPUs the target is spread over all of them; the draft stays on ``device``."""
     spread = spreads_target(config.device)
-    use_draft = bool(config.draft) and config.gamma > 0 and config.drafter == "model"
+    use_draft = bool(config.draft) and config.gamma > 0 and config.drafter in MODEL_DRAFTERS
     if task.speech:
         processor = load_processor(config.target)
         tokenizer = processor.tokenizer
@@ -191,7 +192,7 @@ def run_tree(config: RunConfig) -> TokenTree:
 def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: str) -> Drafter | None:
     """The run's drafter (None at γ = 0): prompt lookup or suffix decoding (no draft model; several matches per step
     with --draft-tree), or the draft model, bridged when its tokenizer is not the target's, or restricted to its
-    vocabulary map (vocab_map.py)."""
+    vocabulary map (vocab_map.py), or prompt lookup followed by the draft model (lookup_model.py)."""
     if config.gamma == 0:
         return None
     # a drafter without a model places its matches in a tree of widths per depth (config: widths only)
@@ -215,7 +216,13 @@ def build_drafter(config: RunConfig, sampler, target, draft, tokenizer, device: 
                                      f"predicts {len(ids)} of its tokens (specsweep distill --draft-vocab): leave "
                                      "--draft-tree out or give another draft")
             return TreeDrafter(draft, run_tree(config), config.tree_children)
-        return ModelDrafter(draft) if ids is None else VocabMapDrafter(draft, ids)
+        model = ModelDrafter(draft) if ids is None else VocabMapDrafter(draft, ids)
+        if config.drafter == "lookup-model":
+            return LookupModelDrafter(model, config.lookup_min, config.lookup_max, eos_token_ids(target, tokenizer))
+        return model
+    if config.drafter == "lookup-model":
+        raise SpecsweepError(f"--drafter lookup-model feeds the draft the target's tokens, and {config.draft} has "
+                             "another tokenizer: give a draft with the target's tokenizer")
     if config.draft_tree is not None:
         raise SpecsweepError("--draft-tree needs a draft with the target's tokenizer")
     key = (config.target, config.draft, str(device))

@@ -29,7 +29,8 @@ def test_totals_merge_exactly_counts_summed_and_the_wall_time_of_the_slowest_ran
     def part(wall, hist, calls, cut):
         return {"wall": wall, "draft_forwards": calls * 3, "peak": 100.0 * wall, "phase_time": {"target": wall / 2},
                 "phase_calls": {"target": calls}, "hist": hist, "cuts": cut,
-                "token_classes": {"token": {"word": {"offered": calls, "accepted": 1}}}}
+                "token_classes": {"token": {"word": {"offered": calls, "accepted": 1}}},
+                "drafter_counts": {"row_steps": calls, "lookup_histogram": hist[: calls - 2]}}
 
     merged = distributed.merge_totals([part(2.0, [1, 2, 3], 4, Cuts(1, 1, 5, 5)), part(3.0, [0, 5, 1], 6, Cuts())])
     assert merged["wall"] == 3.0 and merged["rank_wall"] == [2.0, 3.0] and merged["peak"] == 300.0
@@ -37,6 +38,7 @@ def test_totals_merge_exactly_counts_summed_and_the_wall_time_of_the_slowest_ran
     assert merged["phase_time"] == {"target": 2.5} and merged["phase_calls"] == {"target": 10}
     assert merged["token_classes"] == {"token": {"word": {"offered": 10, "accepted": 2}}}
     assert merged["cuts"] == Cuts(1, 1, 5, 5)
+    assert merged["drafter_counts"] == {"row_steps": 10, "lookup_histogram": [1, 7, 1]}     # lists: element-wise
 
 
 def test_the_processes_get_the_settings_of_the_command_line():

@@ -165,6 +165,9 @@ def test_a_request_picks_its_drafter_and_gamma_within_the_servers_limits(pair):
         served = c.completions.create(model="any", prompt=PROMPTS[3], max_tokens=6, seed=2)
         assert spec(served.choices[0])["settings"] == {**spec(lookup.choices[0])["settings"], "drafter": "model",
                                                        "gamma": GAMMA}
+        both = c.completions.create(model="any", prompt=PROMPTS[3], max_tokens=6, seed=2,
+                                    extra_body={"speculative": {"drafter": "lookup-model", "gamma": 2}})
+        assert spec(both.choices[0])["settings"]["drafter"] == "lookup-model"
         with pytest.raises(openai.BadRequestError, match=r"'speculative\.gamma' must be at most the server's γ \(3\)"):
             c.completions.create(model="any", prompt="water", extra_body={"speculative": {"gamma": 4}})
         with pytest.raises(openai.BadRequestError, match=r"'speculative\.gama' is not a setting"):
@@ -172,8 +175,9 @@ def test_a_request_picks_its_drafter_and_gamma_within_the_servers_limits(pair):
         schema = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]["Speculative"]
         assert schema["properties"]["gamma"]["anyOf"][0]["maximum"] == GAMMA
     with client(decoder(pair, drafter="prompt-lookup", draft=None)) as (c, _):
-        with pytest.raises(openai.BadRequestError, match="needs a draft model and this server loaded none"):
-            c.completions.create(model="any", prompt="water", extra_body={"speculative": {"drafter": "model"}})
+        for drafter in ("model", "lookup-model"):
+            with pytest.raises(openai.BadRequestError, match="needs a draft model and this server loaded none"):
+                c.completions.create(model="any", prompt="water", extra_body={"speculative": {"drafter": drafter}})
         assert c.completions.create(model="any", prompt="water", max_tokens=2, extra_body={
             "speculative": {"drafter": "suffix"}}).choices[0].finish_reason in ("stop", "length")
     with client(decoder(pair, gamma=0, draft=None)) as (c, _):   # an autoregressive server: γ 0 only

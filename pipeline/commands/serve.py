@@ -13,9 +13,10 @@ from pipeline.rules import param_help, param_is_integer, param_names
 from pipeline.serving.server import bind, serve
 from pipeline.serving.settings import POINT_SETTINGS, Served, check, from_recommendation, given_point_settings
 
-HELP = ("serve a model with a drafter (a draft model, prompt lookup or suffix decoding) and the settings of a run, or "
-        "the recommended point of a study or report, over OpenAI's HTTP API (/v1/completions, /v1/chat/completions, "
-        "/v1/models; /predict, /health, /metrics, /docs), batching concurrent requests")
+HELP = ("serve a model with a drafter (a draft model, prompt lookup, suffix decoding, or prompt lookup then a draft "
+        "model) and the settings of a run, or the recommended point of a study or report, over OpenAI's HTTP API "
+        "(/v1/completions, /v1/chat/completions, /v1/models; /predict, /health, /metrics, /docs), batching concurrent "
+        "requests")
 
 # The run settings a server takes, as `specsweep run` names them (RunConfig's fields and help).
 SERVED = ("target", "draft", "drafter", "lookup_min", "lookup_max", "suffix_depth", "suffix_factor", "suffix_min_prob",
@@ -26,8 +27,8 @@ _ALIASES = {"target": ("--model",)}
 _HELP = {"target": "the served model (--model is the same flag): a registry name or pypi: source (`specsweep fetch "
                    "--help` lists them; docs/models.md), a local folder or a Hub id; its name is the model id of "
                    "/v1/models (default with --from-study/--from-report: the recommended point's)",
-         "draft": "draft model for --drafter model (default with --from-study/--from-report: the recommended "
-                  "point's)",
+         "draft": "draft model for --drafter model or lookup-model (default with --from-study/--from-report: the "
+                  "recommended point's)",
          "temperature": "default sampling temperature of requests that give none; 0 = greedy",
          "max_new_tokens": "new tokens of a request that gives no max_tokens",
          "seed": "seed of the stream of seeds given to requests that bring none (a request's own seed is its "

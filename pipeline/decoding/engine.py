@@ -59,7 +59,8 @@ class GenerationResult:
     row_stats         per row: new_tokens, verify_steps, accepted, drafted, wall_time_s
     phase_time_s      seconds in prefill / draft / target / verify (/ bridge: a draft with another tokenizer)
     phase_calls       forward or verify calls per phase
-    extra             draft_forwards; accepted_histogram [γ+1]: full-γ steps (one per row) that accepted k tokens;
+    extra             draft_forwards; drafter_counts (a drafter that counts more, Drafter.statistics);
+                      accepted_histogram [γ+1]: full-γ steps (one per row) that accepted k tokens;
                       node_acceptance {"reached", "accepted"}: per depth (1, 2, ...) a list per sibling rank (0:
                       the first child; a chain has rank 0 only) of the nodes the verify steps tried there (parent
                       accepted, earlier siblings rejected) and of those accepted, over every step (None at γ = 0)

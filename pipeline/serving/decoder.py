@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pipeline import stack
-from pipeline.config import DRAFTERS, RunConfig
+from pipeline.config import DRAFTERS, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.draft_policy import DraftPolicy
 from pipeline.dtypes import AUTO, resolve_dtype
 from pipeline.env_info import ThreadSettings, default_threads
@@ -167,9 +167,9 @@ class Decoder:
                    self.config.drafter if drafter is None else drafter, self.config.gamma if gamma is None else gamma)
 
     def allowed_drafters(self) -> tuple[str, ...]:
-        """The drafters a request may ask for: the draft model only where the server loaded one; prompt lookup and
-        suffix decoding always."""
-        return tuple(d for d in DRAFTERS if d != "model" or self.draft is not None)
+        """The drafters a request may ask for: those that run the draft model (model, lookup-model) only where the
+        server loaded one; prompt lookup and suffix decoding always."""
+        return tuple(d for d in DRAFTERS if d not in MODEL_DRAFTERS or self.draft is not None)
 
     def check(self, key: Key) -> str | None:
         """Why the served settings cannot decode with ``key``'s drafter and γ (one line), or None."""
@@ -183,11 +183,11 @@ class Decoder:
 
     def config_for(self, key: Key) -> RunConfig:
         """The served settings with ``key``'s temperature, drafter and γ (a drafter without a model has no draft
-        and a constant γ: the adaptive draft length is the draft model's)."""
+        and a constant γ: the adaptive draft length is the draft model's, and lookup-model's)."""
         changes: dict = {"drafter": key.drafter, "gamma": key.gamma}
         if key.temperature is not None:
             changes["temperature"] = key.temperature
-        if key.drafter != "model":
+        if key.drafter not in MODEL_DRAFTERS:
             changes.update(draft=None, draft_schedule="constant", draft_confidence=0.0, gamma_max=None)
         return dataclasses.replace(self.config, **changes)
 
@@ -260,7 +260,7 @@ class Decoder:
             return self._engines[key]
         config = self.config_for(key)
         engine = stack.build_engine(config, stack.build_sampler(config), self.target,
-                                    self.draft if key.drafter == "model" else None, self.tokenizer, self.device)
+                                    self.draft if key.drafter in MODEL_DRAFTERS else None, self.tokenizer, self.device)
         self._engines[key] = engine
         while len(self._engines) > ENGINES_KEPT:
             self._engines.popitem(last=False)

@@ -121,8 +121,8 @@ class Speculative(BaseModel):
     (the draft model only where it loaded one) and γ at most its own."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
-    drafter: Literal[DRAFTERS] | None = Field(None, description="model, prompt-lookup or suffix (default: the "
-                                                                "server's --drafter)")
+    drafter: Literal[DRAFTERS] | None = Field(None, description="model, prompt-lookup, suffix or lookup-model "
+                                                                "(default: the server's --drafter)")
     gamma: integer(ge=0) | None = Field(None, description="draft tokens per step, at most the server's γ; 0: "
                                                       "autoregressive (default: the server's γ)")
 

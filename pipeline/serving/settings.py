@@ -56,6 +56,8 @@ def drafter_of(c: RunConfig) -> str:
         return f"draft {c.draft}"
     if c.drafter == "prompt-lookup":
         return f"drafter prompt-lookup (n-grams {c.lookup_min}..{c.lookup_max})"
+    if c.drafter == "lookup-model":
+        return f"drafter lookup-model (n-grams {c.lookup_min}..{c.lookup_max}, then draft {c.draft})"
     return (f"drafter suffix (depth {c.suffix_depth}, factor {c.suffix_factor:g}, min prob {c.suffix_min_prob:g}"
             f"{', earlier outputs' if c.suffix_outputs else ''})")
 

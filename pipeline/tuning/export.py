@@ -199,6 +199,9 @@ def export(schedule: dict, fmt: str, out: str | os.PathLike, *, pick: str | None
     if fmt == "json":
         return _json(schedule, rows, pick or PICK_OF[fmt], out), []
     rows, tree_notes = _chains(rows, fmt, tree_as_chain)
+    if (_drafter(rows) or {}).get("drafter") == "lookup-model":
+        raise SpecsweepError(f"{fmt} has no drafter that starts from a prompt-lookup match (lookup-model): export "
+                             "--format json, or tune with other drafters")
     if not schedule.get("draft") and _drafter(rows) is None:
         raise SpecsweepError(f"the schedule names no draft model: --format {fmt} needs one")
     for row in rows:

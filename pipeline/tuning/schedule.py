@@ -173,7 +173,7 @@ def settings_of(config: dict, resolved: dict | None = None) -> dict:
     if config.get("draft_tokenizer_mode") in ("intersection", "string"):   # a draft with another tokenizer
         out["draft_tokenizer_mode"] = config["draft_tokenizer_mode"]
     drafter = config.get("drafter") or "model"
-    if drafter != "model":                                                # a drafter without a draft model
+    if drafter != "model":                                     # a drafter without a draft model, or lookup-model
         out["drafter"] = {"drafter": drafter, **{k: config.get(k) for k in DRAFTER_KEYS[drafter]}}
     if config.get("draft_tree") and out["gamma"]:                       # a token tree: γ is its node count
         out["draft_tree"] = ran_tree(str(config["draft_tree"]), (resolved or {}).get("tree_parents"))
@@ -192,8 +192,8 @@ def ran_tree(spec: str, parents: list[int] | None) -> str:
     return PARENTS + ",".join(str(int(p)) for p in parents)
 
 
-# each drafter without a model: the run settings that define it
-DRAFTER_KEYS = {"prompt-lookup": ("lookup_min", "lookup_max"),
+# each drafter but the draft model alone: the run settings that define it (lookup-model's draft is the schedule's)
+DRAFTER_KEYS = {"prompt-lookup": ("lookup_min", "lookup_max"), "lookup-model": ("lookup_min", "lookup_max"),
                 "suffix": ("suffix_depth", "suffix_factor", "suffix_min_prob", "suffix_outputs")}
 
 

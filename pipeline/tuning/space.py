@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import yaml
 
-from pipeline.config import DRAFTERS, RunConfig
+from pipeline.config import DRAFTERS, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
@@ -215,9 +215,9 @@ class SearchSpace:
                 params[name] = trial.suggest_int(name, math.ceil(lo), math.floor(hi), log=log)
             else:
                 params[name] = trial.suggest_float(name, lo, hi, log=log)
-        if self.trees:      # any drafter: a draft model's tree, or several matches of a drafter without one
+        if self.trees and drafter != "lookup-model":  # a draft model's tree, or several matches of a lookup drafter
             params.update(self._suggest_tree(trial, params["sampler"]))
-        if self.searches_drafts and drafter == "model" and "draft_tree" not in params:
+        if self.searches_drafts and drafter in MODEL_DRAFTERS and "draft_tree" not in params:
             params.update(self._suggest_draft(trial, params["gamma"]))
         if self.tokenizer_modes and drafter == "model":
             params["draft_tokenizer_mode"] = trial.suggest_categorical("draft_tokenizer_mode",
@@ -226,7 +226,7 @@ class SearchSpace:
 
     def _suggest_drafter(self, trial, drafter: str) -> dict:
         """The trial's drafter and its parameters as run settings."""
-        if drafter == "prompt-lookup":
+        if drafter in ("prompt-lookup", "lookup-model"):
             return {"drafter": drafter, "lookup_min": 1,
                     "lookup_max": trial.suggest_int("lookup_max", *self.lookup_max)}
         if drafter == "suffix":
@@ -273,12 +273,12 @@ def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
     choose how to bridge the tokenizers (intersection or string; which is faster depends on the pair) unless
     ``--draft-tokenizer-mode`` fixes it, and they all use that draft."""
     if not base.draft:
-        without = tuple(d for d in space.drafters if d != "model")
+        without = tuple(d for d in space.drafters if d not in MODEL_DRAFTERS)
         if not without:
             raise SpecsweepError("the search space's drafters are ['model'] and this pair has no --draft: give a "
                                  "draft or add prompt-lookup or suffix to the space's drafter list")
         return space if without == space.drafters else dataclasses.replace(space, drafters=without)
-    if base.drafter != "model" or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
+    if base.drafter not in MODEL_DRAFTERS or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
         return space
     modes = ("intersection", "string") if base.draft_tokenizer_mode == "auto" else ()
     print(f"the draft {base.draft} has another tokenizer than the target's: trials draft a fixed γ"

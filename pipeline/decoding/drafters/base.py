@@ -243,4 +243,21 @@ class Drafter:
         raise NotImplementedError
 
     def statistics(self) -> dict:
+        """Host values: ``draft_forwards``, and where the drafter counts more (its proposals by source, ...)
+        ``drafter_counts``, a dict of ints and lists of ints that :func:`add_counts` sums over calls and runs."""
         return {"draft_forwards": self.forwards}
+
+
+def add_counts(into: dict | None, other: dict | None) -> dict | None:
+    """Two ``drafter_counts`` (:meth:`Drafter.statistics`) summed: ints added, lists of ints added element by element
+    (the longer one's tail kept); None where both are None."""
+    if other is None:
+        return into
+    out = dict(into or {})
+    for key, value in other.items():
+        if isinstance(value, list):
+            mine = out.get(key, [])
+            out[key] = [a + b for a, b in zip(mine, value)] + (mine[len(value):] or value[len(mine):])
+        else:
+            out[key] = out.get(key, 0) + value
+    return out

@@ -40,7 +40,8 @@ class ModelDrafter(Drafter):
         self.temperature = setup.draft_temperature
         self.mask_logits = setup.mask_logits
 
-    def _readable(self, ids: torch.Tensor) -> torch.Tensor:
+    def readable(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids int64 [...] as the draft reads them: ids past its input embedding become the pad id."""
         return torch.where(ids < self.vocab_in, ids, self.pad)
 
     def start(self, prompt: DraftPrompt) -> None:
@@ -85,7 +86,7 @@ class ModelDrafter(Drafter):
                 proposal_logits.append(logits)
                 continue
             own = ~stopped if limits is None else ~stopped & (limits > i)                     # bool [b]
-            token, probs = self._sample_with_probs(logits, u[:, i])
+            token, probs = self.sample_with_probs(logits, u[:, i])
             greedy = logits.argmax(dim=-1)
             one_hot = torch.full_like(logits, float("-inf")).scatter_(-1, greedy[:, None], 0.0)
             proposals.append(torch.where(own, token, greedy))
@@ -116,7 +117,7 @@ class ModelDrafter(Drafter):
         self.forwards += 1
         return self.model.forward(self.backlog, self.backlog_valid, 1, self.backlog_holes)[:, 0]
 
-    def _sample_with_probs(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_with_probs(self, logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The proposal of :func:`draft_sample` (the same token for the same uniforms u [b]) and the draft's
         distribution float32 [b, V_d] it was drawn from (softmax of the logits at T = 0, where it proposes the
         argmax)."""
@@ -129,7 +130,7 @@ class ModelDrafter(Drafter):
     def commit(self, outcome: StepOutcome) -> None:
         """Back to the accepted prefix, and queue what follows: x_γ where every draft was accepted, then the emitted
         token (a step that drafted nothing, the last one, queues the emitted token alone)."""
-        gamma, readable = outcome.proposal.width, self._readable(outcome.next_token)
+        gamma, readable = outcome.proposal.width, self.readable(outcome.next_token)
         if gamma == 0:
             self.carry = None
             self.backlog = torch.cat([self.backlog, readable[:, None]], dim=1)
@@ -144,7 +145,7 @@ class ModelDrafter(Drafter):
         """The backlog the next proposal reads first: ``last`` int64 [b] (the deepest proposal, which the draft never
         read) where a row accepted all ``depth`` of its path, then the emitted token."""
         accepted, max_acc, min_acc = outcome.accepted, max(outcome.accepted_host), min(outcome.accepted_host)
-        readable = self._readable(outcome.next_token)
+        readable = self.readable(outcome.next_token)
         self.backlog_holes = min_acc < depth <= max_acc   # some rows feed [x_γ, y], others [hole, y]
         if max_acc == depth:
             all_accepted = accepted == depth

@@ -92,7 +92,7 @@ class TreeDrafter(ModelDrafter):
                 node_logits.append(logits[:, parent])                                    # [b, count, V_d]
             start += count
             if depth + 1 < self.tree.depth:          # the deepest level is never read by the draft
-                logits = self.model.forward(self._readable(kids), span=self.level_spans[depth])
+                logits = self.model.forward(self.readable(kids), span=self.level_spans[depth])
                 self.forwards += 1
         return Proposal(torch.cat(tokens, 1), None if deterministic else torch.cat(node_logits, 1),
                         tree=self.tree, replacement=self.children == "with-replacement", span=self.target_span)
