@@ -183,6 +183,8 @@ REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair
 PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfloat16-128"),
              ("draft, head cut to 32768 tokens, γ 4", "qwen-model-k32768-g4-bfloat16-128"),
              ("prompt lookup, γ 4", "qwen-lookup-g4-bfloat16-128"),
+             ("prompt lookup's match, then the draft (head: 32768 tokens), γ 4",
+              "qwen-lookup-model-k32768-g4-bfloat16-128"),
              ("draft, γ 4, our loop", "qwen-model-g4-float32-24"),
              ("draft, γ 4, transformers' assisted generation", "qwen-model-g4-float32-24-hf"))
 
