@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.config import MODEL_DRAFTERS
 from pipeline.errors import SpecsweepError
 from pipeline.tasks import quality_metric
 
@@ -96,9 +97,9 @@ def named_quality(r: dict) -> str:
 
 
 def _cost(r: dict) -> str | None:
-    """c for a draft model; None for a drafter without one."""
+    """c for a drafter that runs a draft model; None for a drafter without one."""
     c = r["metrics"]["cost_ratio"]
-    return None if c is None or (r["config"]["drafter"] or "model") != "model" else f"c {num(c)}"
+    return None if c is None or (r["config"]["drafter"] or "model") not in MODEL_DRAFTERS else f"c {num(c)}"
 
 
 def metric(key: str, digits: int = 2) -> Callable[[dict], str]:
