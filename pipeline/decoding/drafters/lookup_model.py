@@ -7,8 +7,8 @@ Each step, for each row with its own draft length g (γ, or its adaptive or end-
      then drafts the remaining g - m tokens one forward each, as ``--drafter model`` does. A row whose lookup fills
      its g needs no draft token; a step where every row's does runs no draft forward at all, and the tokens wait
      for the draft's next forward.
-A step costs the draft max over rows of (g - m) forwards, against γ for the model drafter (both read the text they
-have not seen in their first forward).
+A step costs the draft at most max over rows of (g - m) forwards, against γ for the model drafter (both read the
+text they have not seen in their first forward).
 
 Probabilities. A lookup token is a function of the text before it, so its draft law is the point mass at it: its
 row of the proposal's logits is one-hot (0 at the token, -inf elsewhere), as prompt lookup's deterministic draft is
