@@ -173,5 +173,8 @@ def test_two_dtypes_without_any_measurement_of_the_target_alone_are_not_ranked_a
     assert main(["report", "--runs", str(runs), "--out", str(out)]) == 0
     capsys.readouterr()
     md = (out / "report.md").read_text()
-    assert ("cnn_dailymail, t: measured in bfloat16, float32, but with no measurement of the target alone in any of "
-            "them, so its runs cannot be ranked against one reference") in md
+    said = ("cnn_dailymail, t: measured in bfloat16, float32, but with no measurement of the target alone in any of "
+            "them, so its runs cannot be ranked against one reference")
+    recommendation, pair = md.split("## Recommendation")[1].split("\n## cnn_dailymail: t ← d")
+    assert "nothing to recommend yet" in recommendation and said in recommendation      # why nothing is
+    assert said in pair.split("Pareto front")[0] and "No run or trial with both" in pair
