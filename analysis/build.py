@@ -170,7 +170,8 @@ def _recommendations(table, max_quality_loss: float) -> list:
     blocks = [Heading(2, "Recommendation")]
     rec = recommend(table, max_quality_loss)
     if rec.empty:
-        return [*blocks, Para("No run or trial with a measured speedup: nothing to recommend yet.")]
+        return [*blocks, Para("No run or trial with a measured speedup: nothing to recommend yet."),
+                *_speed_references(table)]
     several = several_dtypes(rec)
     cols = ["task", "target", "draft", "choice", "sampler", "backend", "gamma", "parameters", "dtype", "speedup",
             *_vs_reference_column(several), "quality", "quality loss", "device", "date", "source"]
@@ -188,14 +189,21 @@ def _recommendations(table, max_quality_loss: float) -> list:
     for _, r in rec.iterrows():
         if r.get("note") and isinstance(r.get("run"), str):
             blocks.append(Para(f"**{r['task']}, {r['choice']}** (`{r['run']}`): {r['note']}."))
-    measured = of_kind(table, "run", "trial", "baseline")
-    for _, pair in measured.groupby(["task", "target"], sort=True) if several else ():
-        if several_dtypes(pair):
-            blocks.append(Para(f"**Speed reference.** {describe(pair)}"))
+    blocks += _speed_references(table)
     blocks.append(Para("Quality is the raw score (ROUGE-L, or WER); loss is relative to the reference named in "
                        "`results.csv` (`reference_source`). On few samples, quality differences of a few percent "
                        "are within sampling noise: confirm a sigmoid choice on more data."))
     return blocks
+
+
+def _speed_references(table) -> list:
+    """A paragraph per task and target that ran in several dtypes, naming the speed reference its runs are ranked
+    against (analysis/speed_reference.py); none where every task and target ran in one dtype."""
+    measured = of_kind(table, "run", "trial", "baseline")
+    if not several_dtypes(measured):
+        return []
+    return [Para(f"**Speed reference.** {describe(pair)}")
+            for _, pair in measured.groupby(["task", "target"], sort=True) if several_dtypes(pair)]
 
 
 def _flagged(table) -> list:
@@ -248,14 +256,17 @@ def _quality_section(group, losses, *, task, target, draft, metric, name, slug, 
     and target ran in several dtypes, the figure, the front and its table use the speedup against the common
     reference (analysis/speed_reference.py)."""
     blocks = [Heading(3, "Quality against speedup")]
+    several = several_dtypes(group)
+    if several:
+        blocks.append(Para(f"**Speed reference.** {describe(speed_rows)}"))
     if metric is None:
         return [*blocks, Para(f"Task {task} has no quality metric: no quality/speedup figure.")]
     base = baseline_rows[baseline_rows[metric].notna()] if metric in baseline_rows.columns else baseline_rows[:0]
     reference = float(base[metric].iloc[0]) if not base.empty else None
-    several = several_dtypes(group)
     x = "speedup_vs_reference" if several else "speedup"
-    xlabel = (f"speedup over the target alone in {group['speed_reference_dtype'].dropna().iloc[0]}, its fastest "
-              "measured dtype" if several else "measured speedup over AR (tokens/s ratio)")
+    refs = group["speed_reference_dtype"].dropna() if several else []   # none: no run can be drawn against one
+    xlabel = (f"speedup over the target alone in {refs.iloc[0]}, its fastest measured dtype" if len(refs)
+              else "measured speedup over AR (tokens/s ratio)")
     path = figures.quality_vs_speedup(group, metric, f"{name}: {METRIC_NAME[metric]} vs speedup",
                                       fig_dir / f"quality-{slug}.png", reference, max_quality_loss, x=x, xlabel=xlabel)
     if path is None:
@@ -274,8 +285,6 @@ def _quality_section(group, losses, *, task, target, draft, metric, name, slug, 
     sign = QUALITY[task][1]
     mask = pareto_mask([float(v) for v in sel[x]], [sign * float(v) for v in sel[metric]])
     front = sel[mask].sort_values(x)
-    if several:
-        blocks.append(Para(f"**Speed reference.** {describe(speed_rows)}"))
     blocks.append(Para(f"Pareto front ({len(front)} of {len(sel)} runs and trials; "
                        f"{'speedup vs reference' if several else 'speedup'} and quality both maximised):"))
     blocks.append(Table(["run", "kind", "sampler", "gamma", *_mode_column(other), "parameters", "dtype", "speedup",

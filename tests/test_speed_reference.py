@@ -159,3 +159,22 @@ def test_without_baselines_the_paired_loops_give_the_target_alones_speed(tmp_pat
     assert ("ranked against the target alone in float32, its fastest measured dtype (435 tok/s, the γ = 0 loop of 1 "
             "paired run(s); bfloat16: 249 tok/s (the γ = 0 loop of 2 paired run(s)))") in md
     assert "Runs in float16 are left out: no measurement of the target alone in that dtype." in md
+
+
+def test_two_dtypes_without_any_measurement_of_the_target_alone_are_not_ranked_and_the_report_says_so(tmp_path,
+                                                                                                      capsys):
+    runs = tmp_path / "runs"
+    for name, dtype, speedup in (("f32", "float32", 1.39), ("bf16", "bfloat16", 1.89)):
+        old = run(dtype, speedup, (speedup - 0.05, speedup + 0.05), 300.0)
+        del old["metrics"]["ar_tokens_per_second"]
+        write(runs / f"{name}.json", old)
+    assert recommend(load_runs(runs), 0.01).empty
+    out = tmp_path / "reports"
+    assert main(["report", "--runs", str(runs), "--out", str(out)]) == 0
+    capsys.readouterr()
+    md = (out / "report.md").read_text()
+    said = ("cnn_dailymail, t: measured in bfloat16, float32, but with no measurement of the target alone in any of "
+            "them, so its runs cannot be ranked against one reference")
+    recommendation, pair = md.split("## Recommendation")[1].split("\n## cnn_dailymail: t ← d")
+    assert "nothing to recommend yet" in recommendation and said in recommendation      # why nothing is
+    assert said in pair.split("Pareto front")[0] and "No run or trial with both" in pair
