@@ -104,8 +104,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -c constraints.txt -e ".[dev]"
 	touch $@
 
+# The suite in parallel processes (pytest-xdist): one per core, at most 4 (each loads torch and its own models), a
+# test file's tests in one process (--dist loadfile: the PostgreSQL tests of one file share a database).
+# `make test PYTEST_WORKERS=0` runs it in this process.
+PYTEST_WORKERS ?= auto
+
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check .

@@ -16,6 +16,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
 
+# In parallel workers (pytest-xdist, `make test`) each worker's torch gets its share of the cores, so the workers'
+# thread pools do not outnumber the cores; tests that set threads themselves set them as before.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def fixtures_path() -> Path:
     """The real sample data: $SPECSWEEP_FIXTURES, else <repo root>/../shared/fixtures (absent in a user's clone)."""
