@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test lint bench constraints real real-setup distill publish docs check-docs pair
+.PHONY: all setup test lint bench constraints real real-setup distill publish docs check-docs pair trees
 
 # The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
@@ -78,6 +78,25 @@ pair: setup
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 --engine hf \
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24-hf.json
+
+# docs/trees.md, "Tree drafts without a draft model": prompt lookup and suffix decoding on the toy text pair's target
+# (models/toy/text: `make`, or `specsweep toy data` and `specsweep toy train --task text --threads 1`), a `3,2,1` tree
+# against the chain of its depth, on the same 100 test prompts at T = 1 and 0, one thread; each tree compared with its
+# chain prompt by prompt into $(TREES_PUBLISHED)/<drafter>-t<T>.json (small, committed). Then `make docs`.
+TREE_RUNS ?= results/trees/runs
+TREES_PUBLISHED ?= results/published/trees
+TREES = --task cnn_dailymail --target models/toy/text/target --data data/toy/text/test.jsonl --device cpu --threads 1 \
+	--limit 100 --repeats 3 --no-progress
+
+trees: setup
+	set -e; for drafter in prompt-lookup suffix; do for t in 1 0; do \
+		$(BIN)/specsweep run $(TREES) --drafter $$drafter --temperature $$t --draft-tree 3,2,1 \
+			--out $(TREE_RUNS)/$$drafter-tree-t$$t.json; \
+		$(BIN)/specsweep run $(TREES) --drafter $$drafter --temperature $$t --gamma 3 \
+			--out $(TREE_RUNS)/$$drafter-chain-t$$t.json; \
+		$(BIN)/python -m pipeline.analysis.paired_tokens $(TREE_RUNS)/$$drafter-tree-t$$t.json \
+			$(TREE_RUNS)/$$drafter-chain-t$$t.json --out $(TREES_PUBLISHED)/$$drafter-t$$t.json; \
+	done; done
 
 # Published results and the figures generated from them (docs/README.md, "Generated figures"). `make publish` copies
 # what a profile's `dvc repro` wrote (PROFILE=default: results/runs after `make`; PROFILE=real: real/results/runs after

@@ -2,8 +2,9 @@
 
 A generated block is every line between a line ``<!-- BEGIN GENERATED name -->`` and the next line
 ``<!-- END GENERATED -->``. :data:`REGISTRY` maps each name to the function that renders it (the repository root ->
-Markdown) from committed files only: the benchmarks' JSON (results/bench/, kernels/results/) and the profiles'
-published summaries (results/published/<profile>/summary.json, analysis/publish.py).
+Markdown) from committed files only: the benchmarks' JSON (results/bench/, kernels/results/), the profiles'
+published summaries (results/published/<profile>/summary.json, analysis/publish.py) and the paired comparisons of
+results/published/trees/ (`make trees`, analysis/tree_blocks.py).
 
     python -m pipeline.analysis.docs            rewrite every block that differs (make docs)
     python -m pipeline.analysis.docs --check    exit 1 and print a unified diff per block that differs (make check-docs)
@@ -25,7 +26,7 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
 
-from . import bench_blocks, budgets, gpu_blocks, run_tables
+from . import bench_blocks, budgets, gpu_blocks, run_tables, tree_blocks
 from .run_tables import TABLES
 
 BEGIN = re.compile(r"<!-- BEGIN GENERATED (\S+) -->")
@@ -53,6 +54,8 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     # docs/serve.md
     "serve-toy": bench_blocks.serve_toy,
     "serve-smollm2": bench_blocks.serve_smollm2,
+    # docs/trees.md
+    "trees-lookup": tree_blocks.lookup_trees,
     # docs/gpu.md
     "gpu-machine": gpu_blocks.gpu_machine,
     "gpu-kernels": gpu_blocks.gpu_kernels_bullet,

@@ -9,24 +9,34 @@ and ``verify_steps``, as the run's ``mean_accepted_tokens`` counts them: accepte
 token), either its tokens over its steps summed over the side's files (``pooled``, the default) or the mean over the
 files of each file's ratio (``mean``). The difference is A − B per prompt; its mean gets a percentile bootstrap
 interval over prompts (scipy.stats.bootstrap, ``--resamples`` 10 000, ``--confidence`` 0.95, ``--seed`` 0). Also
-printed: each side's tokens per step over all its samples, and on how many prompts A is ahead, behind or equal.
-``--out`` writes the figures as JSON.
+printed: each side's tokens per step over all its samples, on how many prompts A is ahead, behind or equal, and on
+how many both sides emitted the same tokens (under every seed, the files paired by seed). ``--out`` writes the figures
+as JSON, with what each side ran (its files, the settings of its first file, its seeds, when and on what its runs
+ran) and where the comparison was made (the date, the machine, specsweep's version and the git commit), so a page can
+publish it (docs/trees.md, `make trees`).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.env_info import git_commit, machine, versions
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.result import read_result
+from pipeline.results_table import device_label
 
 COMBINE = ("pooled", "mean")
+# the settings of a side that --out records (from its first file: the side's files differ in their seed only)
+SETTINGS = ("task", "data", "target", "draft", "drafter", "draft_tree", "tree_children", "gamma", "sampler", "backend",
+            "dtype", "temperature", "limit", "max_new_tokens", "max_prompt_tokens", "threads", "device", "repeats",
+            "samples_per_repeat")
 
 
 def load_side(paths: list[str]) -> list[dict]:
@@ -67,6 +77,21 @@ def seeds(results: list[dict]) -> list:
     return sorted(r["config"].get("seed") for r in results)
 
 
+def same_tokens(a: list[dict], b: list[dict]) -> int | None:
+    """How many prompts both sides decoded to the same tokens under every seed (the files paired by seed); None
+    where a sample has no ``token_ids``."""
+    pairs = zip(sorted(a, key=lambda r: r["config"].get("seed")), sorted(b, key=lambda r: r["config"].get("seed")))
+    same: set | None = None
+    for ra, rb in pairs:
+        ta = {s["id"]: s.get("token_ids") for s in ra["samples"]}
+        tb = {s["id"]: s.get("token_ids") for s in rb["samples"]}
+        if any(t is None for t in (*ta.values(), *tb.values())):
+            return None
+        equal = {key for key in ta if ta[key] == tb.get(key)}
+        same = equal if same is None else same & equal
+    return len(same or ())
+
+
 def compare(a: list[dict], b: list[dict], combine: str = "pooled", resamples: int = 10_000,
             confidence: float = 0.95, seed: int = 0) -> dict:
     """The paired comparison of sides ``a`` and ``b`` (lists of results dicts)."""
@@ -96,7 +121,29 @@ def compare(a: list[dict], b: list[dict], combine: str = "pooled", resamples: in
     return {"prompts": len(keys), "seeds": seeds(a), "per_prompt": combine, "a_tokens_per_step": rate(a),
             "b_tokens_per_step": rate(b), "mean_difference": float(diff.mean()), "ci_low": low, "ci_high": high,
             "confidence": confidence, "resamples": resamples, "a_ahead": int((diff > 0).sum()),
-            "a_behind": int((diff < 0).sum()), "equal": int((diff == 0).sum())}
+            "a_behind": int((diff < 0).sum()), "equal": int((diff == 0).sum()), "same_tokens": same_tokens(a, b)}
+
+
+def side(paths: list[str], results: list[dict]) -> dict:
+    """What one side ran, for ``--out``: its files, its first file's :data:`SETTINGS`, its seeds, and the dates and
+    devices of its runs."""
+    dates = sorted((r.get("provenance") or {}).get("date") or "" for r in results)
+    return {"files": paths, "settings": {k: results[0]["config"].get(k) for k in SETTINGS}, "seeds": seeds(results),
+            "ran": {"first": dates[0] or None, "last": dates[-1] or None,
+                    "devices": sorted({device_label((r.get("provenance") or {}).get("device"),
+                                                    (r.get("resolved") or {}).get("device")) for r in results})}}
+
+
+def published(command: str, a_paths: list[str], a: list[dict], b_paths: list[str], b: list[dict], figures: dict,
+              root: Path = Path(".")) -> dict:
+    """The ``--out`` file: the ``figures`` of :func:`compare`, each side (:func:`side`) and where the comparison was
+    made (``root``: the checkout whose commit is recorded)."""
+    commit = git_commit(root)
+    return {"published": "a paired comparison of two decoding settings' emitted tokens per verify step, prompt by "
+                         f"prompt, written by `{command}`",
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "version": versions().get("specsweep"), "commit": commit["commit"], "dirty": commit["dirty"],
+            "machine": machine(), "sides": {"a": side(a_paths, a), "b": side(b_paths, b)}, **figures}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's generator seed")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
+    a_paths, b_paths = args.a.split(","), args.b.split(",")
     try:
-        a, b = load_side(args.a.split(",")), load_side(args.b.split(","))
+        a, b = load_side(a_paths), load_side(b_paths)
         r = compare(a, b, args.per_prompt, args.resamples, args.confidence, args.seed)
     except SpecsweepError as e:
         print(f"paired_tokens: error: {e}", file=sys.stderr)
@@ -121,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"A {r['a_tokens_per_step']:.3f} tokens per step, B {r['b_tokens_per_step']:.3f}; A − B per prompt "
           f"({r['per_prompt']} over seeds {r['seeds']}): {r['mean_difference']:+.3f} [{r['ci_low']:+.3f}, "
           f"{r['ci_high']:+.3f}] ({r['confidence']:.0%} bootstrap interval over {r['prompts']} prompts, "
-          f"{r['resamples']} resamples); A ahead on {r['a_ahead']}, behind on {r['a_behind']}, equal on {r['equal']}")
+          f"{r['resamples']} resamples); A ahead on {r['a_ahead']}, behind on {r['a_behind']}, equal on {r['equal']}"
+          + ("" if r["same_tokens"] is None else f"; the same tokens on {r['same_tokens']}"))
     if args.out:
-        write_json_atomic(args.out, {"a": args.a.split(","), "b": args.b.split(","), **r})
+        command = " ".join(["python -m pipeline.analysis.paired_tokens", *(argv if argv is not None else sys.argv[1:])])
+        write_json_atomic(args.out, published(command, a_paths, a, b_paths, b, r))
     return 0
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.analysis import docs, publish
+from pipeline.analysis import docs, paired_tokens, publish, tree_blocks
 from pipeline.analysis.run_tables import TABLES
 from pipeline.result import make_result, write_result
 
@@ -35,7 +35,7 @@ def copy_repo(tmp_path: Path) -> Path:
 def test_the_repositorys_generated_blocks_are_what_make_docs_writes(capsys):
     assert docs.main(["--check", "--root", str(ROOT)]) == 0, capsys.readouterr().out
     names = docs.block_names(ROOT)
-    assert {"readme-h100", "bench-kernels-h100", "bench-block-gain", "gpu-lossless"} <= names
+    assert {"readme-h100", "bench-kernels-h100", "bench-block-gain", "gpu-lossless", "trees-lookup"} <= names
 
 
 def test_changing_any_digit_inside_a_generated_block_makes_the_check_fail():
@@ -221,3 +221,59 @@ def test_the_real_tables_are_rendered_and_a_run_the_summary_lacks_is_a_one_line_
     capsys.readouterr()
     err = one_line_error(capsys, ["--root", str(tmp_path)])
     assert "holds no run 'qwen-sampling-bfloat16/qwen-sampling-bfloat16-typical-torch-g4'" in err
+
+
+# ---------------------------------------------------------------------------------------------- docs/trees.md
+
+def lookup_run(drafter: str, temperature: int, tree: str | None, counts: list[tuple[int, int]],
+               tokens: list[list[int]]) -> dict:
+    """A `specsweep run` results file of a drafter without a model: a tree (``tree``) or the chain of 3 (None)."""
+    config = {"task": "cnn_dailymail", "drafter": drafter, "draft_tree": tree, "gamma": 15 if tree else 3,
+              "temperature": float(temperature), "seed": 0, "limit": len(counts), "threads": 1}
+    samples = [{"id": f"p{i}", "text": "x", "new_tokens": n, "verify_steps": steps, "token_ids": ids}
+               for i, ((n, steps), ids) in enumerate(zip(counts, tokens))]
+    provenance = {"date": "2026-11-27T10:00:00+00:00", "device": {"device": "cpu", "cpu": "x86_64", "cpu_threads": 1}}
+    return make_result(config, {"device": "cpu"}, provenance, {}, {}, {}, samples)
+
+
+def compare_lookup(root: Path, drafter: str, t: int, tree_first: int, tree_drafter: str | None = None) -> None:
+    """Write a tree and its chain (the tree emits ``tree_first`` tokens in 3 steps on p0, the chain 6; both 8 in 4 on
+    p1, with other tokens) and their comparison where `make trees` writes it."""
+    tree = root / "runs" / f"{drafter}-tree-t{t}.json"
+    chain = root / "runs" / f"{drafter}-chain-t{t}.json"
+    write_result(tree, lookup_run(tree_drafter or drafter, t, "3,2,1", [(tree_first, 3), (8, 4)], [[1, 2], [3]]))
+    write_result(chain, lookup_run(drafter, t, None, [(6, 3), (8, 4)], [[1, 2], [4]]))
+    out = root / tree_blocks.comparison_path(drafter, t)
+    assert paired_tokens.main([str(tree), str(chain), "--out", str(out)]) == 0
+
+
+def test_the_lookup_tree_table_is_rendered_from_the_comparisons_make_trees_writes(tmp_path, capsys):
+    for k, (drafter, t) in enumerate([(d, t) for d in ("prompt-lookup", "suffix") for t in (1, 0)]):
+        compare_lookup(tmp_path, drafter, t, 9 + 3 * k)
+    capsys.readouterr()
+    text = tree_blocks.lookup_trees(tmp_path)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.split("\n")
+            if line.startswith("|") and not line.startswith("|--")]
+    assert rows[0] == ["drafter", "T", "`3,2,1` (15 nodes)", "chain γ = 3", "paired difference (95 % interval)",
+                       "prompts the tree is ahead on, behind on", "prompts with the same tokens"]
+    # p0: the tree 3 + k tokens per step against the chain's 2; p1: 2 and 2, with other tokens
+    assert [r[:2] for r in rows[1:]] == [["prompt lookup", "1"], ["prompt lookup", "0"], ["suffix decoding", "1"],
+                                          ["suffix decoding", "0"]]
+    for k, row in enumerate(rows[1:]):
+        assert row[2:] == [f"{(17 + 3 * k) / 7:.2f}", "2.00",
+                           f"+{(1 + k) / 2:.2f} [+0.00, +{1 + k:.2f}]", "1, 0", "1 of 2"], k
+    where = " ".join(text.split("\n\n")[-1].split())
+    assert where.startswith("Measured on ")
+    assert where.endswith("2 prompts per run (`make trees`, results/published/trees/).")
+
+
+def test_a_comparison_of_other_settings_than_its_name_says_is_a_one_line_error(tmp_path, capsys):
+    for drafter in ("prompt-lookup", "suffix"):
+        for t in (1, 0):
+            compare_lookup(tmp_path, drafter, t, 9, tree_drafter="suffix")       # every tree is suffix decoding's
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "trees.md").write_text("<!-- BEGIN GENERATED trees-lookup -->\n<!-- END GENERATED -->\n")
+    capsys.readouterr()
+    err = one_line_error(capsys, ["--check", "--root", str(tmp_path)])
+    assert "block trees-lookup: source results/published/trees/prompt-lookup-t1.json: side A ran" in err
+    assert "'drafter': 'suffix'" in err and "`make trees` writes it" in err

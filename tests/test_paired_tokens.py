@@ -14,9 +14,11 @@ from pipeline.errors import SpecsweepError
 from pipeline.result import make_result, write_result
 
 
-def result(counts: dict[str, tuple[int, int]], seed: int = 0) -> dict:
-    """A `specsweep run` results file whose samples emitted ``counts[id] = (new tokens, verify steps)``."""
-    samples = [{"id": key, "text": "x", "new_tokens": tokens, "verify_steps": steps}
+def result(counts: dict[str, tuple[int, int]], seed: int = 0, token_ids: dict[str, list[int]] | None = None) -> dict:
+    """A `specsweep run` results file whose samples emitted ``counts[id] = (new tokens, verify steps)`` (and, where
+    given, the tokens ``token_ids[id]``)."""
+    samples = [{"id": key, "text": "x", "new_tokens": tokens, "verify_steps": steps,
+                **({"token_ids": token_ids[key]} if token_ids else {})}
                for key, (tokens, steps) in counts.items()]
     tokens, steps = sum(t for t, _ in counts.values()), sum(s for _, s in counts.values())
     return make_result({"task": "cnn_dailymail", "gamma": 4, "seed": seed}, {"device": "cpu"}, {},
@@ -82,6 +84,16 @@ def test_unpaired_inputs_are_refused():
         paired_tokens.compare([result({"p0": (4, 0)})], [result({"p0": (4, 2)})])
 
 
+def test_prompts_with_the_same_tokens_are_counted_under_every_seed():
+    counts = {"p0": (4, 2), "p1": (4, 2), "p2": (4, 2)}
+    a = [result(counts, 0, {"p0": [1, 2], "p1": [3], "p2": [5]}), result(counts, 1, {"p0": [1], "p1": [3], "p2": [6]})]
+    b = [result(counts, 1, {"p0": [1], "p1": [4], "p2": [6]}), result(counts, 0, {"p0": [1, 2], "p1": [3], "p2": [7]})]
+    # paired by seed, not by position: p0 is the same under both seeds, p1 differs under seed 1, p2 under both
+    assert paired_tokens.compare(a, b)["same_tokens"] == 1
+    assert paired_tokens.compare(a, a)["same_tokens"] == 3
+    assert paired_tokens.compare([result(counts)], [result(counts)])["same_tokens"] is None     # no token ids
+
+
 def test_the_command_prints_one_line_and_writes_json(tmp_path, capsys):
     for name, counts in (("a0", {"p0": (6, 2), "p1": (9, 3)}), ("b0", {"p0": (4, 2), "p1": (6, 3)})):
         write_result(tmp_path / f"{name}.json", result(counts))
@@ -90,7 +102,13 @@ def test_the_command_prints_one_line_and_writes_json(tmp_path, capsys):
     line = capsys.readouterr().out
     assert line.startswith("A 3.000 tokens per step, B 2.000; A − B per prompt (pooled over seeds [0]): +1.000 "
                            "[+1.000, +1.000]") and line.count("\n") == 1
-    assert json.loads(out.read_text())["mean_difference"] == 1.0
+    written = json.loads(out.read_text())
+    assert written["mean_difference"] == 1.0
+    # what it is and where it was made, as every published file says
+    assert "paired_tokens" in written["published"] and written["date"] and written["version"]
+    assert written["machine"]["cores"] >= 1 and "commit" in written
+    assert written["sides"]["a"]["files"] == [str(tmp_path / "a0.json")]
+    assert written["sides"]["b"]["settings"]["gamma"] == 4 and written["sides"]["b"]["seeds"] == [0]
     (tmp_path / "other.json").write_text("{}")
     assert paired_tokens.main([str(tmp_path / "a0.json"), str(tmp_path / "other.json")]) == 2
     assert "is not a specsweep run results file" in capsys.readouterr().err
