@@ -173,7 +173,7 @@ REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair
     ("Qwen2.5-Coder-1.5B, prompt lookup", "qwen-lookup-bfloat16/qwen-exact-torch-g4-bfloat16", "qwen"),
     ("Qwen2.5-Coder-1.5B, 0.5B draft, transformers' assisted generation",
      "qwen-hf-bfloat16/qwen-hf-bfloat16-exact-torch-g4", "qwen"),
-    ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens), 24 tokens",
+    ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)",
      "qwen-model-float32/qwen-model-float32-exact-torch-g4", None),
     ("SmolLM2-135M-Instruct, prompt lookup", "smollm2-lookup-bfloat16/smollm2-exact-torch-g4-bfloat16", "smollm2"),
     ("Whisper base, tiny.en draft", "whisper-base-model-bfloat16/whisper-base-model-bfloat16-exact-torch-g3",
@@ -216,6 +216,7 @@ TABLES = (
              tuple(Row(label, {"run": run, "pair": pair}, empty=() if pair else ("target alone (bfloat16)",))
                    for label, run, pair in REAL_RUNS),
              (Column("dtype", "{run}", setting("dtype")), Column("γ", "{run}", setting("gamma")),
+              Column("samples", "{run}", setting("limit")), Column("new tokens", "{run}", setting("max_new_tokens")),
               Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
               Column("acceptance", "{run}", metric("acceptance_rate")),
               Column("tokens/step", "{run}", metric("mean_accepted_tokens")),

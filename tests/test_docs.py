@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.analysis import docs, paired_tokens, publish, tree_blocks
+from pipeline.analysis import docs, paired_tokens, publish, run_tables, tree_blocks
 from pipeline.analysis.run_tables import TABLES
 from pipeline.result import make_result, write_result
 
@@ -201,13 +201,14 @@ def test_the_real_tables_are_rendered_and_a_run_the_summary_lacks_is_a_one_line_
     assert publish.main(["--profile", "real", "--root", str(tmp_path)]) == 0
     readme = table(tmp_path, "readme-real")
     head = readme[0]
-    assert head[:4] == ["target, drafter", "dtype", "γ", "paired speedup"]
-    assert readme[1][:4] == ["Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "float32", "4",
-                             "1.00 [0.95, 1.10]"]
+    assert head[:6] == ["target, drafter", "dtype", "γ", "samples", "new tokens", "paired speedup"]
+    assert readme[1][:3] == ["Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "float32", "4"]
+    assert readme[1][head.index("paired speedup")] == "1.00 [0.95, 1.10]"
+    assert readme[1][head.index("samples")] == "8"      # each run says how many samples and new tokens it decoded
     assert readme[1][head.index("target alone (bfloat16)")] == "ROUGE-L 0.158"
     assert readme[1][head.index("c")] == "0.12"
     assert readme[3][head.index("c")] == ""            # prompt lookup: no draft model, no c
-    float32_row = next(r for r in readme if "24 tokens" in r[0])
+    float32_row = readme[1 + next(i for i, (_, run, _) in enumerate(run_tables.REAL_RUNS) if "float32" in run)]
     assert float32_row[head.index("target alone (bfloat16)")] == ""    # no target alone in its dtype and length
     assert readme[-1][head.index("target alone (bfloat16)")] == "WER 5.7 %"
     sampling = table(tmp_path, "results-real-sampling")
