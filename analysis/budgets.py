@@ -31,7 +31,7 @@ from .doc_sources import read_source, table
 PATH = "results/published/budgets.json"
 BUDGETS = {"make": 480, "make test": 600, "make real": 2400}     # seconds
 WHAT = {"make": "`dvc repro` of the default profile (toy pairs), from no data, models or results",
-        "make test": "the test suite (`python -m pytest`), what CI runs",
+        "make test": "the test suite (`python -m pytest` in parallel workers), what CI runs",
         "make real": "`dvc repro` of the real profile (pretrained models), from no data, models or results"}
 
 

@@ -89,7 +89,7 @@ def summary(profile: str, root: Path) -> dict:
     if not runs:
         raise SpecsweepError(f"{runs_dir} holds no results files: run `{command}` first")
     dates = sorted(r["ran"]["date"] for r in runs.values() if r["ran"]["date"])
-    commit = git_commit(root)
+    commit = git_commit(root, ignore=(FOLDER,))   # publishing rewrites the published files: not a local change
     return {"published": f"the runs of {what}, as `{command}` wrote them in {runs_dir}: one record per results file, "
                          f"made by `make publish PROFILE={profile}`; the tables of README.md and docs/ read it "
                          "(`make docs`)",

@@ -77,9 +77,9 @@ def machine() -> dict:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "gpus": gpu_names()}
 
 
-def git_commit(root: str | os.PathLike = ".") -> dict:
+def git_commit(root: str | os.PathLike = ".", ignore: tuple[str, ...] = ()) -> dict:
     """The checkout's commit: {"commit": sha or None (not a git checkout, or no git), "dirty": whether tracked files
-    differ from it (None where unknown)}."""
+    differ from it (None where unknown)}; changes under the ``ignore`` paths (relative to ``root``) do not count."""
     import subprocess
 
     def git(*args: str) -> str | None:
@@ -90,7 +90,8 @@ def git_commit(root: str | os.PathLike = ".") -> dict:
             return None
 
     sha = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if sha else None
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                 *(f":(exclude){path}" for path in ignore)) if sha else None
     return {"commit": sha.strip() if sha else None, "dirty": None if status is None else bool(status.strip())}
 
 

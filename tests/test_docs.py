@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from pipeline.analysis import docs, paired_tokens, publish, run_tables, tree_blocks
 from pipeline.analysis.run_tables import TABLES
+from pipeline.env_info import git_commit
 from pipeline.result import make_result, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +159,25 @@ def test_publish_writes_one_small_summary_with_what_it_is_the_machine_the_date_a
     assert record["quality"] == {"rouge1": 1.0, "rouge2": 0.5, "rougeL": 1.0, "rougeLsum": 1.0}
     assert all(set(r) == {"config", "metrics", "greedy_agreement", "tokens_sha256", "quality", "measurement", "ran"}
                for r in summary["runs"].values())
+
+
+def test_a_checkout_is_dirty_for_publishing_only_when_files_outside_the_published_folder_changed(tmp_path):
+    """`make publish` rewrites results/published/: that is not a local change of the code the runs came from."""
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.email=a@b.c", "-c", "user.name=a", *args], check=True,
+                       capture_output=True)
+
+    (tmp_path / publish.FOLDER).mkdir(parents=True)
+    (tmp_path / publish.FOLDER / "summary.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    (tmp_path / publish.FOLDER / "summary.json").write_text('{"runs": {}}')
+    assert git_commit(tmp_path)["dirty"] is True
+    assert git_commit(tmp_path, ignore=(publish.FOLDER,))["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path, ignore=(publish.FOLDER,))["dirty"] is True
 
 
 def test_publish_without_the_profiles_runs_is_a_one_line_error(tmp_path, capsys):
