@@ -12,6 +12,7 @@ from tiny_models import save_pair, write_articles
 
 from pipeline.benchmarks import engine as bench
 from pipeline.cli import main
+from pipeline.decoding.drafters.lookup import LookupDrafter
 from pipeline.decoding.drafters.vocab_map import VocabMapDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import assistant_defaults
@@ -140,13 +141,36 @@ def test_our_draft_settings_reach_our_loop_only(pair, tmp_path, monkeypatch):
     assert speculative and all(isinstance(e.drafter, VocabMapDrafter) and len(e.drafter.ids) >= 50
                                and e.gamma == 5 and e.policy.schedule == "heuristic" for e in speculative)
     s = result["settings"]
-    assert s["ours"] == {"gamma": 2, "draft_schedule": "heuristic", "draft_confidence": 0.0, "gamma_max": 5,
-                         "draft_vocab": 50}
+    assert s["ours"] == {"drafter": "model", "gamma": 2, "draft_schedule": "heuristic", "draft_confidence": 0.0,
+                         "gamma_max": 5, "draft_vocab": 50}
     assert s["hf_assisted"]["num_assistant_tokens"] == 2 and not s["equal_gamma"]
     assert result["goals"]["T=0.0"]["speculative_at_least_hf_assisted_met"] is None      # not at equal γ
     ours = next(r for r in result["results"] if r["loop"] == "ours_speculative")
     assert len(ours["full_step_histogram"]) == 6 and ours["identical_to_hf_assisted"]      # lossless at T = 0
     assert bench.describe_ours(s["ours"]) == "heuristic from γ 2, at most 5 per step, head cut to 50 tokens"
+
+
+def test_another_drafter_reaches_our_loop_only_and_is_no_comparison_of_loops(pair, tmp_path, monkeypatch):
+    """--drafter prompt-lookup: our loop drafts from the prompt, HF's assisted loops still with the draft model, so
+    ours against HF's assisted loop at equal γ is a comparison of settings and its goal is not judged."""
+    engines = []
+    init = SpeculativeEngine.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        engines.append(self)
+
+    monkeypatch.setattr(SpeculativeEngine, "__init__", recording)
+    result = _bench(pair, tmp_path, "--drafter", "prompt-lookup")
+    speculative = [e for e in engines if e.drafter is not None]
+    assert speculative and all(isinstance(e.drafter, LookupDrafter) and e.drafter.settings["drafter"] == "prompt-lookup"
+                               for e in speculative)
+    s = result["settings"]
+    assert s["ours"]["drafter"] == "prompt-lookup" and not s["equal_gamma"]
+    assert result["goals"]["T=0.0"]["speculative_at_least_hf_assisted_met"] is None
+    ours = next(r for r in result["results"] if r["loop"] == "ours_speculative")
+    assert ours["identical_to_hf_assisted"]                                      # lossless at T = 0 (float32)
+    assert bench.describe_ours(s["ours"]) == "prompt-lookup, γ 2"
 
 
 @pytest.mark.parametrize(("flags", "says"), [

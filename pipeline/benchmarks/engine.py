@@ -156,7 +156,7 @@ def _settings(given: RunConfig, bench: _Bench, repeats: int, dtype_choice: str |
             "prompts": {"task": config.task, "data": given.data or "built-in synthetic prompts",
                         "chat_template": config.chat_template, "max_prompt_tokens": config.max_prompt_tokens,
                         "limit": config.limit, "subset_seed": config.seed if config.limit else None},
-            "ours": {"gamma": config.gamma, "draft_schedule": config.draft_schedule,
+            "ours": {"drafter": config.drafter, "gamma": config.gamma, "draft_schedule": config.draft_schedule,
                      "draft_confidence": config.draft_confidence, "gamma_max": config.gamma_max,
                      "draft_vocab": config.draft_vocab},
             "equal_gamma": bench.equal_gamma,
@@ -210,8 +210,9 @@ class _Bench:
 
     @property
     def equal_gamma(self) -> bool:
-        """Whether our loop drafts the constant γ HF's assisted loop drafts (no adaptive draft length)."""
-        return DraftPolicy.of(self.config) is None
+        """Whether our loop drafts as HF's assisted loop does: the draft model, a constant γ (no adaptive draft
+        length, no other drafter); only then is ours against HF's assisted loop a comparison of loops."""
+        return DraftPolicy.of(self.config) is None and self.config.drafter == "model"
 
     @classmethod
     def load(cls, config: RunConfig) -> _Bench:
@@ -509,6 +510,8 @@ def describe_ours(ours: dict) -> str:
     """Our loop's draft settings (the JSON's ``settings.ours``) in words: "γ 4", "heuristic from γ 4, at most 8
     per step, confidence 0.4, head cut to 32768 tokens"."""
     parts = [f"heuristic from γ {ours['gamma']}" if ours["draft_schedule"] == "heuristic" else f"γ {ours['gamma']}"]
+    if ours.get("drafter", "model") != "model":      # files written before --drafter: the draft model
+        parts.insert(0, ours["drafter"])
     if ours["draft_confidence"]:
         parts.append(f"confidence {ours['draft_confidence']:g}")
     if ours["gamma_max"] is not None and ours["gamma_max"] != ours["gamma"]:

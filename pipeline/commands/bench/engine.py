@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.commands.bench.common import bench_device
-from pipeline.config import RunConfig
+from pipeline.config import DRAFTERS, RunConfig
 from pipeline.decoding.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help=_run_help("limit") + " (--seed 0, as `specsweep run`'s default)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step, ours and HF's assisted loop at "
                                                              "equal γ (default: 4)")
+    parser.add_argument("--drafter", default="model", choices=DRAFTERS,
+                        help="our loop only (HF's assisted loops draft with the draft model): "
+                             + _run_help("drafter") + " (default: model; another drafter makes the comparison at "
+                             "equal γ one of settings, not of loops)")
     parser.add_argument("--draft-vocab", type=int, help="our loop only (HF's keeps the whole head): "
                         + _run_help("draft_vocab"))
     parser.add_argument("--draft-schedule", default="constant", help="our loop only: " + _run_help("draft_schedule")
@@ -92,9 +96,9 @@ def settings_of(args: argparse.Namespace) -> RunConfig:
         raise SpecsweepError(f"--limit must be >= 1; got {args.limit}")
     config = RunConfig(target=args.target, draft=args.draft, data=args.data, task=args.task,
                        chat_template=args.chat_template, max_prompt_tokens=args.max_prompt_tokens, limit=args.limit,
-                       gamma=args.gamma, draft_vocab=args.draft_vocab, draft_schedule=args.draft_schedule,
-                       draft_confidence=args.draft_confidence, gamma_max=args.gamma_max, dtype=args.dtype,
-                       max_new_tokens=args.max_new_tokens)
+                       gamma=args.gamma, drafter=args.drafter, draft_vocab=args.draft_vocab,
+                       draft_schedule=args.draft_schedule, draft_confidence=args.draft_confidence,
+                       gamma_max=args.gamma_max, dtype=args.dtype, max_new_tokens=args.max_new_tokens)
     # `specsweep run`'s checks need a target and draft; the synthetic pair is built later, so stand-in names here
     dataclasses.replace(config, target=config.target or "synthetic", draft=config.draft or "synthetic",
                         data=config.data or "built-in").validate_decoding()
