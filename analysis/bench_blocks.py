@@ -32,6 +32,14 @@ PROCESSES = "results/bench/processes-cpu.json"
 SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
 SERVE_SMOLLM2 = "results/bench/serve-cpu-smollm2-prompt-lookup.json"
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+# `bench engine` on the Qwen2.5-Coder pair, one file per setting of our loop (docs/benchmarks.md has the commands)
+ENGINE_QWEN = ("results/bench/engine-cpu-qwen-bfloat16-g4.json",
+               "results/bench/engine-cpu-qwen-bfloat16-lookup-g4.json")
+ENGINE_QWEN_RATIOS = (("speculative_over_hf_assisted", "ours / HF assisted at equal γ"),
+                      ("speculative_over_hf_assisted_default", "ours / HF assisted out of the box"),
+                      ("ours_speculative_over_autoregressive", "ours / our γ = 0 loop"),
+                      ("hf_assisted_default_over_plain", "HF out of the box / HF plain"),
+                      ("autoregressive_over_hf_plain", "our γ = 0 loop / HF plain"))
 
 
 def bench_redesign(root: Path) -> str:
@@ -261,3 +269,34 @@ def bench_host(root: Path) -> str:
                      f"{b['python_bytes']['peak']} → {r['python_bytes']['peak']}"])
     return table(["B, γ, V, dtype", "sampler", "host µs before [95 %]", "host µs after [95 %]",
                   "dispatches per call", "Python peak bytes"], rows)
+
+
+def bench_engine_qwen(root: Path) -> str:
+    """benchmarks.md's `bench engine` on the Qwen2.5-Coder pair: one row per committed file (our loop's setting),
+    the paired ratios at T = 0 with their intervals; "not equal γ" where ours drafts otherwise than HF's assisted
+    loop (another drafter or an adaptive length), so that ratio compares settings, not loops."""
+    from pipeline.benchmarks.engine import describe_ours  # kept local: imports torch, which the other blocks do not
+
+    body, dates = [], set()
+    for path in ENGINE_QWEN:
+        data = read_source(root, path, "specsweep bench engine (docs/benchmarks.md, the Qwen2.5-Coder pair)")
+        s, goal = data["settings"], data["goals"]["T=0.0"]
+        dates.add(data["provenance"]["date"][:10])
+        cells = []
+        for name, _ in ENGINE_QWEN_RATIOS:
+            r = goal["intervals"][name]
+            cell = ci(r, suffix="x")
+            cells.append(cell + (" (not equal γ)" if name == "speculative_over_hf_assisted" and not s["equal_gamma"]
+                                 else ""))
+        ours = describe_ours(s["ours"])
+        body.append([ours if s["ours"].get("drafter", "model") != "model" else f"draft model, {ours}",
+                     f"{s['prompts']['limit']} x {s['max_new_tokens']}",
+                     SHORT_DTYPE[s["dtype"]], *cells])
+    header = ["our loop", "articles x tokens", "dtype",
+              *(label for _, label in ENGINE_QWEN_RATIOS)]
+    default = data["settings"]["hf_assisted_default"]
+    after = (f"T = 0, EOS masked (every loop emits the tokens asked for), {data['settings']['repeats']} interleaved "
+             "repeats, 75 % intervals; HF's assisted loops draft with the whole 0.5B model, out of the box with "
+             f"{default['num_assistant_tokens']} tokens, a {default['num_assistant_tokens_schedule']} schedule and "
+             f"confidence {default['assistant_confidence_threshold']:g}. Measured on {', '.join(sorted(dates))}.")
+    return "\n".join([table(header, body), "", prose(after)])

@@ -41,6 +41,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-kernels-h100": gpu_blocks.bench_kernels_h100,
     "bench-engine-h100": gpu_blocks.bench_engine_h100,
     "bench-redesign": bench_blocks.bench_redesign,
+    "bench-engine-qwen": bench_blocks.bench_engine_qwen,
     "bench-forward-smollm2-cpu": bench_blocks.bench_forward_smollm2_cpu,
     "bench-forward-cuda": gpu_blocks.bench_forward_cuda,
     "bench-forward-whisper-cpu": bench_blocks.bench_forward_whisper_cpu,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.analysis import docs, paired_tokens, publish, run_tables, tree_blocks
+from pipeline.analysis import bench_blocks, docs, paired_tokens, publish, run_tables, tree_blocks
 from pipeline.analysis.run_tables import TABLES
 from pipeline.env_info import git_commit
 from pipeline.result import make_result, write_result
@@ -299,3 +299,16 @@ def test_a_comparison_of_other_settings_than_its_name_says_is_a_one_line_error(t
     err = one_line_error(capsys, ["--check", "--root", str(tmp_path)])
     assert "block trees-lookup: source results/published/trees/prompt-lookup-t1.json: side A ran" in err
     assert "'drafter': 'suffix'" in err and "`make trees` writes it" in err
+
+
+def test_the_qwen_engine_table_says_when_ours_against_hf_assisted_is_no_comparison_of_loops(tmp_path):
+    """A row whose loop drafts otherwise than HF's assisted loop (another drafter: settings.equal_gamma false) marks
+    that ratio "not equal γ"; a row at equal γ does not."""
+    for path in bench_blocks.ENGINE_QWEN:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
+    rows = [r for r in bench_blocks.bench_engine_qwen(tmp_path).splitlines() if r.startswith("| ")][1:]
+    marked = ["(not equal γ)" in r for r in rows]
+    assert marked == [not json.loads((ROOT / p).read_text())["settings"]["equal_gamma"]
+                      for p in bench_blocks.ENGINE_QWEN] and any(marked) and not all(marked)
+    assert rows[1].startswith("| prompt-lookup, γ 4 | 1 x 48 | bf16 |")
