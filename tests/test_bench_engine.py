@@ -141,7 +141,7 @@ def test_our_draft_settings_reach_our_loop_only(pair, tmp_path, monkeypatch):
                                and e.gamma == 5 and e.policy.schedule == "heuristic" for e in speculative)
     s = result["settings"]
     assert s["ours"] == {"gamma": 2, "draft_schedule": "heuristic", "draft_confidence": 0.0, "gamma_max": 5,
-                         "draft_vocab": 50}
+                         "draft_vocab": 50, "draft_quant": "none"}
     assert s["hf_assisted"]["num_assistant_tokens"] == 2 and not s["equal_gamma"]
     assert result["goals"]["T=0.0"]["speculative_at_least_hf_assisted_met"] is None      # not at equal γ
     ours = next(r for r in result["results"] if r["loop"] == "ours_speculative")
