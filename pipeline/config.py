@@ -24,6 +24,9 @@ ENGINES = ("specsweep", "hf")
 DRAFTERS = ("model", "prompt-lookup", "suffix", "lookup-model")
 MODEL_DRAFTERS = ("model", "lookup-model")
 """The drafters that run the --draft model (the others search the text itself)."""
+DRAFT_QUANTS = ("none", "int8", "int4")
+"""How a draft model's weights are stored in its static forward (pipeline/decoding/static/quant.py's MODES, named here
+so that the settings load no torch)."""
 WANDB_MODES = ("online", "offline", "disabled")
 VERIFY_GRAPHS = ("auto", "on", "off")
 
@@ -172,6 +175,12 @@ class RunConfig:
                                             "verify step compares the full target law; in a grid, all = the whole "
                                             "vocabulary). A draft saved with its own map (specsweep distill "
                                             "--draft-vocab) uses that map")
+    draft_quant: str = setting("none", "store the draft model's weights in int8 (one scale per output row) or int4 "
+                                       "(a scale and zero per 128 inputs) and multiply them with torch's CPU "
+                                       "kernels in its static-cache forward: a cheaper draft forward on a CPU, "
+                                       "lossless (the target is untouched; acceptance may drop). A Llama, Mistral "
+                                       "or Qwen2 draft on a CPU, int4 in bfloat16 "
+                                       "(pipeline/decoding/static/quant.py)", choices=DRAFT_QUANTS)
     ignore_eos: bool = setting(False, "always generate --max-new-tokens tokens")
     verify_graphs: str = setting("auto", "replay the verify step from CUDA graphs (same tokens): auto replays a "
                                          "kernel sampler's chain steps where they can be (--backend cupy, --engine "
@@ -287,6 +296,11 @@ class RunConfig:
                                              or self.draft_tree):
             raise bad(f"--draft-vocab {self.draft_vocab}: give K >= 2 with a draft model (--drafter model or "
                       "lookup-model) and no --draft-tree (a tree's draft predicts the whole vocabulary)")
+        if self.draft_quant != "none" and not (self.gamma > 0 and self.drafter in MODEL_DRAFTERS
+                                               and self.engine == "specsweep" and self.static_cache):
+            raise bad(f"--draft-quant {self.draft_quant} quantises a draft model in our engine's static-cache forward: "
+                      "give --gamma > 0, --drafter model or lookup-model, --engine specsweep and no "
+                      "--no-static-cache (or leave --draft-quant out)")
         get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
                                          batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
                                          preset=self.preset, deterministic_draft=self.drafter != "model")

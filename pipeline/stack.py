@@ -35,6 +35,7 @@ from pipeline.decoding.drafters.vocab_map import VocabMapDrafter, draft_vocab, r
 from pipeline.decoding.drafters.whisper_text import WhisperTextDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import HFEngine
+from pipeline.decoding.static.quant import check_supported
 from pipeline.errors import SpecsweepError
 from pipeline.models import (
     check_same_tokenizer,
@@ -91,6 +92,8 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
             draft = (load_causal_lm(config.draft, dtype, device) if config.draft_decoder_only
                      else load_speech_seq2seq(config.draft, dtype, device))
         return Pair(target, draft, tokenizer, processor)
+    if use_draft:
+        check_supported(config.draft_quant, device, dtype)       # before the models load: a dtype it cannot run
     tokenizer = load_tokenizer(config.target)
     if use_draft and config.draft_tokenizer_mode == "shared":
         check_same_tokenizer(tokenizer, draft_tokenizer(config.draft), config.target, config.draft)
@@ -171,6 +174,7 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
                              suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
                              begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
                              static_cache=config.static_cache, draft_policy=DraftPolicy.of(config),
+                             draft_quant=config.draft_quant,
                              char_lengths=token_text(config.target, tokenizer).char_lengths(
                                  target.get_output_embeddings().weight.shape[0], device))
 

@@ -142,7 +142,7 @@ def test_our_draft_settings_reach_our_loop_only(pair, tmp_path, monkeypatch):
                                and e.gamma == 5 and e.policy.schedule == "heuristic" for e in speculative)
     s = result["settings"]
     assert s["ours"] == {"drafter": "model", "gamma": 2, "draft_schedule": "heuristic", "draft_confidence": 0.0,
-                         "gamma_max": 5, "draft_vocab": 50}
+                         "gamma_max": 5, "draft_vocab": 50, "draft_quant": "none"}
     assert s["hf_assisted"]["num_assistant_tokens"] == 2 and not s["equal_gamma"]
     assert result["goals"]["T=0.0"]["speculative_at_least_hf_assisted_met"] is None      # not at equal γ
     ours = next(r for r in result["results"] if r["loop"] == "ours_speculative")
@@ -196,6 +196,7 @@ def test_bad_flags_are_one_line_errors(flags, says, capsys):
 
 def test_a_chat_template_the_tokenizer_lacks_is_a_one_line_error(tmp_path, capsys):
     target, draft = save_pair(tmp_path / "plain")
+    capsys.readouterr()          # saving the pair may draw transformers' progress bar: only the command's output counts
     assert main(["bench", "engine", "--target", str(target), "--draft", str(draft), *QUICK, "--chat-template",
                  "--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err.strip()

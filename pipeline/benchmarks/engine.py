@@ -7,7 +7,8 @@ suppress_tokens, our suppress_tokens), so lengths are equal and all loops sample
 
   ours_speculative     SpeculativeEngine, `exact` sampler, with the drafter `specsweep run` builds for the same
                        settings (pipeline/stack.py): γ, or an adaptive draft length from γ (--draft-schedule,
-                       --draft-confidence, --gamma-max), and the draft's head cut to K tokens (--draft-vocab K)
+                       --draft-confidence, --gamma-max), the draft's head cut to K tokens (--draft-vocab K), and
+                       its weights quantised (--draft-quant: this loop only)
   hf_assisted          target.generate(assistant_model=draft), constant schedule of γ draft tokens, no confidence
                        threshold (set on the draft's generation config, where transformers reads it), HF's own
                        verify step, the draft's whole head
@@ -19,7 +20,9 @@ suppress_tokens, our suppress_tokens), so lengths are equal and all loops sample
   hf_plain             target.generate()
   ours_speculative_hf_forward, ours_autoregressive_hf_forward
                        our two loops with transformers' forward and DynamicCache instead of the static-cache
-                       forward (pipeline/decoding/static/): what the static cache buys (same tokens)
+                       forward (pipeline/decoding/static/): what the static cache buys (same tokens; with
+                       --draft-quant the draft keeps its own weights here, so the speculative pair differs in that
+                       too and emits the same tokens at T = 0 only)
 
 "At equal γ" compares ours_speculative with hf_assisted; it holds when our draft length is constant (the JSON's
 ``equal_gamma``): with an adaptive one, γ is only where each of our steps starts. The prompts are the task's
@@ -158,7 +161,7 @@ def _settings(given: RunConfig, bench: _Bench, repeats: int, dtype_choice: str |
                         "limit": config.limit, "subset_seed": config.seed if config.limit else None},
             "ours": {"drafter": config.drafter, "gamma": config.gamma, "draft_schedule": config.draft_schedule,
                      "draft_confidence": config.draft_confidence, "gamma_max": config.gamma_max,
-                     "draft_vocab": config.draft_vocab},
+                     "draft_vocab": config.draft_vocab, "draft_quant": config.draft_quant},
             "equal_gamma": bench.equal_gamma,
             "hf_assisted": {"num_assistant_tokens": config.gamma, "num_assistant_tokens_schedule": "constant",
                             "assistant_confidence_threshold": 0.0},
@@ -270,7 +273,8 @@ def _ours(bench: _Bench, gam: int, temperature: float, seed: int, static: bool =
     drafter = build_drafter(config, sampler, bench.t_model, bench.d_model, bench.tok, bench.device)
     engine = SpeculativeEngine(bench.t_model, drafter, sampler, gamma=gam, device=bench.device,
                                eos_token_ids=[], pad_token_id=bench.pad, suppress_tokens=bench.masked,
-                               static_cache=static, draft_policy=DraftPolicy.of(config))
+                               static_cache=static, draft_policy=DraftPolicy.of(config),
+                               draft_quant=config.draft_quant if static else "none")
     g = torch.Generator(device=bench.device).manual_seed(seed)
     # engine.gamma: the most a step drafts (γ, or --gamma-max with an adaptive draft length)
     decoded = {"tokens": [], "accepted": 0, "drafted": 0, "steps": 0,
@@ -518,6 +522,8 @@ def describe_ours(ours: dict) -> str:
         parts.append(f"at most {ours['gamma_max']} per step")
     if ours["draft_vocab"] is not None:
         parts.append(f"head cut to {ours['draft_vocab']} tokens")
+    if ours.get("draft_quant", "none") != "none":                  # results written before --draft-quant lack it
+        parts.append(f"draft weights in {ours['draft_quant']}")
     return ", ".join(parts)
 
 

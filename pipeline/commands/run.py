@@ -16,7 +16,7 @@ HELP = "run speculative (or, with --gamma 0, autoregressive) decoding over a dat
 
 _TYPES = {"int": int, "float": float, "str": str}
 # Settings that take a comma-separated list: `specsweep run` then runs every combination in one process.
-GRID = ("sampler", "backend", "gamma", "dtype", "drafter", "draft_tree", "draft_vocab")
+GRID = ("sampler", "backend", "gamma", "dtype", "drafter", "draft_tree", "draft_vocab", "draft_quant")
 # A grid lists values with commas; a token tree's widths are comma-separated themselves, so trees are listed with "/"
 # ("--draft-tree chain/2,2,1/3,1,1": a chain, then two trees).
 LIST_SEPARATORS = {"draft_tree": "/"}

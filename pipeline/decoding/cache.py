@@ -68,7 +68,8 @@ class CachedModel:
     tokens for each row.
 
     static    the static-cache forward (pipeline/decoding/static/) when ``static`` is asked for and the model's
-              family has one (a Whisper decoder's holds its cross-attention keys and values too); None:
+              family has one (a Whisper decoder's holds its cross-attention keys and values too), with its weights
+              quantised as ``quant`` says (pipeline/decoding/static/quant.py; "none": the model's own); None:
               transformers' forward with a DynamicCache (an EncoderDecoderCache for a decoder)
 
     length    int                host: cache positions (common to all rows)
@@ -79,10 +80,13 @@ class CachedModel:
     encoder   (hidden [B, S, D],) encoder outputs the decoder attends to (kinds seq2seq, decoder_with_encoder)
     """
 
-    def __init__(self, model, kind: str = "causal", static: bool = False) -> None:
+    def __init__(self, model, kind: str = "causal", static: bool = False, quant: str = "none") -> None:
         self.model = model
         self.kind = kind
-        self.static = static_forward_for(model) if static else None
+        self.static = static_forward_for(model, quant) if static else None
+        if quant != "none" and self.static is None:
+            raise SpecsweepError(f"--draft-quant {quant} quantises the engine's static-cache forward, which this draft "
+                                 f"({type(model).__name__}) does not run: drop --draft-quant or --no-static-cache")
         self._ids, self._mask, self._pos = _CALL_NAMES[kind]
         config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
             else model.config

@@ -94,6 +94,8 @@ class SpeculativeEngine:
                       generation config asks; begin_suppress_tokens: the same for the first new token only
     static_cache      use the static-cache forward for models whose family has one (pipeline/decoding/static/);
                       False: transformers' forward for every model
+    draft_quant       the draft model's weights in its static forward: none, int8 or int4
+                      (pipeline/decoding/static/quant.py; the target's are never quantised)
     draft_policy      an adaptive draft length (pipeline/decoding/draft_policy.py), or None: a fixed γ
     char_lengths      int64 [V_t]: characters each target token adds; with it the statistics count accepted and
                       drafted characters too, comparable across tokenizers (None: tokens only)
@@ -105,7 +107,8 @@ class SpeculativeEngine:
     def __init__(self, target, draft, sampler: Sampler, *, gamma: int, device: str, eos_token_ids: list[int],
                  pad_token_id: int = 0, suppress_tokens: list[int] = (),
                  begin_suppress_tokens: list[int] = (), static_cache: bool = True,
-                 draft_policy: DraftPolicy | None = None, char_lengths: torch.Tensor | None = None) -> None:
+                 draft_policy: DraftPolicy | None = None, char_lengths: torch.Tensor | None = None,
+                 draft_quant: str = "none") -> None:
         if gamma < 0:
             raise SpecsweepError(f"gamma must be >= 0; got {gamma}")
         if gamma > 0 and draft is None:
@@ -129,7 +132,7 @@ class SpeculativeEngine:
             self.drafter = draft if isinstance(draft, Drafter) else ModelDrafter(draft)
             self.drafter.bind(DraftSetup(self.device, self.gamma, self.draft_temperature, sampler.temperature,
                                          self.target.kind, self.mask if self.mask.active else None, pad_token_id,
-                                         self.policy is not None, static_cache, self.target_vocab))
+                                         self.policy is not None, static_cache, self.target_vocab, draft_quant))
         self.mask.prepare(self.target_vocab, *([self.drafter.vocab_size] if self.drafter is not None else []))
         self.char_lengths = char_lengths.to(self.device) if char_lengths is not None else None
 

@@ -1,5 +1,6 @@
-"""The search space of a study: γ, the acceptance rule and its parameters, dtype, the draft length, and a draft
-with another tokenizer's mode; read from sweeps/optuna_space.yaml (or another YAML file) and the rule registry.
+"""The search space of a study: γ, the acceptance rule and its parameters, dtype, the draft length, a draft with
+another tokenizer's mode, and how the draft's weights are stored (int8, int4); read from sweeps/optuna_space.yaml
+(or another YAML file) and the rule registry.
 
 Each trial samples one point (:meth:`SearchSpace.suggest`); a rule's parameters are sampled only in that rule's
 trials, over the registry's ranges (integer ones with suggest_int). The two objectives are :data:`OBJECTIVES`."""
@@ -16,7 +17,7 @@ from pathlib import Path
 import optuna
 import yaml
 
-from pipeline.config import DRAFTERS, MODEL_DRAFTERS, RunConfig
+from pipeline.config import DRAFT_QUANTS, DRAFTERS, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
@@ -57,7 +58,8 @@ class SearchSpace:
     threshold's range (confidence trials) and γ_max's (heuristic trials, at least the trial's γ). ``tokenizer_modes``:
     for a draft with another tokenizer, the draft-tokenizer modes a trial chooses from
     (pipeline/decoding/drafters/cross_tokenizer.py;
-    empty: not searched, the run's own setting)."""
+    empty: not searched, the run's own setting). ``quants``: how a draft model's weights are stored
+    (``--draft-quant``; empty: not searched, the run's own setting; an int4 trial in float32 is pruned)."""
 
     gamma: tuple[int, int] = (1, 8)
     samplers: tuple[str, ...] = dataclasses.field(default_factory=tunable)
@@ -72,6 +74,7 @@ class SearchSpace:
     lookup_max: tuple[int, int] = (1, 4)
     suffix_factor: Range = (0.5, 4.0, True)
     trees: tuple[str, ...] = ()
+    quants: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SearchSpace:
@@ -83,7 +86,7 @@ class SearchSpace:
         if not isinstance(raw, dict):
             raise SpecsweepError(f"search space {path}: expected a mapping of settings")
         known = {"gamma", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence", "gamma_max",
-                 "drafter", "lookup_max", "suffix_factor", "draft_tree"}
+                 "drafter", "lookup_max", "suffix_factor", "draft_tree", "draft_quant"}
         if set(raw) - known:
             moved = sorted(set(raw) & set(param_names()))
             hint = (f" (rule parameters go under params: <rule>:, e.g. params: {{sigmoid: {{{moved[0]}: ...}}}})"
@@ -105,6 +108,7 @@ class SearchSpace:
                 lookup_max=tuple(int(v) for v in _range(raw.get("lookup_max", {"low": 1, "high": 4}))[:2]),
                 suffix_factor=_range(raw.get("suffix_factor", {"low": 0.5, "high": 4.0, "log": True})),
                 trees=tuple(str(t) for t in raw.get("draft_tree", ())),
+                quants=tuple(str(q) for q in raw.get("draft_quant", ())),
             )
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise SpecsweepError(f"search space {path}: {e}") from None
@@ -139,6 +143,8 @@ class SearchSpace:
         if self.trees and not set(self.samplers) & set(TREE_RULES):
             raise SpecsweepError(f"{where}: draft_tree needs a rule that verifies trees in sampler "
                                  f"({list(TREE_RULES)})")
+        if set(self.quants) - set(DRAFT_QUANTS):
+            raise SpecsweepError(f"{where}: draft_quant must be a list from {list(DRAFT_QUANTS)}")
         for rule, ranges in self.params.items():
             if rule not in self.samplers:
                 raise SpecsweepError(f"{where}: params for {rule!r}, which is not in sampler {list(self.samplers)}")
@@ -173,6 +179,8 @@ class SearchSpace:
             point["draft_tokenizer_mode"] = self.tokenizer_modes[0]
         if self.trees:
             point["draft_tree"] = CHAIN if CHAIN in self.trees else self.trees[0]
+        if self.quants:
+            point["draft_quant"] = "none" if "none" in self.quants else self.quants[0]
         return point
 
     @property
@@ -194,6 +202,8 @@ class SearchSpace:
                 space.pop(key)
         if not self.trees:
             space.pop("trees")
+        if not self.quants:
+            space.pop("quants")
         return space
 
     def suggest(self, trial, temperature: float = 1.0) -> dict:
@@ -222,6 +232,10 @@ class SearchSpace:
         if self.tokenizer_modes and drafter == "model":
             params["draft_tokenizer_mode"] = trial.suggest_categorical("draft_tokenizer_mode",
                                                                        list(self.tokenizer_modes))
+        if self.quants and drafter in MODEL_DRAFTERS:
+            params["draft_quant"] = trial.suggest_categorical("draft_quant", list(self.quants))
+            if params["draft_quant"] == "int4" and params["dtype"] != "bfloat16":
+                raise optuna.TrialPruned(f"--draft-quant int4 runs in bfloat16, not {params['dtype']}")
         return params
 
     def _suggest_drafter(self, trial, drafter: str) -> dict:

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.commands.bench.common import bench_device
-from pipeline.config import DRAFTERS, RunConfig
+from pipeline.config import DRAFT_QUANTS, DRAFTERS, RunConfig
 from pipeline.decoding.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "equal γ one of settings, not of loops)")
     parser.add_argument("--draft-vocab", type=int, help="our loop only (HF's keeps the whole head): "
                         + _run_help("draft_vocab"))
+    parser.add_argument("--draft-quant", default="none", choices=DRAFT_QUANTS,
+                        help="our static-cache loop only (HF's loops and ours on transformers' forward keep the "
+                             "draft's own weights): " + _run_help("draft_quant"))
     parser.add_argument("--draft-schedule", default="constant", help="our loop only: " + _run_help("draft_schedule")
                         + f" (one of {', '.join(SCHEDULES)}; default: constant)")
     parser.add_argument("--draft-confidence", type=float, default=0.0,
@@ -97,8 +100,9 @@ def settings_of(args: argparse.Namespace) -> RunConfig:
     config = RunConfig(target=args.target, draft=args.draft, data=args.data, task=args.task,
                        chat_template=args.chat_template, max_prompt_tokens=args.max_prompt_tokens, limit=args.limit,
                        gamma=args.gamma, drafter=args.drafter, draft_vocab=args.draft_vocab,
-                       draft_schedule=args.draft_schedule, draft_confidence=args.draft_confidence,
-                       gamma_max=args.gamma_max, dtype=args.dtype, max_new_tokens=args.max_new_tokens)
+                       draft_quant=args.draft_quant, draft_schedule=args.draft_schedule,
+                       draft_confidence=args.draft_confidence, gamma_max=args.gamma_max, dtype=args.dtype,
+                       max_new_tokens=args.max_new_tokens)
     # `specsweep run`'s checks need a target and draft; the synthetic pair is built later, so stand-in names here
     dataclasses.replace(config, target=config.target or "synthetic", draft=config.draft or "synthetic",
                         data=config.data or "built-in").validate_decoding()

@@ -47,6 +47,8 @@ class DraftSetup:
     adaptive           an adaptive draft length is on (pipeline/decoding/draft_policy.py)
     static             use a static-cache forward where the model's family has one
     target_vocab       V_t, the target's output rows
+    quant              the draft model's weights in its static forward: none, int8 or int4
+                       (pipeline/decoding/static/quant.py)
     """
 
     device: torch.device
@@ -59,6 +61,7 @@ class DraftSetup:
     adaptive: bool
     static: bool
     target_vocab: int
+    quant: str = "none"
 
 
 @dataclass

@@ -27,6 +27,7 @@ next append overwrites them. No allocation, no copy, no host sync per forward.
     llama.py   LlamaForCausalLM, and MistralForCausalLM / Qwen2ForCausalLM without sliding windows
     whisper.py the decoder of WhisperForConditionalGeneration and WhisperForCausalLM, with the cross-attention
                keys and values of the encoder output computed once per generate call
+    quant.py   weight-only int8 and int4 projections for the Llama family's forward (a draft's ``--draft-quant``)
 
 :func:`static_forward_for` picks the implementation for a model, or None when the model's family (or one of
 its options) has none; the engine then uses transformers' forward with a DynamicCache.
@@ -37,14 +38,25 @@ from __future__ import annotations
 from pipeline.decoding.static.gpt2 import GPT2StaticForward
 from pipeline.decoding.static.llama import LlamaStaticForward
 from pipeline.decoding.static.whisper import WhisperStaticForward
+from pipeline.errors import SpecsweepError
 
 # model families with a static forward, tried in order
 STATIC_FORWARDS = (GPT2StaticForward, LlamaStaticForward, WhisperStaticForward)
+QUANTIZED_FORWARDS = (LlamaStaticForward,)
+"""The static forwards that take quantised projections (quant.py)."""
 
 
-def static_forward_for(model):
-    """The static forward for ``model``, or None when its family or configuration has none."""
+def static_forward_for(model, quant: str = "none"):
+    """The static forward for ``model``, or None when its family or configuration has none. ``quant`` int8 or int4:
+    its projections quantised (quant.py), for a family of QUANTIZED_FORWARDS only (one-line SpecsweepError for
+    another family)."""
     for impl in STATIC_FORWARDS:
-        if impl.supports(model):
+        if not impl.supports(model):
+            continue
+        if quant == "none":
             return impl(model)
+        if impl not in QUANTIZED_FORWARDS:
+            raise SpecsweepError(f"--draft-quant {quant} quantises the static forward of a Llama, Mistral or Qwen2 "
+                                 f"draft; this draft is a {type(model).__name__}: drop --draft-quant")
+        return impl(model, quant)
     return None

@@ -10,6 +10,9 @@ What it reproduces, from transformers' modeling_llama with sdpa attention:
   - grouped-query attention over num_key_value_heads heads, scaled by the layer's own ``scaling``
   - the MLP down(act(gate(h)) * up(h)) with the model's own activation; every projection with its own bias or
     none (Llama's attention_bias / mlp_bias, Qwen2's q/k/v biases), tied or untied LM head
+
+With ``quant`` int8 or int4 (``--draft-quant``, for a draft) the projections and the head multiply quantised
+copies of their weights (quant.py), and the forward computes that quantised model instead.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decoding.static.base import StaticForward
+from pipeline.decoding.static.quant import Projection, projection
 
 # models whose forward is Llama's, given the checks of LlamaStaticForward.supports
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -31,20 +35,16 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 class _LlamaLayer(NamedTuple):
     input_norm: tuple      # (weight [d], eps)
-    q_proj: tuple          # (weight [H * D, d], bias [H * D] or None): F.linear's arguments
-    k_proj: tuple          # (weight [H_kv * D, d], bias or None)
-    v_proj: tuple
-    o_proj: tuple          # (weight [d, H * D], bias or None)
+    q_proj: Projection     # h [B, q, d] -> [B, q, H * D] (quant.py: F.linear, or a quantised weight's kernel)
+    k_proj: Projection     # -> [B, q, H_kv * D]
+    v_proj: Projection
+    o_proj: Projection     # [B, q, H * D] -> [B, q, d]
     post_norm: tuple
-    gate_proj: tuple       # (weight [I, d], bias or None)
-    up_proj: tuple
-    down_proj: tuple       # (weight [d, I], bias or None)
+    gate_proj: Projection  # [B, q, d] -> [B, q, I]
+    up_proj: Projection
+    down_proj: Projection  # [B, q, I] -> [B, q, d]
     act: Callable          # the model's own activation (SiLU for Llama)
     scaling: float
-
-
-def _linear(module) -> tuple:
-    return module.weight, module.bias
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,23 +64,30 @@ class LlamaStaticForward(StaticForward):
     cache. Keys and values are cached after RoPE, per key/value head (not repeated for the query heads).
 
     model    a model of FAMILIES in eval mode (see :meth:`supports`); its parameters are used in place
+    quant    how the projections and the head store their weights (quant.py): "none" (the model's own, in place),
+             "int8" or "int4" (quantised copies; the model is left as it is)
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, quant: str = "none") -> None:
         config = model.config
         base = model.model
         attn = base.layers[0].self_attn
+
+        def linear(module) -> Projection:
+            return projection(module.weight, module.bias, quant)
+
         self.model = model
+        self.quant = quant
         self.embed = base.embed_tokens.weight
-        self.head = _linear(model.lm_head)
+        self.head = linear(model.lm_head)
         self.norm = (base.norm.weight, base.norm.variance_epsilon)
-        # the tensors each layer reads, looked up once (nn.Module attribute access costs about a microsecond)
+        # what each layer reads, looked up once (nn.Module attribute access costs about a microsecond)
         self.layers = [_LlamaLayer(
             input_norm=(b.input_layernorm.weight, b.input_layernorm.variance_epsilon),
-            q_proj=_linear(b.self_attn.q_proj), k_proj=_linear(b.self_attn.k_proj),
-            v_proj=_linear(b.self_attn.v_proj), o_proj=_linear(b.self_attn.o_proj),
+            q_proj=linear(b.self_attn.q_proj), k_proj=linear(b.self_attn.k_proj),
+            v_proj=linear(b.self_attn.v_proj), o_proj=linear(b.self_attn.o_proj),
             post_norm=(b.post_attention_layernorm.weight, b.post_attention_layernorm.variance_epsilon),
-            gate_proj=_linear(b.mlp.gate_proj), up_proj=_linear(b.mlp.up_proj), down_proj=_linear(b.mlp.down_proj),
+            gate_proj=linear(b.mlp.gate_proj), up_proj=linear(b.mlp.up_proj), down_proj=linear(b.mlp.down_proj),
             act=b.mlp.act_fn.forward, scaling=b.self_attn.scaling) for b in base.layers[: config.num_hidden_layers]]
         self.n_layer = len(self.layers)
         self.heads = config.num_attention_heads
@@ -146,9 +153,9 @@ class LlamaStaticForward(StaticForward):
         x = F.embedding(input_ids, self.embed)                                  # [B, q, d]
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, *layer.input_norm)
-            query = F.linear(h, *layer.q_proj).view(B, q, self.heads, self.head_dim)
-            key = F.linear(h, *layer.k_proj).view(B, q, self.kv_heads, self.head_dim)
-            value = F.linear(h, *layer.v_proj).view(B, q, self.kv_heads, self.head_dim)
+            query = layer.q_proj(h).view(B, q, self.heads, self.head_dim)
+            key = layer.k_proj(h).view(B, q, self.kv_heads, self.head_dim)
+            value = layer.v_proj(h).view(B, q, self.kv_heads, self.head_dim)
             query = query * cos + _rotate_half(query) * sin
             key = key * cos + _rotate_half(key) * sin
             self.keys[i, :, :, length:end] = key.transpose(1, 2)
@@ -158,10 +165,9 @@ class LlamaStaticForward(StaticForward):
                                                self.keys[i, :, :, :end], self.values[i, :, :, :end],
                                                attn_mask=attend, scale=layer.scaling)   # [B, H_kv, n_rep * q, D]
             a = a.view(B, self.kv_heads, n_rep, q, self.head_dim).permute(0, 3, 1, 2, 4).reshape(B, q, -1)
-            x = x + F.linear(a, *layer.o_proj)
+            x = x + layer.o_proj(a)
             h = _rms_norm(x, *layer.post_norm)
-            x = x + F.linear(layer.act(F.linear(h, *layer.gate_proj)) * F.linear(h, *layer.up_proj),
-                             *layer.down_proj)
+            x = x + layer.down_proj(layer.act(layer.gate_proj(h)) * layer.up_proj(h))
         if last:
             x = x[:, -last:]
-        return F.linear(_rms_norm(x, *self.norm), *self.head)
+        return self.head(_rms_norm(x, *self.norm))

@@ -1,0 +1,161 @@
+"""Weight-only quantised projections of the static forward (``--draft-quant int8|int4``, for a draft model).
+
+Why. On a CPU a forward over one or two tokens is bound by the weights it reads: every projection streams its
+whole weight matrix from memory for a handful of rows. Stored in fewer bytes (int8: one byte per weight; int4: half
+a byte) and multiplied by torch's own CPU kernels, which read the small weights and widen them in registers
+(``torch.ops.aten._weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``, the kernels gpt-fast and torchao use), a
+draft forward costs less. Only a draft is quantised: the verify step compares the draft's proposals with the
+unchanged target's law, so the output stays exactly the target's (lossless); a coarser draft can only propose
+worse, which lowers acceptance.
+
+What each projection y = x @ W.T + b (W [N, K], x [..., K]) becomes:
+
+  none  F.linear(x, W, b), as before
+  int8  per output row n a scale s_n = max_k |W[n, k]| / 127 and int8 q = round(W / s) in [-127, 127]:
+        W ≈ q * s; the kernel computes (x @ q.T) * s in x's dtype (bfloat16 or float32)
+  int4  per output row n and group of GROUP inputs a scale s = (max - min) / 15 and the group's minimum: q =
+        round((W - min) / s) in [0, 15], W ≈ q * s + min. The kernel stores q packed two to a byte in a layout of
+        its own (``_convert_weight_to_int4pack_for_cpu``) and reads scales_and_zeros bfloat16 [K / GROUP, N, 2] of
+        (s, z) with W ≈ (q - 8) * s + z, so z = min + 8 s. Its vectorised path is bfloat16 only, and it needs N a
+        multiple of 16: W gets zero rows up to one, and the output is cut back to N columns
+
+The kernels' cost grows with the rows far faster than a bfloat16 matmul's (each row re-reads the widened weights):
+past KERNEL_ROWS rows (a prompt's prefill, a wide batch) a projection multiplies the dequantised weight (q * s, or
+q * s + min), computed once and kept in the model's dtype, with F.linear: the same weights at a matmul's speed, for
+the memory of one more copy of the draft's projections. Measured per shape, rows and thread count by
+``python -m pipeline.benchmarks.quant_linear`` (docs/benchmarks.md).
+
+Only the static forward of the Llama family (llama.py) takes quantised projections; the kernels run on a CPU
+(:func:`check_supported` refuses the rest in one line).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.errors import SpecsweepError
+
+MODES = ("none", "int8", "int4")
+GROUP = 128
+"""int4: the inputs that share one scale and zero (a divisor of every in-features of the Qwen2.5 drafts: 896, 4864)."""
+KERNEL_ROWS = 2
+"""A projection over at most this many rows (tokens x batch rows) runs the kernel; over more, F.linear over the
+dequantised weight (pipeline/benchmarks/quant_linear.py measures where the kernels stop paying)."""
+INT4_ROWS = 16
+"""int4 pads the output rows N of W to a multiple of this (the kernel's block)."""
+
+Projection = Callable[[torch.Tensor], torch.Tensor]
+"""x [..., K] -> y [..., N]: one linear layer of a static forward."""
+
+
+def check_supported(mode: str, device: torch.device | str, dtype: torch.dtype) -> None:
+    """Whether ``mode`` can run on ``device`` in ``dtype``: one-line SpecsweepError if not (the CPU kernels only;
+    int4's vectorised kernel is bfloat16 only, its float32 path a scalar loop ~10x slower than F.linear)."""
+    if mode not in MODES:
+        raise SpecsweepError(f"--draft-quant {mode!r} is not one of {list(MODES)}")
+    if mode == "none":
+        return
+    if torch.device(device).type != "cpu":
+        raise SpecsweepError(f"--draft-quant {mode} runs torch's CPU kernels; the draft is on {device}: drop "
+                             "--draft-quant (or run on --device cpu)")
+    allowed = (torch.bfloat16,) if mode == "int4" else (torch.bfloat16, torch.float32)
+    if dtype not in allowed:
+        names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise SpecsweepError(f"--draft-quant {mode} multiplies in {names} (its CPU kernel's fast path); the draft is "
+                             f"{str(dtype).removeprefix('torch.')}: use --dtype bfloat16"
+                             + (", or --draft-quant int8" if mode == "int4" else ""))
+
+
+def projection(weight: torch.Tensor, bias: torch.Tensor | None, mode: str = "none") -> Projection:
+    """The projection x [..., K] -> x @ weight.T + bias [..., N] for weight [N, K], bias [N] or None, with the weight
+    stored as ``mode`` says (see the module docstring; "none": F.linear over ``weight`` itself, no copy)."""
+    if mode == "none":
+        return functools.partial(F.linear, weight=weight, bias=bias)
+    check_supported(mode, weight.device, weight.dtype)
+    return Int8Linear(weight, bias) if mode == "int8" else Int4Linear(weight, bias)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (q int8 [N, K], scales [N] in weight's dtype), weight ≈ q * scales[:, None]."""
+    w = weight.float()
+    scales = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales.to(weight.dtype)
+
+
+def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K] (K a multiple of ``group``) -> (q int32 [N, K] in 0..15, scales float32 [N, K / group],
+    minima float32 [N, K / group]), weight[n, k] ≈ q[n, k] * scales[n, k // group] + minima[n, k // group]."""
+    N, K = weight.shape
+    w = weight.float().view(N, K // group, group)
+    lo, hi = w.amin(dim=2), w.amax(dim=2)
+    scales = ((hi - lo) / 15).clamp_min(1e-12)
+    q = torch.round((w - lo[..., None]) / scales[..., None]).clamp_(0, 15).to(torch.int32)
+    return q.view(N, K), scales, lo
+
+
+class Int8Linear:
+    """A projection with an int8 weight (see the module docstring).
+
+    q       int8 [N, K];  scales [N] (the model's dtype);  bias [N] or None
+    dense   the dequantised weight q * scales [N, K] (the model's dtype), for forwards over more than KERNEL_ROWS rows
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.q, self.scales = quantize_int8(weight)
+        self.dense = self.q.to(weight.dtype) * self.scales[:, None]
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N]."""
+        if x.numel() > KERNEL_ROWS * x.shape[-1]:
+            return F.linear(x, self.dense, self.bias)
+        y = self.kernel(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.q.shape[0])
+        return y if self.bias is None else y + self.bias
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The int8 kernel alone, whatever the rows: x [M, K] -> x @ (q * scales).T [M, N], no bias."""
+        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scales)
+
+
+class Int4Linear:
+    """A projection with a group-wise int4 weight (see the module docstring), bfloat16.
+
+    packed           uint8: q in the kernel's layout for N' rows (N rounded up to INT4_ROWS; rows past N are zero)
+    scales_and_zeros bfloat16 [K / GROUP, N', 2]: (s, z) with W ≈ (q - 8) * s + z
+    n                the real output rows N;  bias [N] or None
+    dense            the dequantised weight q * s + min [N, K] (the model's dtype), for forwards over more than
+                     KERNEL_ROWS rows
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP) -> None:
+        N, K = weight.shape
+        if K % group:
+            raise SpecsweepError(f"--draft-quant int4 groups a projection's inputs by {group}, and one has {K}: use "
+                                 "--draft-quant int8 for this draft")
+        q, scales, lo = quantize_int4(weight, group)
+        self.dense = (q.view(N, K // group, group) * scales[..., None] + lo[..., None]).view(N, K).to(weight.dtype)
+        pad = -N % INT4_ROWS
+        q = F.pad(q, (0, 0, 0, pad))                                      # rows past N: q, s and z all 0
+        pair = torch.stack([scales, lo + 8 * scales], dim=2)              # [N, K / group, 2]
+        pair = F.pad(pair, (0, 0, 0, 0, 0, pad))
+        self.scales_and_zeros = pair.transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        self.group, self.n, self.bias = group, N, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N]."""
+        if x.numel() > KERNEL_ROWS * x.shape[-1]:
+            return F.linear(x, self.dense, self.bias)
+        y = self.kernel(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.n)
+        return y if self.bias is None else y + self.bias
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The int4 kernel alone, whatever the rows: x [M, K] -> x @ W.T [M, N] (cut back from the padded N'), no
+        bias."""
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
+        return y[:, : self.n]
