@@ -58,9 +58,9 @@ distill: setup
 # 2 threads, an idle machine wanted (the runs took about an hour here, run by run): the draft's head cut to K tokens
 # (c and acceptance against K, 48 new tokens, one timed article); at 128 new tokens in bfloat16, the draft with its
 # head cut to 32768 tokens, with its weights in int8 and int4 too (--draft-quant; int4 at γ 5 and 6), prompt lookup,
-# and prompt lookup's match followed by that draft (lookup-model); the draft in float32 with our loop and with
-# transformers' assisted generation (their tokens compared). Then
-# `make publish PROFILE=pair` and `make docs`.
+# and prompt lookup's match followed by that draft (lookup-model; with the int4 draft too); the draft in float32 with
+# our loop and with transformers' assisted generation (their tokens compared). Then `make publish PROFILE=pair` and
+# `make docs`.
 PAIR_RUNS ?= results/pair/runs
 PAIR = --task cnn_dailymail --data $(SPECSWEEP_FIXTURES)/cnn_dailymail/test.jsonl --chat-template --limit 3 \
 	--max-prompt-tokens 384 --temperature 0 --device cpu --threads 2 --repeats 3 --samples-per-repeat 3 --no-progress \
@@ -79,6 +79,8 @@ pair: setup
 		--out $(PAIR_RUNS)/qwen-lookup-g4-bfloat16-128.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter lookup-model --draft-vocab 32768 \
 		--out $(PAIR_RUNS)/qwen-lookup-model-k32768-g4-bfloat16-128.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter lookup-model --draft-vocab 32768 \
+		--draft-quant int4 --out $(PAIR_RUNS)/qwen-lookup-model-k32768-int4-g4-bfloat16-128.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 \
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 --engine hf \

@@ -190,6 +190,8 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
              ("prompt lookup, γ 4", "qwen-lookup-g4-bfloat16-128"),
              ("prompt lookup's match, then the draft (head: 32768 tokens), γ 4",
               "qwen-lookup-model-k32768-g4-bfloat16-128"),
+             ("prompt lookup's match, then the int4 draft (head: 32768 tokens), γ 4",
+              "qwen-lookup-model-k32768-int4-g4-bfloat16-128"),
              ("draft, γ 4, our loop", "qwen-model-g4-float32-24"),
              ("draft, γ 4, transformers' assisted generation", "qwen-model-g4-float32-24-hf"))
 
