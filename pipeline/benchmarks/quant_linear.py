@@ -84,6 +84,7 @@ def _measure(shapes, rows, rounds: int, calls: int) -> list[dict]:
             ci = median_ci([a / b for a, b in zip(t["bfloat16"], t[name])])
             row[f"{name}_speedup"] = ci.median
             row[f"{name}_speedup_ci"] = [ci.low, ci.high]
+            row["ci_coverage"] = ci.coverage
         row.update({f"{name}_error": case["errors"][name] for name in WAYS})
         row["rounds_us"] = {name: [v * 1e6 for v in t[name]] for name in WAYS}
         table.append(row)

@@ -19,11 +19,12 @@ What each projection y = x @ W.T + b (W [N, K], x [..., K]) becomes:
         (s, z) with W ≈ (q - 8) * s + z, so z = min + 8 s. Its vectorised path is bfloat16 only, and it needs N a
         multiple of 16: W gets zero rows up to one, and the output is cut back to N columns
 
-The kernels' cost grows with the rows far faster than a bfloat16 matmul's (each row re-reads the widened weights):
-past KERNEL_ROWS rows (a prompt's prefill, a wide batch) a projection multiplies the dequantised weight (q * s, or
-q * s + min), computed once and kept in the model's dtype, with F.linear: the same weights at a matmul's speed, for
-the memory of one more copy of the draft's projections. Measured per shape, rows and thread count by
-``python -m pipeline.benchmarks.quant_linear`` (docs/benchmarks.md).
+The kernels' cost grows with the rows far faster than a bfloat16 matmul's (they widen the weights again for each
+block of 4 rows, and spend arithmetic per row that a matmul does not): past KERNEL_ROWS rows (a prompt's prefill, a
+wide batch) a projection multiplies the dequantised weight (q * s, or q * s + min), computed once and kept in the
+model's dtype, with F.linear: the same weights at a matmul's speed, for the memory of one more copy of the draft's
+projections. Measured per shape, rows and thread count by ``python -m pipeline.benchmarks.quant_linear``
+(docs/benchmarks.md).
 
 Only the static forward of the Llama family (llama.py) takes quantised projections; the kernels run on a CPU
 (:func:`check_supported` refuses the rest in one line).
@@ -42,9 +43,11 @@ from pipeline.errors import SpecsweepError
 MODES = ("none", "int8", "int4")
 GROUP = 128
 """int4: the inputs that share one scale and zero (a divisor of every in-features of the Qwen2.5 drafts: 896, 4864)."""
-KERNEL_ROWS = 2
+KERNEL_ROWS = 4
 """A projection over at most this many rows (tokens x batch rows) runs the kernel; over more, F.linear over the
-dequantised weight (pipeline/benchmarks/quant_linear.py measures where the kernels stop paying)."""
+dequantised weight. Both kernels work in blocks of 4 rows: on this project's CPU (2 threads) they beat bfloat16
+F.linear at 1 to 4 rows and lose to it at 5 for most of a draft's shapes (docs/benchmarks.md,
+results/bench/quant-linear-cpu.json)."""
 INT4_ROWS = 16
 """int4 pads the output rows N of W to a multiple of this (the kernel's block)."""
 
