@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import save_pair, write_articles
+from tiny_models import record_engines, save_pair, write_articles
 
 from pipeline.benchmarks import engine as bench
 from pipeline.cli import main
@@ -128,14 +128,7 @@ def test_assistant_defaults_are_the_drafts_own_then_transformers(pair):
 
 
 def test_our_draft_settings_reach_our_loop_only(pair, tmp_path, monkeypatch):
-    engines = []
-    init = SpeculativeEngine.__init__
-
-    def recording(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        engines.append(self)
-
-    monkeypatch.setattr(SpeculativeEngine, "__init__", recording)
+    engines = record_engines(monkeypatch)
     result = _bench(pair, tmp_path, "--draft-vocab", "50", "--draft-schedule", "heuristic", "--gamma-max", "5")
     speculative = [e for e in engines if e.drafter is not None]
     assert speculative and all(isinstance(e.drafter, VocabMapDrafter) and len(e.drafter.ids) >= 50
@@ -153,14 +146,7 @@ def test_our_draft_settings_reach_our_loop_only(pair, tmp_path, monkeypatch):
 def test_another_drafter_reaches_our_loop_only_and_is_no_comparison_of_loops(pair, tmp_path, monkeypatch):
     """--drafter prompt-lookup: our loop drafts from the prompt, HF's assisted loops still with the draft model, so
     ours against HF's assisted loop at equal γ is a comparison of settings and its goal is not judged."""
-    engines = []
-    init = SpeculativeEngine.__init__
-
-    def recording(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        engines.append(self)
-
-    monkeypatch.setattr(SpeculativeEngine, "__init__", recording)
+    engines = record_engines(monkeypatch)
     result = _bench(pair, tmp_path, "--drafter", "prompt-lookup")
     speculative = [e for e in engines if e.drafter is not None]
     assert speculative and all(isinstance(e.drafter, LookupDrafter) and e.drafter.settings["drafter"] == "prompt-lookup"

@@ -15,7 +15,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import PROMPTS, load_saved_pair, save_pair, write_prompts
+from tiny_models import PROMPTS, load_saved_pair, record_engines, save_pair, write_prompts
 
 from pipeline.cli import main
 from pipeline.config import DRAFT_QUANTS, RunConfig
@@ -134,14 +134,7 @@ def test_bad_settings_are_one_line_errors_with_exit_code_2(saved, capsys, extra,
 
 def test_bench_engine_quantises_the_draft_of_its_static_cache_loop_only(saved, monkeypatch):
     root, tp, dp, _ = saved
-    engines = []
-    init = SpeculativeEngine.__init__
-
-    def recording(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        engines.append(self)
-
-    monkeypatch.setattr(SpeculativeEngine, "__init__", recording)
+    engines = record_engines(monkeypatch)
     out = root / "bench.json"
     assert main(["bench", "engine", "--target", str(tp), "--draft", str(dp), "--gamma", "2", "--device", "cpu",
                  "--repeats", "1", "--temperature", "0", "--max-new-tokens", "6", "--limit", "2",

@@ -82,3 +82,18 @@ def load_saved_pair(root, **kwargs):
     tp, dp = save_pair(root, **kwargs)
     return load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), \
         load_tokenizer(str(tp))
+
+
+def record_engines(monkeypatch) -> list:
+    """Every SpeculativeEngine built from now on, in order (its __init__ patched for the test)."""
+    from pipeline.decoding.engine import SpeculativeEngine  # kept local: only the tests that record engines need it
+
+    engines = []
+    init = SpeculativeEngine.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        engines.append(self)
+
+    monkeypatch.setattr(SpeculativeEngine, "__init__", recording)
+    return engines
