@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test lint bench constraints real real-setup distill publish docs check-docs pair trees
+.PHONY: all setup test lint bench constraints real real-setup distill publish docs check-docs pair pair-spec-bench trees
 
 # The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
@@ -85,6 +85,27 @@ pair: setup
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 --engine hf \
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24-hf.json
+
+# The same pair on Spec-Bench's coding questions (MT-Bench's 10, two turns each: the category a code model's draft
+# should win), greedy, bfloat16: the target alone once (every other run's reference), then the tuned draft model,
+# prompt lookup, and prompt lookup's match then the draft. The quality pass decodes every coding turn; the paired
+# timing the first PAIR_SB_TIMED questions, PAIR_SB_REPEATS times each way.
+PAIR_SB_RUNS ?= results/pair/spec-bench
+PAIR_SB_TIMED ?= 2
+PAIR_SB_REPEATS ?= 3
+PAIR_SB = --task spec_bench --data $(SPECSWEEP_FIXTURES)/spec_bench/question.jsonl --chat-template --categories coding \
+	--temperature 0 --device cpu --threads 2 --dtype bfloat16 --max-new-tokens 128 --no-progress \
+	--repeats $(PAIR_SB_REPEATS) --samples-per-repeat $(PAIR_SB_TIMED) --target qwen2.5-coder-1.5b-instruct
+
+pair-spec-bench: setup
+	$(BIN)/specsweep run $(PAIR_SB) --gamma 0 --out $(PAIR_SB_RUNS)/qwen-ar-bfloat16.json
+	$(BIN)/specsweep run $(PAIR_SB) --baseline $(PAIR_SB_RUNS)/qwen-ar-bfloat16.json --draft qwen2.5-coder-0.5b-instruct \
+		--draft-vocab 32768 --draft-quant int4 --gamma 5 --out $(PAIR_SB_RUNS)/qwen-model-k32768-int4-g5-bfloat16.json
+	$(BIN)/specsweep run $(PAIR_SB) --baseline $(PAIR_SB_RUNS)/qwen-ar-bfloat16.json --drafter prompt-lookup --gamma 4 \
+		--out $(PAIR_SB_RUNS)/qwen-lookup-g4-bfloat16.json
+	$(BIN)/specsweep run $(PAIR_SB) --baseline $(PAIR_SB_RUNS)/qwen-ar-bfloat16.json --drafter lookup-model \
+		--draft qwen2.5-coder-0.5b-instruct --draft-vocab 32768 --draft-quant int4 --gamma 5 \
+		--out $(PAIR_SB_RUNS)/qwen-lookup-model-k32768-int4-g5-bfloat16.json
 
 # docs/trees.md, "Tree drafts without a draft model": prompt lookup and suffix decoding on the toy text pair's target
 # (models/toy/text: `make`, or `specsweep toy data` and `specsweep toy train --task text --threads 1`), a `3,2,1` tree

@@ -15,9 +15,12 @@
 #              -> kernels/results/kernels-<gpu>.json
 #   host       `specsweep bench host --device cuda`: the host side of one eager call of each kernel sampler through
 #              the real launcher -> results/bench/host-cuda.json
+#   forward    one forward of the Qwen2.5-Coder 1.5B and 0.5B shapes (random weights from kernels/shapes/*/config.json),
+#              bfloat16, our static forward against transformers' at 1/5/11 new tokens
+#              -> results/bench/forward-<shape>-cuda.json
 #   engine     `specsweep bench engine --device cuda` -> results/bench/engine-cuda.json
 # A machine that limits one command's time can run it in two parts, e.g. `compile tests sanitizer`, then
-# `host kernels engine`.
+# `host kernels forward engine`.
 #
 # Python: $PYTHON, else .venv/bin/python, else python3; it needs torch with CUDA, cupy, transformers, accelerate,
 # pytest and specsweep itself installed (`make setup` after installing a CUDA torch, see README; or
@@ -29,7 +32,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 export PYTHON=$PY  # kernels/sanitize.sh uses the same interpreter
-ALL="compile tests sanitizer kernels host engine"
+ALL="compile tests sanitizer kernels host forward engine"
 STEPS=${*:-$ALL}
 for s in $STEPS; do
     case " $ALL " in *" $s "*) ;; *) echo "gpu_validate.sh: unknown step '$s': choose from: $ALL"; exit 2 ;; esac
@@ -82,6 +85,13 @@ if want kernels; then
 fi
 if want host; then
     step "bench host" 120 "$PY" -m pipeline bench host --device cuda
+fi
+if want forward; then
+    for shape in kernels/shapes/*/; do
+        name=$(basename "$shape")
+        step "bench forward $name" 120 "$PY" -m pipeline.benchmarks.forward --model "$shape" --device cuda \
+            --dtypes bfloat16 --out "results/bench/forward-$name-cuda.json"
+    done
 fi
 if want engine; then
     step "bench engine" 420 "$PY" -m pipeline bench engine --device cuda --repeats 4

@@ -60,6 +60,22 @@ def calls(samplers: dict, lengths=None, deterministic=False):
             "tree": lambda: tree(*nodes, generator=gen, tree=TREE)}
 
 
+@pytest.mark.parametrize("name, params", [("exact", {"temperature": 0.7}), ("greedy", {"temperature": 0.0}),
+                                          ("sigmoid", {"temperature": 1.0, "alpha": 2.0, "beta": -10.0})])
+def test_get_sampler_builds_each_kernel_sampler_with_the_rules_parameters(monkeypatch, name, params):
+    """get_sampler checks the parameters a backend's class takes from its __init__; the kernel samplers take the
+    reference's (a forwarding __init__(*args, **kwargs) once made every `--backend cupy` run a one-line refusal on
+    the GPU, which no CPU test saw). The backend's availability is faked: building a sampler launches nothing."""
+    from pipeline.samplers import get_sampler
+
+    monkeypatch.setattr(cupy_backend, "available", lambda: True)
+    sampler = get_sampler(name, backend="cupy", **params)
+    assert isinstance(sampler, cupy_backend.SAMPLERS[name])
+    assert all(getattr(sampler, k) == v for k, v in params.items())
+    with pytest.raises(SamplerInputError, match=r"unknown.*'gamma'"):
+        get_sampler(name, backend="cupy", gamma=3, **params)
+
+
 def test_an_argpack_holds_each_argument_where_culaunchkernel_reads_it():
     args = (np.uint64(0x7F00_DEAD_BEEF), np.int32(-3), np.float32(1.5), np.int64(-7))
     pack = loader.ArgPack(args)

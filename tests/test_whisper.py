@@ -85,14 +85,18 @@ def test_greedy_speculative_whisper_equals_hf_greedy(whisper, gamma):
         assert batched.phase_calls["encode"] == (2 if kind == "seq2seq" else 1)
 
 
-def test_exact_sampling_of_whisper_follows_the_target(whisper):
+@pytest.mark.parametrize("static_cache", [True, False], ids=["static", "hf-forward"])
+def test_exact_sampling_of_whisper_follows_the_target(whisper, static_cache):
+    """The first token of 2000 rows at T = 1 follows the target's law, with our static decoder forward and with
+    transformers' (on an H200 the seq2seq pair on CUDA failed with the static forward, 2026-11-28, not yet with
+    transformers' tried: the two ids tell them apart)."""
     target, draft, processor, _, _, _, dev = whisper
     n = 2000
     feats = features(processor, n=1).expand(n, -1, -1)
     prompt = processor.tokenizer.prefix_tokens
     ids = torch.tensor([prompt] * n)
     engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=1.0), gamma=3, device=dev,
-                               eos_token_ids=[], pad_token_id=EOS)
+                               eos_token_ids=[], pad_token_id=EOS, static_cache=static_cache)
     res = engine.generate(ids, torch.ones_like(ids), 1, torch.Generator(dev).manual_seed(0),
                           encoder_inputs={"input_features": feats})
     with torch.no_grad():

@@ -54,10 +54,10 @@ def tree_inputs(device, tree: TokenTree, B: int, vt: int, vd: int, dtype: str, m
     replacement ("with"), without replacement ("without"), or are its top-k ("top", V_d = V_t).
     """
     vd = vt if mode == "top" else vd
-    g = torch.Generator(device=device).manual_seed(seed)
-    tl = torch.randn(B, tree.n_nodes + 1, vt, generator=g, device=device) * scale
-    dpos = tl[:, :, :vd] + noise * torch.randn(B, tree.n_nodes + 1, vd, generator=g, device=device)
-    tokens = torch.zeros(B, tree.n_nodes, dtype=torch.int64, device=device)
+    g = torch.Generator().manual_seed(seed)     # drawn on the CPU: one case whatever device runs it
+    tl = torch.randn(B, tree.n_nodes + 1, vt, generator=g) * scale
+    dpos = tl[:, :, :vd] + noise * torch.randn(B, tree.n_nodes + 1, vd, generator=g)
+    tokens = torch.zeros(B, tree.n_nodes, dtype=torch.int64)
     for position, kids in enumerate(tree.children):
         if not kids:
             continue
@@ -67,9 +67,9 @@ def tree_inputs(device, tree: TokenTree, B: int, vt: int, vd: int, dtype: str, m
             probs = torch.softmax(dpos[:, position], dim=1)
             picked = torch.multinomial(probs, len(kids), replacement=mode == "with", generator=g)
         tokens[:, kids[0]: kids[0] + len(kids)] = picked
-    parents = torch.tensor(tree.parents, device=device) + 1
-    draft = None if mode == "top" else dpos[:, parents].to(torch_dtype(dtype))
-    return tokens, draft, tl.to(torch_dtype(dtype))
+    parents = torch.tensor(tree.parents) + 1
+    draft = None if mode == "top" else dpos[:, parents].to(device, torch_dtype(dtype))
+    return tokens.to(device), draft, tl.to(device, torch_dtype(dtype))
 
 
 def real_masks(tree: TokenTree, B: int, device, seed: int) -> torch.Tensor:
@@ -105,6 +105,15 @@ def reference(tree: TokenTree, inputs, temperature: float, replacement: bool, u:
     return SamplerResult(accepted=accepted, tokens=tokens, draft_ok=ok, target_ok=ok, path=path)
 
 
+def _cpu(*tensors: torch.Tensor | None) -> tuple:
+    return tuple(None if t is None else t.cpu() for t in tensors)
+
+
+def _to(r: SamplerResult, device) -> SamplerResult:
+    return SamplerResult(accepted=r.accepted.to(device), tokens=r.tokens.to(device), draft_ok=r.draft_ok.to(device),
+                         target_ok=r.target_ok.to(device), path=r.path.to(device))
+
+
 def _same(a: SamplerResult, b: SamplerResult) -> torch.Tensor:
     """bool [B]: rows with the same accepted count, path and tokens."""
     return (a.accepted == b.accepted) & (a.path == b.path).all(1) & (a.tokens == b.tokens).all(1)
@@ -117,10 +126,13 @@ def assert_tree_agrees(kb: KernelBackend, tree: TokenTree, inputs, temperature: 
     result."""
     dt, dl, tl = inputs
     B = dt.shape[0]
-    u = contract.uniforms(B, tree.n_nodes, kb.device, kb.generator(seed))
+    # the uniforms and the reference on the CPU, whatever device runs the kernel: one case everywhere, and a
+    # reference whose own sums are the same on every machine
+    u = contract.uniforms(B, tree.n_nodes, "cpu", torch.Generator().manual_seed(seed)).to(kb.device)
     mode = replacement if kernel_replacement is None else kernel_replacement
     got = cupy_backend.tree_verify(kb.samplers["exact"].launcher, tree, dt, dl, tl, temperature, mode, u=u, real=real)
-    ref = TreeVerifier(temperature, replacement)(tree, dt, dl, tl, generator=kb.generator(seed), real=real)
+    ref = _to(TreeVerifier(temperature, replacement)(tree, *_cpu(dt, dl, tl), generator=torch.Generator().manual_seed(
+        seed), real=_cpu(real)[0]), kb.device)
     assert got.tokens.shape == (B, tree.depth + 1) and got.path.shape == (B, tree.depth)
     assert torch.equal(got.draft_ok, ref.draft_ok) and torch.equal(got.target_ok, ref.target_ok)
     pos = torch.arange(tree.depth + 1, device=kb.device)
@@ -129,7 +141,8 @@ def assert_tree_agrees(kb: KernelBackend, tree: TokenTree, inputs, temperature: 
     explained = torch.zeros_like(differ)
     if temperature > 0 and bool(differ.any()):
         for factor in (1 - BOUNDARY, 1 + BOUNDARY):
-            explained |= _same(got, reference(tree, inputs, temperature, replacement, u * factor, real))
+            moved = reference(tree, _cpu(*inputs), temperature, replacement, (u * factor).cpu(), _cpu(real)[0])
+            explained |= _same(got, _to(moved, kb.device))
     unexplained = differ & ~explained
     assert_rounding_rare(differ, unexplained, got, ref)
     return got

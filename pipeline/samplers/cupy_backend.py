@@ -587,10 +587,16 @@ class _KernelSampler:
 
     launcher: Launcher
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.plans = Plans(self.launcher)
-        self._tree_verifiers: dict[tuple, TreeVerifier] = {}
+    # No __init__ here: the reference's (the rule's parameters) is the one get_sampler reads and checks against, so
+    # what a kernel sampler keeps is made on first use.
+    @functools.cached_property
+    def plans(self) -> Plans:
+        """This sampler's step plans, one per input signature."""
+        return Plans(self.launcher)
+
+    @functools.cached_property
+    def _tree_verifiers(self) -> dict[tuple, TreeVerifier]:
+        return {}
 
     def prepare(self, device: torch.device) -> None:
         """Compile and load the kernels now: call before capturing a step in a CUDA graph."""
