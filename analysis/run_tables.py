@@ -19,7 +19,7 @@ from pipeline.config import MODEL_DRAFTERS
 from pipeline.errors import SpecsweepError
 from pipeline.tasks import quality_metric
 
-from .doc_sources import interval, num, read_source, table
+from .doc_sources import interval, num, prose, read_source, table
 from .publish import summary_path
 
 
@@ -136,8 +136,17 @@ def provenance(profile: str) -> Callable[[Path], str]:
         m = data["machine"]
         first, last = ((data["measured"].get(k) or "")[:10] for k in ("first", "last"))
         when = first if first == last else f"{first} to {last}"
-        commit = (data.get("commit") or "an unknown commit")[:7] + (" with local changes" if data.get("dirty") else "")
-        return f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']} at {commit}."
+        def at(source: dict) -> str:
+            return (source.get("commit") or "an unknown commit")[:7] + (" with local changes" if source.get("dirty")
+                                                                         else "")
+
+        kept = data.get("kept") or []
+        if not kept:
+            return f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']} at {at(data)}."
+        fresh = len(data["runs"]) - sum(len(k["runs"]) for k in kept)
+        earlier = ", ".join(f"{len(k['runs'])} at {at(k)}" for k in kept)
+        return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']}: {fresh} "
+                     f"run{'' if fresh == 1 else 's'} at {at(data)}, {earlier} (published before).")
     return render
 
 

@@ -178,6 +178,31 @@ def test_a_checkout_is_dirty_for_publishing_only_when_files_outside_the_publishe
     assert git_commit(tmp_path, ignore=(publish.FOLDER,))["dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path, ignore=(publish.FOLDER,))["dirty"] is True
+def test_publish_keeps_the_published_runs_a_later_runs_folder_lacks_only_when_asked(tmp_path, capsys, monkeypatch):
+    commits = iter("abcd")
+    monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": next(commits) * 40, "dirty": False})
+    folder = tmp_path / "results" / "pair" / "runs"
+    write_runs(folder, {"old": run_result("cnn_dailymail", 4, 1.2), "both": run_result("cnn_dailymail", 4, 1.3)})
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    for path in folder.iterdir():
+        path.unlink()
+    write_runs(folder, {"new": run_result("cnn_dailymail", 4, 1.5), "both": run_result("cnn_dailymail", 4, 1.4)})
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path), "--keep"]) == 0
+    summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
+    assert list(summary["runs"]) == ["both", "new", "old"] and [k["runs"] for k in summary["kept"]] == [["old"]]
+    assert summary["runs"]["both"]["metrics"]["speedup"] == pytest.approx(1.4)         # the folder's record wins
+    assert summary["runs"]["old"]["metrics"]["speedup"] == pytest.approx(1.2)
+    for path in folder.iterdir():                     # a third publish: each kept run keeps the commit it came from
+        path.unlink()
+    write_runs(folder, {"newest": run_result("cnn_dailymail", 4, 1.6)})
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path), "--keep"]) == 0
+    summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
+    assert [(k["commit"][0], k["runs"]) for k in summary["kept"]] == [("b", ["both", "new"]), ("a", ["old"])]
+    assert " ".join(run_tables.provenance("pair")(tmp_path).split()).endswith(
+        "specsweep 0.1.0: 1 run at ccccccc, 2 at bbbbbbb, 1 at aaaaaaa (published before).")
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
+    assert list(summary["runs"]) == ["newest"] and "kept" not in summary
 
 
 def test_publish_without_the_profiles_runs_is_a_one_line_error(tmp_path, capsys):
