@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .doc_sources import ci, micros, num, percent, prose, read_source, signed, table
+from .doc_sources import ci, interval, micros, num, percent, prose, read_source, signed, table
 
 REDESIGN = "results/bench/redesign-engine-cpu.json"
 REDESIGN_LOOPS = (("ours_speculative", "ours, speculative"), ("ours_autoregressive", "ours, γ = 0"),
@@ -29,6 +29,7 @@ DETERMINISTIC_TIMED = {(1, 4, 32000, "float32"), (1, 8, 128256, "float32"), (16,
                        (16, 8, 128256, "float32")}
 LOSSLESS = "results/bench/lossless-cpu.json"
 PROCESSES = "results/bench/processes-cpu.json"
+QUANT_LINEAR = "results/bench/quant-linear-cpu.json"
 SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
 SERVE_SMOLLM2 = "results/bench/serve-cpu-smollm2-prompt-lookup.json"
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -162,6 +163,26 @@ def bench_lossless_cpu(root: Path) -> str:
                      s["verdict"]])
     header = ["rule", "dtype", "greedy match", "first divergences", "p first token", "p first two tokens", "sampled"]
     return table(header, body)
+
+
+def bench_quant_linear(root: Path) -> str:
+    """One projection in bfloat16 against torch's int8 and int4 CPU kernels: µs per call and the kernels' speedups."""
+    data = read_source(root, QUANT_LINEAR, "python -m pipeline.benchmarks.quant_linear")
+    body = [[r["shape"] if i == 0 or r["shape"] != data["results"][i - 1]["shape"] else "", str(r["rows"]),
+             f"{r['bfloat16_us']:.0f}", f"{r['int8_us']:.0f}", f"{r['int4_us']:.0f}",
+             interval(r["int8_speedup"], *r["int8_speedup_ci"]), interval(r["int4_speedup"], *r["int4_speedup_ci"]),
+             f"{r['int8_error']:.3f} / {r['int4_error']:.3f}"]
+            for i, r in enumerate(data["results"])]
+    s, load = data["settings"], data["load_average"]
+    low, high = sorted((load["before"][0], load["after"][0]))
+    header = ["N x K", "rows", "bf16 µs", "int8 µs", "int4 µs", "int8 speedup", "int4 speedup",
+              "relative error int8 / int4"]
+    coverage = data["results"][0].get("ci_coverage")
+    note = (f"{s['threads']} threads, median of {s['rounds']} rounds of {s['calls']} calls each, speedup = bfloat16's "
+            f"time over the kernel's per round (median over rounds"
+            + (f" with its {percent(coverage)} interval" if coverage else " and interval") +
+            f"); load average {low:.1f}-{high:.1f}, {data['provenance']['date'][:10]}.")
+    return table(header, body) + "\n\n" + prose(note)
 
 
 def bench_processes(root: Path) -> str:

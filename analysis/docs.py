@@ -52,6 +52,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-deterministic-gpu": gpu_blocks.bench_deterministic_gpu,
     "bench-lossless-cpu": bench_blocks.bench_lossless_cpu,
     "bench-processes": bench_blocks.bench_processes,
+    "bench-quant-linear": bench_blocks.bench_quant_linear,
     # docs/serve.md
     "serve-toy": bench_blocks.serve_toy,
     "serve-smollm2": bench_blocks.serve_smollm2,
