@@ -180,10 +180,17 @@ def test_bad_flags_are_one_line_errors(flags, says, capsys):
     assert says in err and "\n" not in err, err
 
 
-def test_a_chat_template_the_tokenizer_lacks_is_a_one_line_error(tmp_path, capsys):
+def test_a_chat_template_the_tokenizer_lacks_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    """Refused before either model loads: a bad flag costs no load, and the error is the command's only output."""
+    from pipeline.benchmarks import engine as bench_engine
+
     target, draft = save_pair(tmp_path / "plain")
+    loaded = []
+    monkeypatch.setattr(bench_engine, "load_causal_lm", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    capsys.readouterr()                                         # saving the pair draws progress bars
     assert main(["bench", "engine", "--target", str(target), "--draft", str(draft), *QUICK, "--chat-template",
                  "--out", str(tmp_path / "x.json")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]     # after transformers' progress bars, where drawn
-    assert "has no chat template: drop --chat-template" in err and err.startswith("specsweep bench: error:")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and not loaded, err
+    assert "has no chat template: drop --chat-template" in err[0] and err[0].startswith("specsweep bench: error:")
     assert not (tmp_path / "x.json").exists()

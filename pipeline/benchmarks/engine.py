@@ -88,6 +88,7 @@ from pipeline.models import auto_dtype, load_causal_lm, load_tokenizer, parse_dt
 from pipeline.samplers import get_sampler
 from pipeline.stack import build_drafter
 from pipeline.synthetic import save_pair
+from pipeline.tasks.text import check_chat_template
 
 SYNTHETIC = {"layers": 8, "width": 256, "draft_layers": 1, "noise": 0.02, "deep_layer_scale": 0.1}
 SYNTHETIC_PROMPTS = [
@@ -223,6 +224,8 @@ class _Bench:
         ``config.data`` as `specsweep run` does."""
         device = config.device
         tok, d_tok = load_tokenizer(config.target), load_tokenizer(config.draft)
+        if config.chat_template:        # before the models load: a bad flag costs no load
+            check_chat_template(tok)
         dtype = parse_dtype(config.dtype)
         t_model = load_causal_lm(config.target, dtype, device)
         d_model = load_causal_lm(config.draft, dtype, device)

@@ -20,11 +20,16 @@ def cut_tokens(text: str, tokenizer, max_tokens: int | None) -> tuple[str, int]:
     return tokenizer.decode(ids[:max_tokens]), 1
 
 
-def chat_prompt(tokenizer, content: str) -> str:
-    """One user turn of the tokenizer's chat template, ending with the assistant's generation prompt."""
+def check_chat_template(tokenizer) -> None:
+    """A one-line SpecsweepError where ``tokenizer`` has no chat template (--chat-template asked for one)."""
     if not getattr(tokenizer, "chat_template", None):
         raise SpecsweepError("--chat-template asked for, but the target's tokenizer has no chat template: "
                              "drop --chat-template")
+
+
+def chat_prompt(tokenizer, content: str) -> str:
+    """One user turn of the tokenizer's chat template, ending with the assistant's generation prompt."""
+    check_chat_template(tokenizer)
     return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                          add_generation_prompt=True)
 
