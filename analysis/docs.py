@@ -35,18 +35,21 @@ END = "<!-- END GENERATED -->"
 # block name -> its renderer (root -> Markdown, without the marker lines)
 REGISTRY: dict[str, Callable[[Path], str]] = {
     # README.md
-    "readme-h100": gpu_blocks.readme_h100,
+    "readme-gpu": gpu_blocks.readme_gpu,
     "budgets": budgets.render,
     # docs/benchmarks.md
-    "bench-kernels-h100": gpu_blocks.bench_kernels_h100,
-    "bench-engine-h100": gpu_blocks.bench_engine_h100,
+    "bench-kernels-gpu": gpu_blocks.bench_kernels_gpu,
+    "bench-kernels-trees-gpu": gpu_blocks.bench_kernels_trees,
+    "bench-engine-gpu": gpu_blocks.bench_engine_gpu,
     "bench-redesign": bench_blocks.bench_redesign,
     "bench-engine-qwen": bench_blocks.bench_engine_qwen,
     "bench-forward-smollm2-cpu": bench_blocks.bench_forward_smollm2_cpu,
     "bench-forward-cuda": gpu_blocks.bench_forward_cuda,
+    "bench-forward-qwen-cuda": gpu_blocks.bench_forward_qwen_cuda,
     "bench-forward-whisper-cpu": bench_blocks.bench_forward_whisper_cpu,
     "bench-forward-dtypes": bench_blocks.bench_forward_dtypes,
     "bench-host": bench_blocks.bench_host,
+    "bench-host-gpu": gpu_blocks.bench_host_gpu,
     "bench-block-gain": bench_blocks.bench_block_gain,
     "bench-deterministic-cpu": bench_blocks.bench_deterministic_cpu,
     "bench-deterministic-gpu": gpu_blocks.bench_deterministic_gpu,
@@ -61,6 +64,8 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     # docs/gpu.md
     "gpu-machine": gpu_blocks.gpu_machine,
     "gpu-kernels": gpu_blocks.gpu_kernels_bullet,
+    "gpu-host": gpu_blocks.gpu_host_bullet,
+    "gpu-forward": gpu_blocks.gpu_forward_bullet,
     "gpu-lossless": gpu_blocks.gpu_lossless_bullet,
     "pair-provenance": run_tables.provenance("pair"),
     "real-provenance": run_tables.provenance("real"),

@@ -2,7 +2,7 @@
 # Everything that needs a CUDA GPU, in one script: the GPU tests, compute-sanitizer, the kernel benchmark, the host
 # cost of one eager verify call and the engine benchmark. Installs nothing.
 #
-#   bash kernels/gpu_validate.sh [STEP ...]      (default: every step; 6 min 10 s on an H100 before the host step came)
+#   bash kernels/gpu_validate.sh [STEP ...]      (default: every step; 514 s on an H200, 2026-11-28)
 #
 # Steps, in order:
 #   compile    compile the CUDA kernels once (fills CuPy's cache; later steps and processes load the cubin)

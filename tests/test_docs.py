@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.analysis import bench_blocks, docs, paired_tokens, publish, run_tables, tree_blocks
+from pipeline.analysis import bench_blocks, docs, gpu_blocks, paired_tokens, publish, run_tables, tree_blocks
 from pipeline.analysis.run_tables import TABLES
 from pipeline.env_info import git_commit
+from pipeline.errors import SpecsweepError
 from pipeline.result import make_result, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("results/bench", "kernels/results", "results/published")
+SOURCES = ("results/bench", "kernels/results", "kernels/shapes", "results/published")
 
 
 def copy_repo(tmp_path: Path) -> Path:
@@ -37,7 +38,8 @@ def copy_repo(tmp_path: Path) -> Path:
 def test_the_repositorys_generated_blocks_are_what_make_docs_writes(capsys):
     assert docs.main(["--check", "--root", str(ROOT)]) == 0, capsys.readouterr().out
     names = docs.block_names(ROOT)
-    assert {"readme-h100", "bench-kernels-h100", "bench-block-gain", "gpu-lossless", "trees-lookup"} <= names
+    assert {"readme-gpu", "bench-kernels-gpu", "bench-host-gpu", "bench-forward-qwen-cuda", "bench-block-gain",
+            "gpu-lossless", "trees-lookup"} <= names
 
 
 def test_changing_any_digit_inside_a_generated_block_makes_the_check_fail():
@@ -87,7 +89,7 @@ def test_an_unknown_block_name_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_a_block_without_its_end_line_is_a_one_line_error(tmp_path, capsys):
-    (tmp_path / "README.md").write_text("<!-- BEGIN GENERATED readme-h100 -->\n1\n")
+    (tmp_path / "README.md").write_text("<!-- BEGIN GENERATED readme-gpu -->\n1\n")
     assert "has no `<!-- END GENERATED -->` line" in one_line_error(capsys, ["--root", str(tmp_path)])
 
 
@@ -95,7 +97,7 @@ def test_a_missing_source_is_a_one_line_error_that_names_it(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "gpu.md").write_text("<!-- BEGIN GENERATED gpu-machine -->\n<!-- END GENERATED -->\n")
     err = one_line_error(capsys, ["--check", "--root", str(tmp_path)])
-    assert "block gpu-machine: source kernels/results/kernels-nvidia-h100-80gb-hbm3.json is missing" in err
+    assert "block gpu-machine: source kernels/results/kernels-nvidia-h200.json is missing" in err
 
 
 # ---------------------------------------------------------------------------------------------- published run tables
@@ -337,3 +339,41 @@ def test_the_qwen_engine_table_says_when_ours_against_hf_assisted_is_no_comparis
     assert marked == [not json.loads((ROOT / p).read_text())["settings"]["equal_gamma"]
                       for p in bench_blocks.ENGINE_QWEN] and any(marked) and not all(marked)
     assert rows[1].startswith("| prompt-lookup, γ 4 | 1 x 48 | bf16 |")
+
+
+# ---------------------------------------------------------------------------------------------- GPU blocks
+
+@pytest.mark.parametrize("median, high, verdict", [(41.9, 47.1, "it holds: the whole interval is below the goal"),
+                                                   (48.0, 52.0, "it holds at the median, not over the whole interval"),
+                                                   (50.5, 55.0, "it does not hold")])
+def test_the_host_goal_is_judged_on_the_goal_rows_interval(median, high, verdict):
+    """Issue 43's ≤ 50 µs at the goal row (B 1, γ 5, V 128256, bf16, exact): held only where the whole interval is
+    within it; another row's figures never decide it."""
+    def row(b: int, sampler: str, us: float, top: float) -> dict:
+        return {"B": b, "gamma": 5, "V": 128256, "dtype": "bfloat16", "sampler": sampler,
+                "host_us": {"median": us, "ci_low": us - 4, "ci_high": top}}
+
+    data = {"results": [row(1, "greedy", 99.0, 99.0), row(16, "exact", 10.0, 11.0), row(1, "exact", median, high)]}
+    text = gpu_blocks.host_goal(data)
+    assert text.endswith(f"µs, so {verdict}."), text
+    assert f"{median:.1f} [{median - 4:.1f}, {high:.1f}]" in text
+    with pytest.raises(SpecsweepError, match="no exact row"):
+        gpu_blocks.host_goal({"results": data["results"][:2]})
+
+
+def test_the_forward_roofline_counts_the_configs_parameters_and_wants_the_kernels_card(tmp_path):
+    """The 1.5B shape's parameters as counted by hand from its config.json (embeddings, 28 layers with q/k/v biases
+    and two norms, the final norm, the untied head), and a forward measured on another card than the copy bandwidth
+    is refused in one line."""
+    params, tied = gpu_blocks.config_parameters(ROOT / "kernels/shapes/qwen2.5-coder-1.5b-shape")
+    h, inner, layers, vocab, kv = 1536, 8960, 28, 151936, 2 * 128
+    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * inner + 2 * h
+    assert not tied and params == vocab * h + layers * layer + h + vocab * h == 1_777_088_000
+
+    root = copy_repo(tmp_path)
+    path = root / gpu_blocks.FORWARDS_QWEN[0][1]
+    data = json.loads(path.read_text())
+    data["provenance"]["device"]["gpu"] = "NVIDIA A100"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpecsweepError, match=r"measured on an NVIDIA A100.*the copy bandwidth of the same card"):
+        gpu_blocks.bench_forward_qwen_cuda(root)
