@@ -60,7 +60,8 @@ distill: setup
 # article); at 128 new tokens in bfloat16, the draft with its head cut to 32768 tokens, that draft's weights in int8 and
 # int4 (--draft-quant; int4 at γ 5 and 6 too), prompt lookup, and prompt lookup's match followed by that draft
 # (lookup-model; with the int4 draft too); the draft in float32 with our loop and with transformers' assisted
-# generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of one line over the published rest).
+# generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of
+# one line over the published rest).
 PAIR_RUNS ?= results/pair/runs
 PAIR = --task cnn_dailymail --data $(SPECSWEEP_FIXTURES)/cnn_dailymail/test.jsonl --chat-template --limit 3 \
 	--max-prompt-tokens 384 --temperature 0 --device cpu --threads 2 --repeats 3 --samples-per-repeat 3 --no-progress \
@@ -77,6 +78,8 @@ pair: setup
 		--gamma 5,6 --out '$(PAIR_RUNS)/qwen-model-k32768-{draft_quant}-g{gamma}-bfloat16-128.json'
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup \
 		--out $(PAIR_RUNS)/qwen-lookup-g4-bfloat16-128.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup --gamma 6,8 \
+		--out '$(PAIR_RUNS)/qwen-lookup-g{gamma}-bfloat16-128.json'
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter lookup-model --draft-vocab 32768 \
 		--out $(PAIR_RUNS)/qwen-lookup-model-k32768-g4-bfloat16-128.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter lookup-model --draft-vocab 32768 \
@@ -89,7 +92,8 @@ pair: setup
 # The same pair on Spec-Bench's coding questions (MT-Bench's 10, two turns each: the category a code model's draft
 # should win), greedy, bfloat16: the target alone once (every other run's reference), then the tuned draft model,
 # prompt lookup, and prompt lookup's match then the draft. The quality pass decodes every coding turn; the paired
-# timing the first PAIR_SB_TIMED questions, PAIR_SB_REPEATS times each way.
+# timing the first PAIR_SB_TIMED questions, PAIR_SB_REPEATS times each way. Then `make publish
+# PROFILE=pair-spec-bench` and `make docs`.
 PAIR_SB_RUNS ?= results/pair/spec-bench
 PAIR_SB_TIMED ?= 2
 PAIR_SB_REPEATS ?= 3

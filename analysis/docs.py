@@ -68,6 +68,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "gpu-forward": gpu_blocks.gpu_forward_bullet,
     "gpu-lossless": gpu_blocks.gpu_lossless_bullet,
     "pair-provenance": run_tables.provenance("pair"),
+    "pair-spec-bench-provenance": run_tables.provenance("pair-spec-bench"),
     "real-provenance": run_tables.provenance("real"),
     "toy-provenance": run_tables.provenance("default"),
     # tables of run results, from results/published/<profile>/ (analysis/run_tables.py)

@@ -40,7 +40,10 @@ PROFILES = {"default": ("results/runs", "make", "the default profile (params.yam
             "real": ("real/results/runs", "make real", "the real profile (params.real.yaml: pretrained models, "
                                                         "real data, offline, CPU)"),
             "pair": ("results/pair/runs", "make pair", "the Qwen2.5-Coder 0.5B -> 1.5B pair on fixture articles "
-                                                        "(Makefile: pair)")}
+                                                        "(Makefile: pair)"),
+            "pair-spec-bench": ("results/pair/spec-bench", "make pair-spec-bench",
+                                "the Qwen2.5-Coder 0.5B -> 1.5B pair on Spec-Bench's coding questions "
+                                "(Makefile: pair-spec-bench)")}
 FOLDER = "results/published"
 RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_tree", "draft_vocab",
                  "draft_quant", "engine", "dtype", "temperature", "limit", "max_new_tokens", "max_prompt_tokens",

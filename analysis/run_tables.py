@@ -19,7 +19,7 @@ from pipeline.config import MODEL_DRAFTERS
 from pipeline.errors import SpecsweepError
 from pipeline.tasks import quality_metric
 
-from .doc_sources import interval, num, prose, read_source, table
+from .doc_sources import interval, num, percent, prose, read_source, table
 from .publish import summary_path
 
 
@@ -174,6 +174,12 @@ def tokens_digest(r: dict) -> str:
     return r["tokens_sha256"][:8]
 
 
+def prefix_share(r: dict) -> str:
+    """"78 %": the share of the run's tokens that come before each sample's first difference from the target alone."""
+    a = r.get("greedy_agreement")
+    return "" if not a else percent(a["shared_prefix_share"])
+
+
 REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair None: no target alone to compare
     ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "qwen-model-bfloat16/qwen-model-bfloat16-exact-torch-g3",
      "qwen"),
@@ -190,6 +196,9 @@ REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair
     ("Whisper base, prompt lookup", "whisper-base-lookup-bfloat16/whisper-base-exact-torch-g4-bfloat16",
      "whisper-base"))
 
+PAIR_SPEC_BENCH_RUNS = (("draft in int4, head cut to 32768 tokens", "qwen-model-k32768-int4-g5-bfloat16"),
+                        ("prompt lookup", "qwen-lookup-g4-bfloat16"),
+                        ("prompt lookup's match, then the int4 draft", "qwen-lookup-model-k32768-int4-g5-bfloat16"))
 PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfloat16-128"),
              ("draft, head cut to 32768 tokens, γ 4", "qwen-model-k32768-g4-bfloat16-128"),
              ("draft in int8 (--draft-quant), head cut to 32768 tokens, γ 4", "qwen-model-k32768-int8-g4-bfloat16-128"),
@@ -253,6 +262,16 @@ TABLES = (
               Column("ROUGE-L", "{run}", lambda r: quality_text(r, 1)),
               Column("identical to the target alone", "{run}", agreement),
               Column("tokens (sha256)", "{run}", tokens_digest))),
+    # README.md and docs/results.md: the pair on Spec-Bench's coding questions (make pair-spec-bench)
+    RunTable("pair-spec-bench", "pair-spec-bench", "Qwen2.5-Coder-1.5B-Instruct with",
+             tuple(Row(label, {"run": run}) for label, run in PAIR_SPEC_BENCH_RUNS),
+             (Column("γ", "{run}", setting("gamma")), Column("paired speedup", "{run}", speedup),
+              Column("acceptance", "{run}", metric("acceptance_rate")),
+              Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
+              Column("c", "{run}", lambda r: _cost(r) and num(r["metrics"]["cost_ratio"])),
+              Column("r", "{run}", metric("verify_cost_ratio")),
+              Column("turns identical to the target alone", "{run}", agreement),
+              Column("tokens before the first difference", "{run}", prefix_share))),
     # docs/results.md: the draft's head cut to K tokens (make pair)
     RunTable("pair-vocab", "pair", "draft head",
              tuple(Row(label, {"k": k}) for label, k in (("whole (151936 tokens)", "None"), ("32768 tokens", "32768"),
