@@ -78,7 +78,7 @@ pair: setup
 		--gamma 5,6 --out '$(PAIR_RUNS)/qwen-model-k32768-{draft_quant}-g{gamma}-bfloat16-128.json'
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup \
 		--out $(PAIR_RUNS)/qwen-lookup-g4-bfloat16-128.json
-	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup --gamma 6,8 \
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup --gamma 6,8,10,12 \
 		--out '$(PAIR_RUNS)/qwen-lookup-g{gamma}-bfloat16-128.json'
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter lookup-model --draft-vocab 32768 \
 		--out $(PAIR_RUNS)/qwen-lookup-model-k32768-g4-bfloat16-128.json

@@ -205,7 +205,7 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
              ("draft in int4, head cut to 32768 tokens, γ 4", "qwen-model-k32768-int4-g4-bfloat16-128"),
              ("draft in int4, head cut to 32768 tokens, γ 5", "qwen-model-k32768-int4-g5-bfloat16-128"),
              ("draft in int4, head cut to 32768 tokens, γ 6", "qwen-model-k32768-int4-g6-bfloat16-128"),
-             ("prompt lookup, γ 4", "qwen-lookup-g4-bfloat16-128"),
+             *((f"prompt lookup, γ {g}", f"qwen-lookup-g{g}-bfloat16-128") for g in (4, 6, 8, 10, 12)),
              ("prompt lookup's match, then the draft (head: 32768 tokens), γ 4",
               "qwen-lookup-model-k32768-g4-bfloat16-128"),
              ("prompt lookup's match, then the int4 draft (head: 32768 tokens), γ 4",
