@@ -309,26 +309,25 @@ def bench_forward_cuda(root: Path) -> str:
     return table(header, body)
 
 
-def config_parameters(folder: Path) -> tuple[int, bool]:
-    """How many parameters a model of ``folder``'s config.json holds (embeddings, every layer with its biases and
-    norms, the head unless tied to the embeddings), and whether the head is tied: the model built by transformers on
-    the meta device, no weights."""
+def forward_bytes(folder: Path, context: int, dtype: str) -> int:
+    """Bytes one one-token forward of ``folder``'s config.json must read, as pipeline/roofline.py counts them for
+    every run's roofline: each matrix weight (the layers and the output projection) once, the K/V cache of
+    ``context`` positions, the logits written; in ``dtype``."""
     config_file = Path(folder) / "config.json"
     if not config_file.is_file():
         raise SpecsweepError(f"{config_file} is missing: the forward benchmark's --model folder must be committed")
-    import torch  # kept local: only the forward blocks build a model (on the meta device), the others read JSON
-    from transformers import AutoConfig, AutoModelForCausalLM  # kept local: as torch
+    from transformers import AutoConfig  # kept local: only the forward blocks read a model config
 
-    config = AutoConfig.from_pretrained(str(folder))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters()), bool(config.tie_word_embeddings)
+    from pipeline.roofline import ModelShape, forward_cost  # kept local: as transformers
+
+    shape = ModelShape.from_config(AutoConfig.from_pretrained(str(folder)))
+    return int(forward_cost(shape, rows=1, new=1, context=context, logits=1, weight_bytes=DTYPE_BYTES[dtype]).bytes)
 
 
 def _forward_rooflines(root: Path) -> list[dict]:
-    """Per Qwen2.5-Coder shape of :data:`FORWARDS_QWEN`: its forward JSON (``data``), its one-token row (``one``), its
-    parameters, whether its head is tied, the weights' bytes in the run's dtype, the roofline tokens/s (the copy
-    bandwidth `bench kernels` measured on the same card over those bytes) and ours (1 / the one-token ms)."""
+    """Per Qwen2.5-Coder shape of :data:`FORWARDS_QWEN`: its forward JSON (``data``), its one-token row (``one``), the
+    bytes that forward reads (:func:`forward_bytes`), the roofline tokens/s (the copy bandwidth `bench kernels`
+    measured on the same card over those bytes) and ours (1 / the one-token ms)."""
     kernels = read_source(root, KERNELS, KERNELS_WRITER)
     bandwidth = kernels["floor"]["d2d_bandwidth_bytes_per_s"]
     out = []
@@ -338,16 +337,15 @@ def _forward_rooflines(root: Path) -> list[dict]:
             raise SpecsweepError(f"source {path} was measured on an {card(data)}, {KERNELS} on an {card(kernels)}: "
                                  "the roofline needs the copy bandwidth of the same card; run both steps there")
         one = next(r for r in data["results"] if r["new_tokens"] == 1)
-        params, tied = config_parameters(root / data["model"])
-        weight_bytes = params * DTYPE_BYTES[one["dtype"]]
-        out.append({"name": name, "data": data, "one": one, "params": params, "tied": tied, "bandwidth": bandwidth,
-                    "weight_bytes": weight_bytes, "roofline": bandwidth / weight_bytes, "ours": 1e3 / one["static_ms"]})
+        read = forward_bytes(root / data["model"], data["settings"]["context"], one["dtype"])
+        out.append({"name": name, "data": data, "one": one, "bandwidth": bandwidth, "bytes": read,
+                    "roofline": bandwidth / read, "ours": 1e3 / one["static_ms"]})
     return out
 
 
 def bench_forward_qwen_cuda(root: Path) -> str:
     """benchmarks.md: one forward of the Qwen2.5-Coder shapes on the last GPU run's card (gpu_validate.sh's forward
-    step): ours against transformers', and the one-token forward's tokens/s against the weights' memory roofline."""
+    step): ours against transformers', and the one-token forward's tokens/s against its memory roofline."""
     shapes = _forward_rooflines(root)
     timed = []
     for f in shapes:
@@ -357,29 +355,27 @@ def bench_forward_qwen_cuda(root: Path) -> str:
         for i, r in enumerate(f["data"]["results"]):
             timed.append([label if i == 0 else "", SHORT_DTYPE[r["dtype"]], str(r["new_tokens"]),
                           num(r["transformers_ms"]), num(r["static_ms"]), ci(r["speedup"], 3)])
-    roof = [[f"{f['name']} shape", f"{f['params']:,}", f"{f['weight_bytes'] / 1e9:.2f} GB",
-             f"{f['roofline']:.0f}", f"{f['ours']:.0f}", percent(f["ours"] / f["roofline"])] for f in shapes]
+    roof = [[f"{f['name']} shape", f"{f['bytes'] / 1e9:.2f} GB", f"{f['roofline']:.0f}", f"{f['ours']:.0f}",
+             percent(f["ours"] / f["roofline"])] for f in shapes]
     data, one = shapes[-1]["data"], shapes[-1]["one"]
     s = data["settings"]
-    heads = listing(sorted({"tied to the embeddings" if f["tied"] else "untied" for f in shapes}))
     shares = [f["ours"] / f["roofline"] for f in shapes]
     intro = (f"`{FORWARD_WRITER}` (`python -m pipeline.benchmarks.forward --model kernels/shapes/<shape>/ --device "
              f"cuda --dtypes bfloat16`; {card(data)}, {data['provenance']['date'][:10]}): random weights of the "
              f"shapes in `kernels/shapes/*/config.json`, batch {s['batch']}, context {s['context']}, {s['rounds']} "
              f"rounds of {s['calls']} calls; `results/bench/forward-qwen2.5-coder-{{1.5b,0.5b}}-shape-cuda.json`:")
-    roof_intro = (f"Our one-token forward against the weights' memory roofline: every parameter read once per token "
-                  f"(counted from the config by transformers: embeddings, layers with their q/k/v biases and norms, "
-                  f"the head, {heads} in these configs; {SHORT_DTYPE[one['dtype']]}, {DTYPE_BYTES[one['dtype']]} "
-                  f"bytes each) at the {shapes[0]['bandwidth'] / 1e12:.2f} TB/s that `bench kernels` copied on the "
-                  f"same card (`{KERNELS}`, `floor.d2d_bandwidth_bytes_per_s`); the KV cache and the logits are not "
-                  "counted:")
+    roof_intro = (f"Our one-token forward against its memory roofline: the bytes it must read as every run's roofline "
+                  f"counts them (`pipeline/roofline.py`: each matrix weight once, the K/V cache of the "
+                  f"{s['context']} cached positions, the logits; {SHORT_DTYPE[one['dtype']]}; the embedding table is "
+                  f"not read whole, one row per token) at the {shapes[0]['bandwidth'] / 1e12:.2f} TB/s that `bench "
+                  f"kernels` copied on the same card (`{KERNELS}`, `floor.d2d_bandwidth_bytes_per_s`):")
     after = (f"Ours reaches {min(shares) * 100:.0f}-{max(shares) * 100:.0f} % of the roofline. Both forwards launch "
              "one kernel at a time from Python (eager), so the GPU waits on the host; that is why issue 43 asks for "
              "the whole decoding step under CUDA graphs, which is not built.")
     return "\n".join([prose(intro), "", table(["model shape", "dtype", "new tokens", "transformers ms", "ours ms",
                                                 "speedup"], timed), "", prose(roof_intro), "",
-                      table(["model shape", "parameters", "weights", "roofline tokens/s", "ours tokens/s",
-                             "ours / roofline"], roof), "", prose(after)])
+                      table(["model shape", "bytes read", "roofline tokens/s", "ours tokens/s", "ours / roofline"],
+                            roof), "", prose(after)])
 
 
 def gpu_forward_bullet(root: Path) -> str:
@@ -387,7 +383,7 @@ def gpu_forward_bullet(root: Path) -> str:
     shapes = _forward_rooflines(root)
     each = listing([f"the {f['name']} shape {num(f['one']['speedup']['median'])}x and "
                     f"{percent(f['ours'] / f['roofline'])}" for f in shapes])
-    return prose(f"- `forward`: at one new token our static forward over transformers', and ours against the weights' "
+    return prose(f"- `forward`: at one new token our static forward over transformers', and ours against its "
                  f"memory roofline: {each} ([benchmarks.md](benchmarks.md#one-forward-benchmark)).")
 
 

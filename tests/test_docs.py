@@ -361,14 +361,14 @@ def test_the_host_goal_is_judged_on_the_goal_rows_interval(median, high, verdict
         gpu_blocks.host_goal({"results": data["results"][:2]})
 
 
-def test_the_forward_roofline_counts_the_configs_parameters_and_wants_the_kernels_card(tmp_path):
-    """The 1.5B shape's parameters as counted by hand from its config.json (embeddings, 28 layers with q/k/v biases
-    and two norms, the final norm, the untied head), and a forward measured on another card than the copy bandwidth
-    is refused in one line."""
-    params, tied = gpu_blocks.config_parameters(ROOT / "kernels/shapes/qwen2.5-coder-1.5b-shape")
-    h, inner, layers, vocab, kv = 1536, 8960, 28, 151936, 2 * 128
-    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * inner + 2 * h
-    assert not tied and params == vocab * h + layers * layer + h + vocab * h == 1_777_088_000
+def test_the_forward_roofline_counts_what_a_forward_reads_and_wants_the_kernels_card(tmp_path):
+    """The bytes of one one-token forward of the 1.5B shape, counted by hand from its config.json as every run's
+    roofline counts them (the layers' matrices and the untied head once, the K/V cache, the logits; bf16; not the
+    embedding table), and a forward measured on another card than the copy bandwidth is refused in one line."""
+    h, inner, layers, vocab, kv, context = 1536, 8960, 28, 151936, 2 * 128, 600
+    matrices = layers * (2 * h * h + 2 * h * kv + 3 * h * inner) + vocab * h
+    want = 2 * (matrices + 2 * layers * kv * (context + 1) + vocab)
+    assert gpu_blocks.forward_bytes(ROOT / "kernels/shapes/qwen2.5-coder-1.5b-shape", context, "bfloat16") == want
 
     root = copy_repo(tmp_path)
     path = root / gpu_blocks.FORWARDS_QWEN[0][1]
