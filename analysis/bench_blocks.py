@@ -28,6 +28,7 @@ DETERMINISTIC_ROWS = ((1, 4, 32000, "float32"), (1, 8, 128256, "float32"), (16, 
 DETERMINISTIC_TIMED = {(1, 4, 32000, "float32"), (1, 8, 128256, "float32"), (16, 4, 128256, "float32"),
                        (16, 8, 128256, "float32")}
 LOSSLESS = "results/bench/lossless-cpu.json"
+OMP_WAIT = "results/bench/omp-wait-cpu.json"
 PROCESSES = "results/bench/processes-cpu.json"
 QUANT_LINEAR = "results/bench/quant-linear-cpu.json"
 SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
@@ -182,6 +183,28 @@ def bench_quant_linear(root: Path) -> str:
             f"time over the kernel's per round (median over rounds"
             + (f" with its {percent(coverage)} interval" if coverage else " and interval") +
             f"); load average {low:.1f}-{high:.1f}, {data['provenance']['date'][:10]}.")
+    return table(header, body) + "\n\n" + prose(note)
+
+
+def bench_omp_wait(root: Path) -> str:
+    """One int4 draft forward under each OpenMP wait policy, alone and beside CPU-burning processes."""
+    data = read_source(root, OMP_WAIT, "python -m pipeline.benchmarks.omp_wait")
+    rows = data["results"]
+    body = [[str(r["burners"]) if i == 0 or r["burners"] != rows[i - 1]["burners"] else "", f"`{r['policy']}`",
+             f"{r['median_ms']:.1f}", f"{r['p90_ms']:.1f}", f"{r['cpu_ms_per_forward']:.1f}", ci(r["speedup"])]
+            for i, r in enumerate(rows)]
+    s, load = data["settings"], data["load_average"]
+    low, high = sorted((load["before"][0], load["after"][0]))
+    header = ["CPU burners beside it", "policy", "ms per forward", "p90 ms", "CPU ms per forward",
+              f"speedup over `{rows[0]['speedup_over']}`"]
+    note = (f"{s['model']} ({s['quant']} weights, {s['dtype']}: the Qwen pair's `--draft-quant int4` draft with random "
+            f"weights), {s['new_tokens']} new token after {s['context']} cached, {s['threads']} threads on "
+            f"{s['usable_cores']} cores; each policy in its own "
+            f"process, {s['rounds']} rounds of {s['calls']} forwards, the policies' order rotating; the median over "
+            f"rounds, and the speedup as the median of per-round ratios with its "
+            f"{percent(rows[0]['speedup']['ci_coverage'])} interval; CPU ms: the process's CPU time (all threads) "
+            f"per forward. Load average {low:.1f}-{high:.1f} (the burners included), "
+            f"{data['provenance']['date'][:10]}.")
     return table(header, body) + "\n\n" + prose(note)
 
 

@@ -55,6 +55,8 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-deterministic-gpu": gpu_blocks.bench_deterministic_gpu,
     "bench-lossless-cpu": bench_blocks.bench_lossless_cpu,
     "bench-processes": bench_blocks.bench_processes,
+    # docs/measurement.md
+    "bench-omp-wait": bench_blocks.bench_omp_wait,
     "bench-quant-linear": bench_blocks.bench_quant_linear,
     # docs/serve.md
     "serve-toy": bench_blocks.serve_toy,

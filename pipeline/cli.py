@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from pipeline import __version__
-from pipeline.env_info import passive_omp_wait
+from pipeline.env_info import bounded_omp_wait
 from pipeline.errors import SpecsweepError
 
 # name -> module in pipeline.commands, in the order --help lists them
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    passive_omp_wait()  # before any command imports torch
+    bounded_omp_wait()  # before any command imports torch
     args = build_parser().parse_args(argv)
     try:
         return int(args._module.main(args) or 0)

@@ -121,13 +121,24 @@ def default_threads() -> int:
     return max(1, min(8, usable_cores() // 2))
 
 
-def passive_omp_wait() -> None:
-    """Let idle OpenMP workers sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE), unless a policy is set.
+OMP_SPIN_COUNT = 10000
+"""The spins an idle OpenMP worker waits before it sleeps (GOMP_SPINCOUNT; libgomp reckons 100,000 spins a millisecond,
+so about 0.1 ms): long enough to span the gap between two of a forward's parallel regions, short enough that a
+worker whose partner was descheduled soon gives its core back. `python -m pipeline.benchmarks.omp_wait` measures it
+(docs/measurement.md)."""
 
-    torch's OpenMP runtime (libgomp) reads the variable once, when it is loaded: this only works before torch
-    is imported, so the CLI calls it first thing. Spinning workers take CPU from the worker they wait for on
-    an oversubscribed machine (docs/measurement.md)."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+def bounded_omp_wait() -> None:
+    """Let idle OpenMP workers spin OMP_SPIN_COUNT times before they sleep (GOMP_SPINCOUNT), unless OMP_WAIT_POLICY
+    or GOMP_SPINCOUNT is set.
+
+    libgomp's default spins 300,000 times (about 3 ms): on an oversubscribed machine the spinning workers take the
+    cores the worker they wait for needs (the stalls of issue 14). Sleeping at once (OMP_WAIT_POLICY=PASSIVE)
+    avoids that but pays a futex wake-up at each of a forward's hundreds of parallel regions: a third of an int4
+    draft's forward on this CPU. torch's OpenMP runtime (libgomp) reads the variables once, when it is loaded:
+    this only works before torch is imported, so the CLI calls it first thing."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", str(OMP_SPIN_COUNT))
 
 
 @dataclass
