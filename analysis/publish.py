@@ -12,7 +12,8 @@ figures the tables of README.md and docs/ read from them into one file, results/
     runs        {run: record}, run = the results file's path under the runs folder without ".json"
                 (e.g. "text-main-float32/text-exact-torch-g2-float32"); a record holds the run's settings
                 (RECORD_CONFIG), figures (RECORD_METRICS), numeric quality scores, its speed measurement's repeats,
-                interval coverage and flags, and where and when it ran
+                interval coverage, flags and what idle OpenMP workers did (``omp_wait``,
+                pipeline/env_info.py), and where and when it ran
 
 With ``--keep`` the records of the previous summary whose results files the runs folder lacks stay in it as they
 were: a profile whose runs were added at another time, in another checkout, than the rest. ``kept`` then lists them
@@ -30,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.env_info import git_commit, machine, versions
+from pipeline.env_info import git_commit, machine, omp_wait_label, versions
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.result import read_result
@@ -75,7 +76,9 @@ def record(result: dict) -> dict:
             "measurement": {"repeats": measurement.get("repeats"),
                             "samples_per_repeat": measurement.get("samples_per_repeat"),
                             "coverage": (measurement.get("speedup") or {}).get("ci_coverage"),
-                            "flags": measurement.get("flags") or []},
+                            "flags": measurement.get("flags") or [],
+                            "omp_wait": (omp_wait_label((measurement.get("threads") or {}).get("env") or {})
+                                         if measurement.get("threads") else None)},
             "ran": {"date": provenance.get("date"),
                     "device": device_label(provenance.get("device"), (result.get("resolved") or {}).get("device"))}}
 

@@ -141,13 +141,29 @@ def provenance(profile: str) -> Callable[[Path], str]:
                                                                          else "")
 
         kept = data.get("kept") or []
+        workers = _omp_wait(data["runs"].values())
         if not kept:
-            return f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']} at {at(data)}."
+            return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']} at "
+                         f"{at(data)}.{workers}")
         fresh = len(data["runs"]) - sum(len(k["runs"]) for k in kept)
         earlier = ", ".join(f"{len(k['runs'])} at {at(k)}" for k in kept)
         return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']}: {fresh} "
-                     f"run{'' if fresh == 1 else 's'} at {at(data)}, {earlier} (published before).")
+                     f"run{'' if fresh == 1 else 's'} at {at(data)}, {earlier} (published before).{workers}")
     return render
+
+
+def _omp_wait(records) -> str:
+    """" Idle OpenMP workers: GOMP_SPINCOUNT=10000." (with each setting's run count where runs differ), from the
+    records that say (docs/measurement.md: the policy moves a small draft's cost); "" where none does."""
+    said = [r["measurement"].get("omp_wait") for r in records]
+    counts = {label: said.count(label) for label in dict.fromkeys(s for s in said if s)}
+    if not counts:
+        return ""
+    if len(counts) == 1 and None not in said:
+        return f" Idle OpenMP workers: {next(iter(counts))}."
+    parts = [f"{label} ({n} run{'' if n == 1 else 's'})" for label, n in counts.items()]
+    unknown = said.count(None)
+    return " Idle OpenMP workers: " + ", ".join(parts + ([f"not recorded ({unknown})"] if unknown else [])) + "."
 
 
 def decode_speedup(r: dict) -> str:

@@ -141,6 +141,14 @@ def bounded_omp_wait() -> None:
         os.environ.setdefault("GOMP_SPINCOUNT", str(OMP_SPIN_COUNT))
 
 
+def omp_wait_label(env: dict) -> str:
+    """What idle OpenMP workers did in a run whose thread environment was ``env`` (a results file's
+    ``measurement.threads.env``): "GOMP_SPINCOUNT=N", "OMP_WAIT_POLICY=P" (with the spin count if both were set) or
+    "libgomp's default"."""
+    said = [f"{k}={env[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in env]
+    return ", ".join(said) or "libgomp's default"
+
+
 @dataclass
 class ThreadSettings:
     """torch's thread pools for one run. intra/inter: int >= 1 (None = leave torch's choice)."""

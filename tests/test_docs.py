@@ -207,6 +207,38 @@ def test_publish_keeps_the_published_runs_a_later_runs_folder_lacks_only_when_as
     assert list(summary["runs"]) == ["newest"] and "kept" not in summary
 
 
+def test_the_provenance_line_says_what_idle_openmp_workers_did_in_the_published_runs(tmp_path, monkeypatch):
+    """A run's `measurement.threads.env` is published as its `omp_wait`; the line names it once where every run
+    agrees, with counts where runs differ, and nothing for summaries published before runs recorded it."""
+    monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": "a" * 40, "dirty": False})
+    folder = tmp_path / "results" / "pair" / "runs"
+
+    def with_env(env: dict | None, speedup: float) -> dict:
+        result = run_result("cnn_dailymail", 4, speedup)
+        if env is not None:
+            result["measurement"]["threads"] = {"intra_op": 2, "env": env}
+        return result
+
+    spin = {"GOMP_SPINCOUNT": "10000"}
+    write_runs(folder, {"a": with_env(spin, 1.5), "b": with_env(spin, 1.6)})
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
+    assert summary["runs"]["a"]["measurement"]["omp_wait"] == "GOMP_SPINCOUNT=10000"
+    assert " ".join(run_tables.provenance("pair")(tmp_path).split()).endswith(
+        "at aaaaaaa. Idle OpenMP workers: GOMP_SPINCOUNT=10000.")
+    write_runs(folder, {"b": with_env({"OMP_WAIT_POLICY": "PASSIVE"}, 1.6), "c": with_env({}, 1.7),
+                        "d": with_env(None, 1.8)})
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    assert " ".join(run_tables.provenance("pair")(tmp_path).split()).endswith(
+        "Idle OpenMP workers: GOMP_SPINCOUNT=10000 (1 run), OMP_WAIT_POLICY=PASSIVE (1 run), libgomp's default "
+        "(1 run), not recorded (1).")
+    for path in folder.iterdir():
+        path.unlink()
+    write_runs(folder, {"d": with_env(None, 1.8)})
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    assert run_tables.provenance("pair")(tmp_path).rstrip().endswith("at aaaaaaa.")
+
+
 def test_publish_without_the_profiles_runs_is_a_one_line_error(tmp_path, capsys):
     err = one_line_error(capsys, ["--profile", "real", "--root", str(tmp_path)], publish)
     assert "real/results/runs does not exist: run `make real` first" in err
