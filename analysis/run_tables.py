@@ -102,6 +102,13 @@ def _cost(r: dict) -> str | None:
     return None if c is None or (r["config"]["drafter"] or "model") not in MODEL_DRAFTERS else f"c {num(c)}"
 
 
+def _draft_model_theory(r: dict) -> str:
+    """Leviathan et al.'s speedup at the run's α and c (no prefill; r = 1), for a draft model proposing alone: blank
+    for a drafter without a model or with a lookup before it (part of its proposal costs no draft forward)."""
+    theory = r["metrics"].get("theoretical_speedup")
+    return "" if theory is None or (r["config"]["drafter"] or "model") != "model" else num(theory)
+
+
 def metric(key: str, digits: int = 2) -> Callable[[dict], str]:
     """A metric of the record, with ``digits`` decimals."""
     return lambda r: num(r["metrics"][key], digits)
@@ -271,6 +278,7 @@ TABLES = (
              (Column("dtype", "{run}", setting("dtype")), Column("articles", "{run}", setting("limit")),
               Column("new tokens", "{run}", setting("max_new_tokens")),
               Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
+              Column("Leviathan's theory", "{run}", _draft_model_theory),
               Column("acceptance", "{run}", metric("acceptance_rate")),
               Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
               Column("c", "{run}", lambda r: _cost(r) and num(r["metrics"]["cost_ratio"])),
