@@ -68,6 +68,40 @@ def test_unsupported_devices_dtypes_and_shapes_are_one_line_errors():
         Int4Linear(torch.zeros(16, 96, dtype=torch.bfloat16), None)
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_projections_compute_what_each_projection_quantised_alone_does(mode, monkeypatch):
+    """A quantised static forward stacks q, k, v (with Qwen2's biases) and gate, up into one weight each; both
+    quantisations work per output row, so its logits are those of the forward that quantises each projection alone."""
+    import transformers
+
+    from pipeline.decoding.static import llama
+
+    config = transformers.Qwen2Config(vocab_size=300, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      initializer_range=0.05, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).eval().to(torch.bfloat16)
+    with torch.no_grad():                                   # biases that matter (transformers starts them at 0)
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    ids = torch.randint(0, 300, (1, 9))
+
+    def logits(forward) -> torch.Tensor:
+        forward.allocate(1, 16, torch.device("cpu"))
+        first = forward(ids[:, :6], 0, None, None, 1)                        # the dequantised path (6 rows)
+        steps = [forward(ids[:, i:i + 1], i, None, None, 1) for i in range(6, 9)]  # the kernel's path (1 row)
+        return torch.cat([first, *steps], dim=1)
+
+    with torch.inference_mode():
+        fused = llama.LlamaStaticForward(model, mode)
+        assert [len(layer.qkv(torch.zeros(1, 1, 256, dtype=torch.bfloat16))) for layer in fused.layers] == [3, 3]
+        monkeypatch.setattr(llama, "_fused", lambda modules, q: llama._separate(
+            *(projection(m.weight, m.bias, q) for m in modules)))
+        separate = llama.LlamaStaticForward(model, mode)
+        torch.testing.assert_close(logits(fused), logits(separate), rtol=0, atol=0)
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """A tiny Llama target (float32) and a draft that is its copy in bfloat16 (widths multiples of 128 for int4)."""

@@ -12,7 +12,11 @@ What it reproduces, from transformers' modeling_llama with sdpa attention:
     none (Llama's attention_bias / mlp_bias, Qwen2's q/k/v biases), tied or untied LM head
 
 With ``quant`` int8 or int4 (``--draft-quant``, for a draft) the projections and the head multiply quantised
-copies of their weights (quant.py), and the forward computes that quantised model instead.
+copies of their weights (quant.py), and the forward computes that quantised model instead. The copies are made
+anyway, so q, k and v share one weight [(H + 2 H_kv) D, d], and gate and up one [2 I, d], as gpt-fast fuses them:
+three kernel calls a layer instead of five, each reading a longer weight. Both quantisations work per output row
+(and int4 per group of inputs along a row), so a fused weight's rows are quantised as each projection's own would
+be. Without ``quant`` each projection keeps the model's own weight, in place (fusing would copy them).
 """
 
 from __future__ import annotations
@@ -35,16 +39,30 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 class _LlamaLayer(NamedTuple):
     input_norm: tuple      # (weight [d], eps)
-    q_proj: Projection     # h [B, q, d] -> [B, q, H * D] (quant.py: F.linear, or a quantised weight's kernel)
-    k_proj: Projection     # -> [B, q, H_kv * D]
-    v_proj: Projection
-    o_proj: Projection     # [B, q, H * D] -> [B, q, d]
+    qkv: Callable          # h [B, q, d] -> (query [B, q, H * D], key [B, q, H_kv * D], value [B, q, H_kv * D])
+    o_proj: Projection     # [B, q, H * D] -> [B, q, d] (quant.py: F.linear, or a quantised weight's kernel)
     post_norm: tuple
-    gate_proj: Projection  # [B, q, d] -> [B, q, I]
-    up_proj: Projection
+    gate_up: Callable      # [B, q, d] -> (gate [B, q, I], up [B, q, I])
     down_proj: Projection  # [B, q, I] -> [B, q, d]
     act: Callable          # the model's own activation (SiLU for Llama)
     scaling: float
+
+
+def _separate(*projections: Projection) -> Callable:
+    """h -> (p(h) for p in projections): each with its own weight."""
+    return lambda h: tuple(p(h) for p in projections)
+
+
+def _fused(modules, quant: str) -> Callable:
+    """h -> the outputs of ``modules`` (nn.Linear), from one quantised projection over their weights stacked along
+    the output rows (and their biases, where any has one: zeros for the others)."""
+    weight = torch.cat([m.weight for m in modules])
+    biases = [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=m.weight.dtype,
+                                                             device=m.weight.device) for m in modules]
+    bias = torch.cat(biases) if any(m.bias is not None for m in modules) else None
+    both = projection(weight, bias, quant)
+    sizes = [m.out_features for m in modules]
+    return lambda h: both(h).split(sizes, dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -76,6 +94,9 @@ class LlamaStaticForward(StaticForward):
         def linear(module) -> Projection:
             return projection(module.weight, module.bias, quant)
 
+        def group(*modules) -> Callable:
+            return _separate(*map(linear, modules)) if quant == "none" else _fused(modules, quant)
+
         self.model = model
         self.quant = quant
         self.embed = base.embed_tokens.weight
@@ -84,10 +105,9 @@ class LlamaStaticForward(StaticForward):
         # what each layer reads, looked up once (nn.Module attribute access costs about a microsecond)
         self.layers = [_LlamaLayer(
             input_norm=(b.input_layernorm.weight, b.input_layernorm.variance_epsilon),
-            q_proj=linear(b.self_attn.q_proj), k_proj=linear(b.self_attn.k_proj),
-            v_proj=linear(b.self_attn.v_proj), o_proj=linear(b.self_attn.o_proj),
+            qkv=group(b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj), o_proj=linear(b.self_attn.o_proj),
             post_norm=(b.post_attention_layernorm.weight, b.post_attention_layernorm.variance_epsilon),
-            gate_proj=linear(b.mlp.gate_proj), up_proj=linear(b.mlp.up_proj), down_proj=linear(b.mlp.down_proj),
+            gate_up=group(b.mlp.gate_proj, b.mlp.up_proj), down_proj=linear(b.mlp.down_proj),
             act=b.mlp.act_fn.forward, scaling=b.self_attn.scaling) for b in base.layers[: config.num_hidden_layers]]
         self.n_layer = len(self.layers)
         self.heads = config.num_attention_heads
@@ -153,9 +173,10 @@ class LlamaStaticForward(StaticForward):
         x = F.embedding(input_ids, self.embed)                                  # [B, q, d]
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, *layer.input_norm)
-            query = layer.q_proj(h).view(B, q, self.heads, self.head_dim)
-            key = layer.k_proj(h).view(B, q, self.kv_heads, self.head_dim)
-            value = layer.v_proj(h).view(B, q, self.kv_heads, self.head_dim)
+            query, key, value = layer.qkv(h)
+            query = query.reshape(B, q, self.heads, self.head_dim)
+            key = key.reshape(B, q, self.kv_heads, self.head_dim)
+            value = value.reshape(B, q, self.kv_heads, self.head_dim)
             query = query * cos + _rotate_half(query) * sin
             key = key * cos + _rotate_half(key) * sin
             self.keys[i, :, :, length:end] = key.transpose(1, 2)
@@ -167,7 +188,8 @@ class LlamaStaticForward(StaticForward):
             a = a.view(B, self.kv_heads, n_rep, q, self.head_dim).permute(0, 3, 1, 2, 4).reshape(B, q, -1)
             x = x + layer.o_proj(a)
             h = _rms_norm(x, *layer.post_norm)
-            x = x + layer.down_proj(layer.act(layer.gate_proj(h)) * layer.up_proj(h))
+            gate, up = layer.gate_up(h)
+            x = x + layer.down_proj(layer.act(gate) * up)
         if last:
             x = x[:, -last:]
         return self.head(_rms_norm(x, *self.norm))
