@@ -3,9 +3,12 @@ how busy the machine was around a measurement and which thread settings it used 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -109,6 +112,21 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def cpu_burners(n: int, seconds: float):
+    """``n`` processes that spin on a CPU until ``seconds`` have passed or the block ends (then killed): other work on
+    the machine, for measuring what contention does (tests/test_paired.py, pipeline/benchmarks/omp_wait.py)."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(timeout=10)
 
 
 def default_threads() -> int:

@@ -4,11 +4,8 @@ gives a speedup that agrees with the quiet run's within their intervals, or is f
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +13,7 @@ from tiny_models import save_pair, write_prompts
 
 from pipeline import measure, paired
 from pipeline.config import RunConfig
-from pipeline.env_info import LoadProbe, default_threads, usable_cores
+from pipeline.env_info import LoadProbe, cpu_burners, default_threads, usable_cores
 from pipeline.errors import SpecsweepError
 from pipeline.runner import run
 from pipeline.tuning.study import measured_run
@@ -30,20 +27,6 @@ def pair(tmp_path_factory):
     cfg = RunConfig(target=str(tp), draft=str(dp), data=str(data), gamma=3, device="cpu", max_new_tokens=16,
                     wandb_mode="disabled", out=str(root / "run.json"))
     return root, cfg
-
-
-@contextlib.contextmanager
-def cpu_burners(n: int, seconds: float):
-    """``n`` processes that spin on a CPU until ``seconds`` have passed or the block ends (then killed)."""
-    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(timeout=10)
 
 
 def test_a_run_records_its_paired_measurement(pair):

@@ -43,7 +43,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from pipeline.benchmarks.timing import format_table
-from pipeline.env_info import provenance, usable_cores
+from pipeline.config import DRAFT_QUANTS
+from pipeline.env_info import cpu_burners, provenance, usable_cores
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
@@ -82,7 +83,8 @@ def run(model: str, quant: str = "int4", dtype: str = "bfloat16", policies=POLIC
         batches = {(p, b): [] for p in policies for b in burners}
         for r in tqdm(range(rounds), desc="rounds"):
             for b in burners:
-                with _burning(b):
+                with cpu_burners(b, seconds=3600):
+                    time.sleep(0.5 if b else 0)                  # let the scheduler spread them
                     order = list(policies[r % len(policies):]) + list(policies[: r % len(policies)])
                     for p in order:
                         procs[p].stdin.write("run\n")
@@ -126,32 +128,14 @@ def _read(proc: subprocess.Popen, policy: str) -> dict:
     raise SpecsweepError(f"the {policy} child process stopped (exit {proc.wait()}): see its error above")
 
 
-class _burning:
-    """``n`` processes that spin on a CPU while the block runs (killed when it ends)."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.procs = n, []
-
-    def __enter__(self):
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
-        time.sleep(0.5 if self.n else 0)                     # let the scheduler spread them
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for p in self.procs:
-            p.kill()
-        for p in self.procs:
-            p.wait(timeout=10)
-
-
 def _child(spec: dict) -> None:
     """Load the model, warm up, say so, then time a batch for every ``run`` line on stdin."""
-    # torch and what loads it are the children's alone: the parent never loads libgomp, so no policy is its
     import torch
 
-    from pipeline.benchmarks.forward import load_model  # loads torch: children only
-    from pipeline.decoding.static import static_forward_for  # loads torch: children only
-    from pipeline.dtypes import torch_dtype  # loads torch: children only
+    # model code only the children need (the parent only starts them and reads their lines)
+    from pipeline.benchmarks.forward import load_model  # children only, as above
+    from pipeline.decoding.static import static_forward_for  # children only, as above
+    from pipeline.dtypes import torch_dtype  # children only, as above
 
     torch.set_num_threads(spec["threads"])
     with torch.inference_mode():
@@ -205,7 +189,7 @@ def _print(result: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="kernels/shapes/qwen2.5-coder-0.5b-shape")
-    p.add_argument("--quant", default="int4", choices=("none", "int8", "int4"))
+    p.add_argument("--quant", default="int4", choices=DRAFT_QUANTS)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--burners", default=f"0,{usable_cores()}", help="CPU-burning processes beside the forwards")
