@@ -13,11 +13,13 @@ figures the tables of README.md and docs/ read from them into one file, results/
                 (e.g. "text-main-float32/text-exact-torch-g2-float32"); a record holds the run's settings
                 (RECORD_CONFIG), figures (RECORD_METRICS), numeric quality scores, its speed measurement's repeats,
                 interval coverage, flags and what idle OpenMP workers did (``omp_wait``,
-                pipeline/env_info.py), and where and when it ran
+                pipeline/env_info.py), and where, when and at which commit it ran (``ran``)
 
 With ``--keep`` the records of the previous summary whose results files the runs folder lacks stay in it as they
 were: a profile whose runs were added at another time, in another checkout, than the rest. ``kept`` then lists them
-by the commit they were published at: [{"commit", "dirty", "runs": [run, ...]}, ...].
+by the commit they were published at: [{"commit", "dirty", "runs": [run, ...]}, ...]. A record's own ``ran.commit``
+(the code that ran it, from its results file) says more where it is known; the top-level commit is the checkout's
+when it was published.
 
 ``python -m pipeline.analysis.docs`` renders the tables from it (analysis/run_tables.py).
 """
@@ -80,7 +82,9 @@ def record(result: dict) -> dict:
                             "omp_wait": (omp_wait_label((measurement.get("threads") or {}).get("env") or {})
                                          if measurement.get("threads") else None)},
             "ran": {"date": provenance.get("date"),
-                    "device": device_label(provenance.get("device"), (result.get("resolved") or {}).get("device"))}}
+                    "device": device_label(provenance.get("device"), (result.get("resolved") or {}).get("device")),
+                    # the code that ran it (None in results files written before runs recorded it)
+                    **{k: (provenance.get("commit") or {}).get(k) for k in ("commit", "dirty")}}}
 
 
 def summary(profile: str, root: Path, keep: bool = False) -> dict:

@@ -149,6 +149,21 @@ def provenance(profile: str) -> Callable[[Path], str]:
 
         kept = data.get("kept") or []
         workers = _omp_wait(data["runs"].values())
+        if any((r.get("ran") or {}).get("commit") for r in data["runs"].values()):
+            # records that say which code ran them: runs counted by it (the others by the commit they were published at)
+            published_at = {name: k for k in kept for name in k["runs"]}
+            counts: dict[str, int] = {}
+            for name, r in data["runs"].items():
+                code = at(r["ran"] if r["ran"].get("commit") else published_at.get(name, data))
+                counts[code] = counts.get(code, 0) + 1
+            ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+            if len(ranked) == 1:
+                where = f" at {ranked[0][0]}"
+            else:
+                where = ": " + ", ".join(f"{n} run{'' if n == 1 else 's'} at {code}" if i == 0 else f"{n} at {code}"
+                                         for i, (code, n) in enumerate(ranked))
+            return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']}{where}."
+                         f"{workers}")
         if not kept:
             return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']} at "
                          f"{at(data)}.{workers}")

@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 _PACKAGES = ("specsweep", "torch", "transformers", "tokenizers", "numpy", "scipy", "cupy-cuda13x", "cupy-cuda12x",
              "datasets", "huggingface_hub", "pyarrow", "soundfile", "rouge_score", "jiwer", "wandb", "optuna", "dvc")
@@ -98,10 +99,20 @@ def git_commit(root: str | os.PathLike = ".", ignore: tuple[str, ...] = ()) -> d
     return {"commit": sha.strip() if sha else None, "dirty": None if status is None else bool(status.strip())}
 
 
+def code_commit() -> dict | None:
+    """The commit of the checkout this specsweep runs from ({"commit", "dirty"}, as :func:`git_commit`; changes under
+    results/ do not count), or None where it runs from an installed copy rather than a git checkout."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():     # a wheel in site-packages: a repository above it is not its source
+        return None
+    return git_commit(root, ignore=("results",))
+
+
 def provenance(device: str = "cpu") -> dict:
-    """Everything a results file records about where and when it was measured."""
+    """Everything a results file records about where and when it was measured; ``commit``: the code's commit
+    (:func:`code_commit`), so a published record says which code measured it, whenever it is published."""
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "versions": versions(), "device": device_info(device)}
+            "host": platform.node(), "commit": code_commit(), "versions": versions(), "device": device_info(device)}
 
 
 # ---------------------------------------------------------------------------------------------- load and threads

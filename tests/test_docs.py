@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.analysis import bench_blocks, docs, gpu_blocks, paired_tokens, publish, run_tables, tree_blocks
 from pipeline.analysis.run_tables import TABLES
+from pipeline import env_info
 from pipeline.env_info import git_commit
 from pipeline.errors import SpecsweepError
 from pipeline.result import make_result, write_result
@@ -205,6 +206,42 @@ def test_publish_keeps_the_published_runs_a_later_runs_folder_lacks_only_when_as
     assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
     assert list(summary["runs"]) == ["newest"] and "kept" not in summary
+
+
+def test_a_record_keeps_the_commit_its_run_recorded_and_the_line_counts_runs_by_it(tmp_path, monkeypatch):
+    """A results file's `provenance.commit` (the code that ran it) is its record's `ran.commit`, whenever it is
+    published; the line counts runs by it, and a kept record without one by the commit it was published at."""
+    monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": "p" * 40, "dirty": False})
+    folder = tmp_path / "results" / "pair" / "runs"
+    write_runs(folder, {"old": run_result("cnn_dailymail", 4, 1.2)})          # written before runs recorded it
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    (folder / "old.json").unlink()
+    runs = {}
+    for name, commit, dirty in (("a", "a", False), ("b", "a", False), ("c", "c", True)):
+        runs[name] = run_result("cnn_dailymail", 4, 1.3)
+        runs[name]["provenance"]["commit"] = {"commit": commit * 40, "dirty": dirty}
+    write_runs(folder, runs)
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path), "--keep"]) == 0
+    summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
+    assert [summary["runs"][n]["ran"]["commit"] for n in "abc"] == ["a" * 40, "a" * 40, "c" * 40]
+    assert summary["runs"]["old"]["ran"]["commit"] is None
+    assert " ".join(run_tables.provenance("pair")(tmp_path).split()).endswith(
+        "specsweep 0.1.0: 2 runs at aaaaaaa, 1 at ccccccc with local changes, 1 at ppppppp.")
+    for name in "bc":
+        (folder / f"{name}.json").unlink()
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    assert " ".join(run_tables.provenance("pair")(tmp_path).split()).endswith("specsweep 0.1.0 at aaaaaaa.")
+
+
+def test_provenance_names_the_commit_of_the_checkout_it_runs_from():
+    """`specsweep run` from this checkout records its commit (results/ not counting as a change); from an installed
+    copy, where no .git sits beside the package, None."""
+    root = Path(env_info.__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        assert env_info.provenance()["commit"] is None
+        return
+    assert env_info.provenance()["commit"] == env_info.git_commit(root, ignore=("results",))
+    assert len(env_info.provenance()["commit"]["commit"]) == 40
 
 
 def test_the_provenance_line_says_what_idle_openmp_workers_did_in_the_published_runs(tmp_path, monkeypatch):
