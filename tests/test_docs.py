@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import env_info
 from pipeline.analysis import bench_blocks, docs, gpu_blocks, paired_tokens, publish, run_tables, tree_blocks
 from pipeline.analysis.run_tables import TABLES
-from pipeline import env_info
 from pipeline.env_info import git_commit
 from pipeline.errors import SpecsweepError
 from pipeline.result import make_result, write_result
