@@ -48,9 +48,9 @@ PROFILES = {"default": ("results/runs", "make", "the default profile (params.yam
                                 "the Qwen2.5-Coder 0.5B -> 1.5B pair on Spec-Bench's coding questions "
                                 "(Makefile: pair-spec-bench)")}
 FOLDER = "results/published"
-RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_tree", "draft_vocab",
-                 "draft_quant", "engine", "dtype", "temperature", "limit", "max_new_tokens", "max_prompt_tokens",
-                 "threads", "seed", "device")
+RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_schedule",
+                 "draft_confidence", "draft_tree", "draft_vocab", "draft_quant", "engine", "dtype", "temperature",
+                 "limit", "max_new_tokens", "max_prompt_tokens", "threads", "seed", "device")
 RECORD_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "decode_speedup", "decode_speedup_ci_low",
                   "decode_speedup_ci_high", "unpaired_speedup", "flagged", "acceptance_rate", "acceptance_rate_chars",
                   "iid_alpha", "mean_accepted_tokens", "cost_ratio", "verify_cost_ratio", "theoretical_speedup",

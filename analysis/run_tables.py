@@ -103,10 +103,12 @@ def _cost(r: dict) -> str | None:
 
 
 def _draft_model_theory(r: dict) -> str:
-    """Leviathan et al.'s speedup at the run's α and c (no prefill; r = 1), for a draft model proposing alone: blank
-    for a drafter without a model or with a lookup before it (part of its proposal costs no draft forward)."""
-    theory = r["metrics"].get("theoretical_speedup")
-    return "" if theory is None or (r["config"]["drafter"] or "model") != "model" else num(theory)
+    """Leviathan et al.'s speedup at the run's α and c (no prefill; r = 1), for a draft model proposing γ tokens
+    alone: blank for a drafter without a model or with a lookup before it (part of its proposal costs no draft
+    forward), and for an adaptive draft length (the formula fixes γ; the run's γ is where each row starts)."""
+    theory, config = r["metrics"].get("theoretical_speedup"), r["config"]
+    adaptive = (config.get("draft_schedule") or "constant") != "constant" or (config.get("draft_confidence") or 0) > 0
+    return "" if theory is None or adaptive or (config["drafter"] or "model") != "model" else num(theory)
 
 
 def metric(key: str, digits: int = 2) -> Callable[[dict], str]:
@@ -243,6 +245,8 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
              ("draft in int4, head cut to 32768 tokens, γ 4", "qwen-model-k32768-int4-g4-bfloat16-128"),
              ("draft in int4, head cut to 32768 tokens, γ 5", "qwen-model-k32768-int4-g5-bfloat16-128"),
              ("draft in int4, head cut to 32768 tokens, γ 6", "qwen-model-k32768-int4-g6-bfloat16-128"),
+             *((f"draft in int4, head cut to 32768 tokens, up to γ {g}, drafting stops below confidence 0.4 "
+                "(--draft-confidence)", f"qwen-model-k32768-int4-g{g}-conf0.4-bfloat16-128") for g in (6, 8)),
              *((f"prompt lookup, γ {g}", f"qwen-lookup-g{g}-bfloat16-128") for g in (4, 6, 8, 10, 12)),
              ("prompt lookup's match, then the draft (head: 32768 tokens), γ 4",
               "qwen-lookup-model-k32768-g4-bfloat16-128"),

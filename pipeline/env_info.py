@@ -99,13 +99,18 @@ def git_commit(root: str | os.PathLike = ".", ignore: tuple[str, ...] = ()) -> d
     return {"commit": sha.strip() if sha else None, "dirty": None if status is None else bool(status.strip())}
 
 
+NOT_CODE = ("results", "docs", "*.md")
+"""Paths whose changes do not make a checkout's code dirty (:func:`code_commit`): results, and the pages that
+``make docs`` rewrites from them."""
+
+
 def code_commit() -> dict | None:
     """The commit of the checkout this specsweep runs from ({"commit", "dirty"}, as :func:`git_commit`; changes under
-    results/ do not count), or None where it runs from an installed copy rather than a git checkout."""
+    NOT_CODE do not count), or None where it runs from an installed copy rather than a git checkout."""
     root = Path(__file__).resolve().parents[1]
     if not (root / ".git").exists():     # a wheel in site-packages: a repository above it is not its source
         return None
-    return git_commit(root, ignore=("results",))
+    return git_commit(root, ignore=NOT_CODE)
 
 
 def provenance(device: str = "cpu") -> dict:

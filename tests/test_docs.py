@@ -173,14 +173,22 @@ def test_a_checkout_is_dirty_for_publishing_only_when_files_outside_the_publishe
     (tmp_path / publish.FOLDER).mkdir(parents=True)
     (tmp_path / publish.FOLDER / "summary.json").write_text("{}")
     (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("a\n")
+    (tmp_path / "README.md").write_text("a\n")
     git("init", "-q")
     git("add", ".")
     git("commit", "-qm", "one")
     (tmp_path / publish.FOLDER / "summary.json").write_text('{"runs": {}}')
     assert git_commit(tmp_path)["dirty"] is True
     assert git_commit(tmp_path, ignore=(publish.FOLDER,))["dirty"] is False
+    # a run's own record (env_info.code_commit): the pages `make docs` rewrites are not its code either
+    (tmp_path / "docs" / "page.md").write_text("b\n")
+    (tmp_path / "README.md").write_text("b\n")
+    assert git_commit(tmp_path, ignore=env_info.NOT_CODE)["dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path, ignore=(publish.FOLDER,))["dirty"] is True
+    assert git_commit(tmp_path, ignore=env_info.NOT_CODE)["dirty"] is True
 def test_publish_keeps_the_published_runs_a_later_runs_folder_lacks_only_when_asked(tmp_path, capsys, monkeypatch):
     commits = iter("abcd")
     monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": next(commits) * 40, "dirty": False})
@@ -234,13 +242,13 @@ def test_a_record_keeps_the_commit_its_run_recorded_and_the_line_counts_runs_by_
 
 
 def test_provenance_names_the_commit_of_the_checkout_it_runs_from():
-    """`specsweep run` from this checkout records its commit (results/ not counting as a change); from an installed
-    copy, where no .git sits beside the package, None."""
+    """`specsweep run` from this checkout records its commit (results and the pages not counting as a change); from
+    an installed copy, where no .git sits beside the package, None."""
     root = Path(env_info.__file__).resolve().parents[1]
     if not (root / ".git").exists():
         assert env_info.provenance()["commit"] is None
         return
-    assert env_info.provenance()["commit"] == env_info.git_commit(root, ignore=("results",))
+    assert env_info.provenance()["commit"] == env_info.git_commit(root, ignore=env_info.NOT_CODE)
     assert len(env_info.provenance()["commit"]["commit"]) == 40
 
 
@@ -285,6 +293,24 @@ def table(root: Path, name: str) -> list[list[str]]:
     """A run table rendered from ``root``'s published summary, as rows of cells (header first)."""
     text = {t.name: t for t in TABLES}[name].render(root)
     return [[c.strip() for c in line.strip("|").split("|")] for line in text.split("\n") if not line.startswith("|--")]
+
+
+def test_the_pair_table_gives_leviathans_theory_only_for_a_draft_model_proposing_a_fixed_gamma_alone(tmp_path):
+    """The formula fixes γ and prices every proposed token at one draft forward: a run whose drafting stops early
+    (--draft-confidence) or whose tokens come from prompt lookup gets a blank cell, not a figure it does not mean."""
+    runs = {name: run_result("cnn_dailymail", 4, 1.2) for _, name in run_tables.PAIR_RUNS}
+    runs.update({"qwen-model-k32768-int4-g6-bfloat16-128": run_result("cnn_dailymail", 6, 1.5),
+                 "qwen-model-k32768-int4-g6-conf0.4-bfloat16-128": run_result("cnn_dailymail", 6, 1.6),
+                 "qwen-lookup-g4-bfloat16-128": run_result("cnn_dailymail", 4, 2.0, drafter="prompt-lookup")})
+    runs["qwen-model-k32768-int4-g6-conf0.4-bfloat16-128"]["config"]["draft_confidence"] = 0.4
+    write_runs(tmp_path / "results" / "pair" / "runs", runs)
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    rows = {row[0]: row for row in table(tmp_path, "readme-pair")}
+    column = rows["Qwen2.5-Coder-1.5B-Instruct with"].index("Leviathan's theory")
+    assert rows["draft in int4, head cut to 32768 tokens, γ 6"][column] == "2.00"
+    assert rows["draft in int4, head cut to 32768 tokens, up to γ 6, drafting stops below confidence 0.4 "
+                "(--draft-confidence)"][column] == ""
+    assert rows["prompt lookup, γ 4"][column] == ""
 
 
 def test_the_toy_tables_are_rendered_from_the_published_summary(tmp_path):
