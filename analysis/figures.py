@@ -250,8 +250,10 @@ def latency(rows, title: str, path) -> Path | None:
     hf = rows[(rows["impl"] == "hf") & (rows["B"] == 1)]
     drawn = False
     if not hf.empty:
-        key = ["gamma", "V", "dtype"]
-        base = hf.set_index(key)["median_s"]
+        # each time over HF's of the same shape in the same benchmark file: one GPU, one process (files from
+        # several GPUs measure the same shapes)
+        key = ["source", "gamma", "V", "dtype"]
+        base = hf.groupby(key)["median_s"].median()
         for sampler in ("exact", "sigmoid"):
             ours = rows[(rows["B"] == 1) & (rows["sampler"] == sampler) & (rows["impl"] != "hf")
                         & (rows["impl"] != "flashinfer+softmax")]

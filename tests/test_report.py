@@ -119,7 +119,7 @@ def tree(tmp_path):
     return tmp_path
 
 
-def kernel_results(path: Path) -> Path:
+def kernel_results(path: Path, gpu: str = "NVIDIA H100 80GB HBM3") -> Path:
     """A `specsweep bench kernels` JSON: cupy samplers with their floor, torch, hf at B = 1, FlashInfer."""
     rows = []
     for B in (1, 16, 64):
@@ -133,7 +133,7 @@ def kernel_results(path: Path) -> Path:
                 rows.append({**base, "impl": "hf", "sampler": "exact", "median_s": 4e-9 * V})
     return write(path, {"benchmark": "kernels", "results": rows, "floor": {"empty_launch_s": 3e-6},
                         "provenance": {"date": "2026-11-22T09:00:00+00:00", "host": "gpu1",
-                                       "device": {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}}})
+                                       "device": {"device": "cuda", "gpu": gpu}}})
 
 
 def test_table_has_one_row_per_run_baseline_trial_and_timing(tree):
@@ -252,11 +252,14 @@ def html_refs(html: str) -> list[str]:
     return re.findall(r'(?:src|href)="([^"]+)"', html)
 
 
-@pytest.mark.parametrize("with_kernels", [False, True])
-def test_report_writes_every_figure_and_the_html_references_only_files_that_exist(tree, capsys, with_kernels):
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_report_writes_every_figure_and_the_html_references_only_files_that_exist(tree, capsys, gpus):
+    """With kernel results from two GPUs (the same shapes on each), each implementation's time relative to HF's is
+    taken within one file: one GPU, one process."""
     kernels = tree / "kernels"
-    if with_kernels:
-        kernel_results(kernels / "h100.json")
+    with_kernels = gpus > 0
+    for name, gpu in (("h100", "NVIDIA H100 80GB HBM3"), ("h200", "NVIDIA H200"))[:gpus]:
+        kernel_results(kernels / f"{name}.json", gpu)
     out = tree / "reports"
     (out / "figures").mkdir(parents=True)
     (out / "figures" / "stale.png").write_bytes(PNG)
@@ -283,7 +286,7 @@ def test_report_writes_every_figure_and_the_html_references_only_files_that_exis
     import pandas as pd
 
     full = pd.read_csv(out / "results.csv")
-    assert len(full) == 18 + (3 * 2 * 5 + 2 if with_kernels else 0)  # kernels: B x V x impls, + hf at B = 1
+    assert len(full) == 18 + gpus * (3 * 2 * 5 + 2)  # kernels: B x V x impls, + hf at B = 1, per GPU
     assert sorted(pd.read_csv(out / "runs.csv")["run"]) == sorted(load_runs(tree / "runs")["run"])
 
 
