@@ -149,30 +149,19 @@ def provenance(profile: str) -> Callable[[Path], str]:
             return (source.get("commit") or "an unknown commit")[:7] + (" with local changes" if source.get("dirty")
                                                                          else "")
 
-        kept = data.get("kept") or []
-        workers = _omp_wait(data["runs"].values())
-        if any((r.get("ran") or {}).get("commit") for r in data["runs"].values()):
-            # records that say which code ran them: runs counted by it (the others by the commit they were published at)
-            published_at = {name: k for k in kept for name in k["runs"]}
-            counts: dict[str, int] = {}
-            for name, r in data["runs"].items():
-                code = at(r["ran"] if r["ran"].get("commit") else published_at.get(name, data))
-                counts[code] = counts.get(code, 0) + 1
-            ranked = sorted(counts.items(), key=lambda kv: -kv[1])
-            if len(ranked) == 1:
-                where = f" at {ranked[0][0]}"
-            else:
-                where = ": " + ", ".join(f"{n} run{'' if n == 1 else 's'} at {code}" if i == 0 else f"{n} at {code}"
-                                         for i, (code, n) in enumerate(ranked))
-            return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']}{where}."
-                         f"{workers}")
-        if not kept:
-            return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']} at "
-                         f"{at(data)}.{workers}")
-        fresh = len(data["runs"]) - sum(len(k["runs"]) for k in kept)
-        earlier = ", ".join(f"{len(k['runs'])} at {at(k)}" for k in kept)
-        return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']}: {fresh} "
-                     f"run{'' if fresh == 1 else 's'} at {at(data)}, {earlier} (published before).{workers}")
+        # runs counted by the commit that ran them (ran.commit); a record from before runs recorded it, by the commit
+        # it was published at (its kept entry's, or this summary's)
+        kept = {name: k for k in data.get("kept") or [] for name in k["runs"]}
+        counts: dict[str, int] = {}
+        for name, r in data["runs"].items():
+            code = at(r["ran"] if r["ran"].get("commit") else kept.get(name, data))
+            counts[code] = counts.get(code, 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+        where = f" at {ranked[0][0]}" if len(ranked) == 1 else ": " + ", ".join(
+            f"{n} run{'' if n == 1 else 's'} at {code}" if i == 0 else f"{n} at {code}"
+            for i, (code, n) in enumerate(ranked))
+        return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']}{where}."
+                     f"{_omp_wait(data['runs'].values())}")
     return render
 
 

@@ -210,7 +210,7 @@ def test_publish_keeps_the_published_runs_a_later_runs_folder_lacks_only_when_as
     summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
     assert [(k["commit"][0], k["runs"]) for k in summary["kept"]] == [("b", ["both", "new"]), ("a", ["old"])]
     assert " ".join(run_tables.provenance("pair")(tmp_path).split()).endswith(
-        "specsweep 0.1.0: 1 run at ccccccc, 2 at bbbbbbb, 1 at aaaaaaa (published before).")
+        "specsweep 0.1.0: 2 runs at bbbbbbb, 1 at ccccccc, 1 at aaaaaaa.")
     assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
     assert list(summary["runs"]) == ["newest"] and "kept" not in summary

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import subprocess
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.benchmarks.timing import format_table
 from pipeline.dtypes import torch_dtype
-from pipeline.env_info import LoadProbe, provenance
+from pipeline.env_info import LoadProbe, code_commit, provenance
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
@@ -189,18 +188,10 @@ def sampler_calls(samplers: dict[str, type], config: tuple, device: torch.device
 
 
 def _commit() -> str | None:
-    """The checkout's commit (short hash, '+' where files differ from it), or None outside a git checkout."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+    """The code's commit (env_info.code_commit) as a short hash, '+' where its code differs from it; None outside a
+    git checkout."""
+    code = code_commit()
+    return None if not code or not code["commit"] else code["commit"][:7] + ("+" if code["dirty"] else "")
 
 
 def require_kernels() -> None:
