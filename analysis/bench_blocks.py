@@ -31,11 +31,13 @@ LOSSLESS = "results/bench/lossless-cpu.json"
 OMP_WAIT = "results/bench/omp-wait-cpu.json"
 PROCESSES = "results/bench/processes-cpu.json"
 QUANT_LINEAR = "results/bench/quant-linear-cpu.json"
+QUANT_LINEAR_PREFILL = "results/bench/quant-linear-prefill-cpu.json"
 SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
 SERVE_SMOLLM2 = "results/bench/serve-cpu-smollm2-prompt-lookup.json"
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # `bench engine` on the Qwen2.5-Coder pair, one file per setting of our loop (docs/benchmarks.md has the commands)
-ENGINE_QWEN = ("results/bench/engine-cpu-qwen-bfloat16-g4.json",
+ENGINE_QWEN = ("results/bench/engine-cpu-qwen-bfloat16-int4-g5.json",
+               "results/bench/engine-cpu-qwen-bfloat16-g4.json",
                "results/bench/engine-cpu-qwen-bfloat16-lookup-g4.json")
 ENGINE_QWEN_RATIOS = (("speculative_over_hf_assisted", "ours / HF assisted at equal γ"),
                       ("speculative_over_hf_assisted_default", "ours / HF assisted out of the box"),
@@ -166,24 +168,31 @@ def bench_lossless_cpu(root: Path) -> str:
     return table(header, body)
 
 
-def bench_quant_linear(root: Path) -> str:
-    """One projection in bfloat16 against torch's int8 and int4 CPU kernels: µs per call and the kernels' speedups."""
-    data = read_source(root, QUANT_LINEAR, "python -m pipeline.benchmarks.quant_linear")
+def bench_quant_linear(root: Path, path: str = QUANT_LINEAR) -> str:
+    """One projection in bfloat16 against torch's int8 and int4 CPU kernels and the int8-by-int8 product (a8, where
+    the file has it): µs per call and the speedups."""
+    data = read_source(root, path, "python -m pipeline.benchmarks.quant_linear")
+    ways = [w for w in ("int8", "int4", "a8") if f"{w}_us" in data["results"][0]]
     body = [[r["shape"] if i == 0 or r["shape"] != data["results"][i - 1]["shape"] else "", str(r["rows"]),
-             f"{r['bfloat16_us']:.0f}", f"{r['int8_us']:.0f}", f"{r['int4_us']:.0f}",
-             interval(r["int8_speedup"], *r["int8_speedup_ci"]), interval(r["int4_speedup"], *r["int4_speedup_ci"]),
-             f"{r['int8_error']:.3f} / {r['int4_error']:.3f}"]
+             f"{r['bfloat16_us']:.0f}", *(f"{r[f'{w}_us']:.0f}" for w in ways),
+             *(interval(r[f"{w}_speedup"], *r[f"{w}_speedup_ci"]) for w in ways),
+             " / ".join(f"{r[f'{w}_error']:.3f}" for w in ways)]
             for i, r in enumerate(data["results"])]
     s, load = data["settings"], data["load_average"]
     low, high = sorted((load["before"][0], load["after"][0]))
-    header = ["N x K", "rows", "bf16 µs", "int8 µs", "int4 µs", "int8 speedup", "int4 speedup",
-              "relative error int8 / int4"]
+    header = ["N x K", "rows", "bf16 µs", *(f"{w} µs" for w in ways), *(f"{w} speedup" for w in ways),
+              f"relative error {' / '.join(ways)}"]
     coverage = data["results"][0].get("ci_coverage")
     note = (f"{s['threads']} threads, median of {s['rounds']} rounds of {s['calls']} calls each, speedup = bfloat16's "
-            f"time over the kernel's per round (median over rounds"
+            f"time over the other way's per round (median over rounds"
             + (f" with its {percent(coverage)} interval" if coverage else " and interval") +
             f"); load average {low:.1f}-{high:.1f}, {data['provenance']['date'][:10]}.")
     return table(header, body) + "\n\n" + prose(note)
+
+
+def bench_quant_linear_prefill(root: Path) -> str:
+    """The same at a prefill's rows (the int8-by-int8 product's regime, ``--draft-quant int4+a8``)."""
+    return bench_quant_linear(root, QUANT_LINEAR_PREFILL)
 
 
 def bench_omp_wait(root: Path) -> str:

@@ -1,7 +1,7 @@
 """The ``specsweep`` command line. Each subcommand lives in pipeline/commands/<name>.py.
 
-Errors a user can fix (:class:`pipeline.errors.SpecsweepError`) print as one line and exit with code 2,
-as argparse does for bad flags.
+Errors a user can fix (:class:`pipeline.errors.SpecsweepError`) print as one line and exit with code 2, as a bad
+flag does (:class:`OneLineParser`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,17 @@ from pipeline.errors import SpecsweepError
 SUBCOMMANDS = ("run", "fetch", "bench", "tune", "report", "toy", "show", "serve", "export", "distill", "speak")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser with the house's error for a bad flag: one line on stderr, exit 2. (argparse prints its
+    whole usage block first, which buries the line that says what is wrong.) Subcommands' parsers are of this
+    class too: add_subparsers makes them of the parent's type."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the flags and their forms)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="specsweep", description="Measure and tune speculative decoding: verify kernels, draft/target "
                                       "pairs, γ and dtypes, speed against quality.")
     parser.add_argument("--version", action="version", version=f"specsweep {__version__}")

@@ -24,7 +24,7 @@ ENGINES = ("specsweep", "hf")
 DRAFTERS = ("model", "prompt-lookup", "suffix", "lookup-model")
 MODEL_DRAFTERS = ("model", "lookup-model")
 """The drafters that run the --draft model (the others search the text itself)."""
-DRAFT_QUANTS = ("none", "int8", "int4")
+DRAFT_QUANTS = ("none", "int8", "int4", "int8+a8", "int4+a8")
 """How a draft model's weights are stored in its static forward (pipeline/decoding/static/quant.py's MODES, named here
 so that the settings load no torch)."""
 WANDB_MODES = ("online", "offline", "disabled")
@@ -179,8 +179,10 @@ class RunConfig:
                                        "(a scale and zero per 128 inputs) and multiply them with torch's CPU "
                                        "kernels in its static-cache forward: a cheaper draft forward on a CPU, "
                                        "lossless (the target is untouched; acceptance may drop). A Llama, Mistral "
-                                       "or Qwen2 draft on a CPU, int4 in bfloat16 "
-                                       "(pipeline/decoding/static/quant.py)", choices=DRAFT_QUANTS)
+                                       "or Qwen2 draft on a CPU, int4 in bfloat16. +a8: its prefill also "
+                                       "quantises the activations and multiplies int8 by int8 (a cheaper prefill, "
+                                       "bound by arithmetic) (pipeline/decoding/static/quant.py)",
+                               choices=DRAFT_QUANTS)
     ignore_eos: bool = setting(False, "always generate --max-new-tokens tokens")
     verify_graphs: str = setting("auto", "replay the verify step from CUDA graphs (same tokens): auto replays a "
                                          "kernel sampler's chain steps where they can be (--backend cupy, --engine "

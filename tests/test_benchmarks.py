@@ -144,3 +144,21 @@ def test_bench_drafters_smoke_every_loop_emits_the_targets_tokens(tmp_path, caps
     assert "lookup" in result["loops"]["ours_lookup_4"]["phase_seconds"]
     assert "ours_lookup_4_over_hf_lookup_4" in capsys.readouterr().out
     assert main(["bench", "drafters", "--target", str(target), "--data", str(data), "--repeats", "2"]) == 2
+
+
+def test_bench_quant_linear_smoke_times_the_four_ways_and_writes_json(tmp_path, capsys):
+    """Every (shape, rows) timed bfloat16, int8, int4 and a8 (int8 by int8), each way's error against the float32
+    product within its quantisation's, the table printed and the JSON written."""
+    from pipeline.benchmarks.quant_linear import FASTER, WAYS
+    from pipeline.benchmarks.quant_linear import main as quant_linear
+
+    out = tmp_path / "quant.json"
+    quant_linear(["--shapes", "64x128", "--rows", "1,64", "--rounds", "1", "--calls", "1", "--threads", "1",
+                  "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [r["rows"] for r in result["results"]] == [1, 64] and WAYS[-1] == "a8"
+    for row in result["results"]:
+        assert all(row[f"{w}_us"] > 0 for w in WAYS) and all(f"{w}_speedup" in row for w in FASTER)
+        assert row["bfloat16_error"] < 0.01 and row["int8_error"] < 0.02 and row["a8_error"] < 0.03
+        assert row["int4_error"] < 0.15
+    assert "a8 x" in capsys.readouterr().out

@@ -100,3 +100,23 @@ def test_one_tokenizer_is_refused_with_what_to_do_instead():
     with pytest.raises(SpecsweepError) as err:
         check_same_tokenizer(build_tokenizer(), build_tokenizer(words=["zebra", "yak"]), "t", "d")
     assert "needs one vocabulary" not in str(err.value) and "--draft-tokenizer-mode auto" in str(err.value)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--draft-confidence", "0.3,0.6"], "--draft-confidence/--draft_confidence: invalid float value: '0.3,0.6'"),
+    (["bench", "engine", "--repeats", "x"], "argument --repeats: invalid int value: 'x'"),
+    (["run", "--target", "t", "--data", "d", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["nonsense"], "invalid choice: 'nonsense'"),
+    (["run"], "the following arguments are required: --target, --data"),
+], ids=["float-list", "nested-subcommand", "unknown-flag", "unknown-command", "missing"])
+def test_a_bad_flag_is_one_line_and_exit_2(argv, says, capsys):
+    """argparse's own errors follow the house rule (one line that says what is wrong and where the forms are, exit 2),
+    without its usage block, at every depth of subcommand."""
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert says in err and "--help` lists the flags" in err, err

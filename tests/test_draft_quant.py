@@ -26,6 +26,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.samplers import get_sampler
 
 EOS = 1
+_int8_product = quant.int8_product
 TOLERANCE = {"int8": 0.02, "int4": 0.15}
 
 
@@ -55,11 +56,43 @@ def test_a_quantised_projection_is_the_float_product_within_its_tolerance(mode, 
     torch.testing.assert_close(proj(x[:1, :1]).float(), proj(x)[:1, :1].float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("mode", ["int8+a8", "int4+a8"])
+def test_a8_multiplies_int8_by_int8_from_a8_rows_on(mode):
+    """+a8: a projection over A8_ROWS rows or more is the int8-by-int8 product of its row-quantised input and the int8
+    weight (the float product within int8 error on both sides, < 3 %); below A8_ROWS it is the weight-only mode's
+    (the kernel, then the dequantised weight), and without +a8 no row count reaches the int8 product."""
+    n, k = 100, 256
+    g = torch.Generator().manual_seed(7)
+    weight = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
+    bias = (torch.randn(n, generator=g) * 0.05).to(torch.bfloat16)
+    proj, plain = projection(weight, bias, mode), projection(weight, bias, quant.weight_mode(mode))
+    x = torch.randn(1, quant.A8_ROWS, k, generator=g).to(torch.bfloat16)
+    q8, s8 = (proj.q, proj.scales) if mode == "int8+a8" else (proj.q8, proj.s8)
+    assert q8.dtype == torch.int8 and q8.shape == (n, k)
+    y = proj(x)
+    assert torch.equal(y, (quant.int8_product(x[0], q8, s8) + bias)[None])
+    reference = x.float() @ weight.float().T + bias.float()
+    error = float((y.float() - reference).norm() / reference.norm())
+    assert error < TOLERANCE[quant.weight_mode(mode)] + 0.01, error
+    assert not torch.equal(y, plain(x))                                   # the weight-only mode's wide path differs
+    few = x[:, : quant.A8_ROWS - 1]
+    assert torch.equal(proj(few), plain(few)) and torch.equal(proj(x[:, :2]), plain(x[:, :2]))
+
+
+def test_quantize_rows_scales_each_row_and_keeps_a_zero_row():
+    x = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [254.0, 1.0, -127.0]])
+    p, t = quant.quantize_rows(x)
+    assert p.dtype == torch.int8 and p.tolist() == [[64, -127, 32], [0, 0, 0], [127, 0, -64]]
+    torch.testing.assert_close(t[:, 0], torch.tensor([1 / 127, 1e-12, 2.0]))
+
+
 def test_unsupported_devices_dtypes_and_shapes_are_one_line_errors():
     check_supported("int8", "cpu", torch.float32)
     check_supported("int4", "cpu", torch.bfloat16)
     for mode, device, dtype, message in (("int8", "cuda", torch.bfloat16, "runs torch's CPU kernels"),
                                          ("int4", "cpu", torch.float32, "use --dtype bfloat16, or --draft-quant int8"),
+                                         ("int4+a8", "cpu", torch.float32,
+                                          r"int4\+a8 multiplies in .* --draft-quant int8\+a8$"),
                                          ("int8", "cpu", torch.float16, "use --dtype bfloat16"),
                                          ("int2", "cpu", torch.bfloat16, "is not one of")):
         with pytest.raises(SpecsweepError, match=message):
@@ -109,20 +142,24 @@ def pair(tmp_path_factory):
     return target, draft.to(torch.bfloat16), tok
 
 
-@pytest.mark.parametrize("mode,floor", [("int8", 0.5), ("int4", 0.15)])
-def test_greedy_decoding_with_a_quantised_draft_is_the_target_alone(pair, mode, floor):
+@pytest.mark.parametrize("mode,floor", [("int8", 0.5), ("int4", 0.15), ("int8+a8", 0.5), ("int4+a8", 0.15)])
+def test_greedy_decoding_with_a_quantised_draft_is_the_target_alone(pair, mode, floor, monkeypatch):
     target, draft, tok = pair
+    monkeypatch.setattr(quant, "A8_ROWS", 8)                # the prompts' prefill takes the int8 product (+a8)
+    products = []
+    monkeypatch.setattr(quant, "int8_product", lambda *a: products.append(1) or _int8_product(*a))
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     alone = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
                               pad_token_id=0).generate(enc.input_ids, enc.attention_mask, 24).tokens
     engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=0.0), gamma=3, device="cpu",
                                eos_token_ids=[EOS], pad_token_id=0, draft_quant=mode)
     static = engine.drafter.model.static
-    assert isinstance(static.layers[0].down_proj, Int8Linear if mode == "int8" else Int4Linear)
-    assert isinstance(static.head, Int8Linear if mode == "int8" else Int4Linear)
+    kind = Int8Linear if quant.weight_mode(mode) == "int8" else Int4Linear
+    assert isinstance(static.layers[0].down_proj, kind) and isinstance(static.head, kind)
     assert engine.target.static.quant == "none"                        # the target is never quantised
     result = engine.generate(enc.input_ids, enc.attention_mask, 24)
     assert result.tokens == alone
+    assert bool(products) == mode.endswith("+a8")
     accepted = sum(s["accepted"] for s in result.row_stats)
     drafted = sum(s["drafted"] for s in result.row_stats)
     assert accepted / drafted > floor, (accepted, drafted)

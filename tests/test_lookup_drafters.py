@@ -300,3 +300,37 @@ def test_a_pair_without_a_draft_model_searches_the_drafters_that_need_none():
     assert space_for_pair(lookup, no_draft) is lookup
     with pytest.raises(SpecsweepError, match="this pair has no --draft"):
         space_for_pair(SearchSpace().check(), RunConfig(target="t", data="d"))
+
+
+def test_gamma_has_a_range_per_drafter(tmp_path):
+    """gamma_by_drafter: a lookup drafter's trials sample γ from its own range (where lookup pays), the draft model's
+    from gamma; the space reads it from YAML, refuses a drafter it does not search, and records it only when set."""
+    import optuna
+
+    from pipeline.tuning.space import SearchSpace
+
+    path = tmp_path / "space.yaml"
+    path.write_text("gamma: {low: 2, high: 6}\nsampler: [exact]\ndrafter: [model, prompt-lookup]\n"
+                    "gamma_by_drafter: {prompt-lookup: {low: 8, high: 12}}\n")
+    space = SearchSpace.load(path)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen: dict[str, set[int]] = {"model": set(), "prompt-lookup": set()}
+    for _ in range(60):
+        trial = study.ask()
+        params = space.suggest(trial)
+        seen[params["drafter"]].add(params["gamma"])
+        study.tell(trial, 1.0)
+    assert seen["model"] and seen["model"] <= set(range(2, 7)), seen
+    assert seen["prompt-lookup"] and seen["prompt-lookup"] <= set(range(8, 13)), seen
+    assert space.recorded()["gamma_by_drafter"] == {"prompt-lookup": [8, 12]}
+    assert "gamma_by_drafter" not in SearchSpace().recorded()     # a study made before it continues
+    # the known-good first trial's γ is clamped into its drafter's range
+    lookup_first = SearchSpace(drafters=("prompt-lookup",), gamma_by_drafter={"prompt-lookup": (8, 12)}).check()
+    assert lookup_first.first_point(gamma=2) == {"sampler": "exact", "gamma": 8, "dtype": "float32",
+                                                 "drafter": "prompt-lookup"}
+    path.write_text("drafter: [model]\ngamma_by_drafter: {suffix: {low: 4, high: 8}}\n")
+    with pytest.raises(SpecsweepError, match="gamma_by_drafter names 'suffix', which is not in drafter"):
+        SearchSpace.load(path)
+    path.write_text("drafter: [suffix]\ngamma_by_drafter: {suffix: {low: 0, high: 8}}\n")
+    with pytest.raises(SpecsweepError, match="needs 1 <= low <= high"):
+        SearchSpace.load(path)

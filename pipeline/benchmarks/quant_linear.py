@@ -1,13 +1,16 @@
-"""One projection y = x @ W.T of a draft's shapes, bfloat16 F.linear against torch's int8 and int4 CPU kernels
-(pipeline/decoding/static/quant.py, ``--draft-quant``): whether the kernels pay, and up to how many rows.
+"""One projection y = x @ W.T of a draft's shapes, bfloat16 F.linear against torch's int8 and int4 CPU kernels and
+the int8-by-int8 product (pipeline/decoding/static/quant.py, ``--draft-quant``, ``+a8``): whether each pays, and at
+how many rows.
 
     python -m pipeline.benchmarks.quant_linear [--shapes 896x896,128x896,4864x896,896x4864,32768x896]
         [--rows 1,2,3,4,5,16] [--threads 2] [--rounds 9] [--calls 15] [--out results/bench/quant-linear-cpu.json]
 
 Shapes are N x K (out x in features; the defaults are Qwen2.5-Coder-0.5B's: q and o, k and v, gate and up, down,
 and the head cut to 32768 tokens by --draft-vocab); rows M are the tokens times batch rows of one forward (a draft
-step reads 1 or 2). W is random normal (timings do not depend on the values), x too. In each round every (shape,
-M) is timed the three ways, in an order that rotates from round to round, each as the median of ``calls`` calls
+step reads 1 or 2; a prompt's prefill hundreds: ``--rows 64,128,440``). W is random normal (timings do not depend
+on the values), x too. The ways: bfloat16 F.linear; the int8 and int4 weight-only kernels; a8, the input quantised
+per row and multiplied int8 by int8 with the int8 weight (``int8_product``, rescaling included). In each round every
+(shape, M) is timed the four ways, in an order that rotates from round to round, each as the median of ``calls`` calls
 after warm-up; a round's ratio (bfloat16's time over the kernel's) gives the speedup as the median over rounds with
 its order-statistic interval (pipeline/measure.py). The kernels are timed alone (``kernel()``: no switch to the
 dequantised weight past KERNEL_ROWS). Each row also gives the kernel's relative error against the float32 product
@@ -26,18 +29,20 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.benchmarks.timing import format_table, time_calls
-from pipeline.decoding.static.quant import Int4Linear, Int8Linear
+from pipeline.decoding.static.quant import Int4Linear, Int8Linear, int8_product
 from pipeline.env_info import provenance
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
 
 SHAPES = ((896, 896), (128, 896), (4864, 896), (896, 4864), (32768, 896))
-WAYS = ("bfloat16", "int8", "int4")
+WAYS = ("bfloat16", "int8", "int4", "a8")
+FASTER = WAYS[1:]
+"""The ways timed against bfloat16's F.linear."""
 
 
 def run(shapes=SHAPES, rows=(1, 2, 3, 4, 5, 16), threads: int = 2, rounds: int = 9, calls: int = 15,
         out: Path | None = None) -> dict:
-    """Time every (shape, rows) the three ways (see the module docstring); torch's thread count is put back
+    """Time every (shape, rows) the four ways (see the module docstring); torch's thread count is put back
     afterwards. Returns the results dict (also written to ``out``)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -64,8 +69,10 @@ def _measure(shapes, rows, rounds: int, calls: int) -> list[dict]:
         quantized = {"int8": Int8Linear(weight, None), "int4": Int4Linear(weight, None)}
         for m in rows:
             x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+            q8 = quantized["int8"]
             ways = {"bfloat16": lambda _, x=x, w=weight: F.linear(x, w),
-                    **{name: lambda _, x=x, q=q: q.kernel(x) for name, q in quantized.items()}}
+                    **{name: lambda _, x=x, q=q: q.kernel(x) for name, q in quantized.items()},
+                    "a8": lambda _, x=x, q8=q8: int8_product(x, q8.q, q8.scales)}
             reference = x.float() @ weight.float().T
             errors = {name: _relative_error(fn(0), reference) for name, fn in ways.items()}
             cases.append({"n": n, "k": k, "m": m, "ways": ways, "errors": errors,
@@ -80,7 +87,7 @@ def _measure(shapes, rows, rounds: int, calls: int) -> list[dict]:
         t = case["times"]
         row = {"shape": f"{case['n']}x{case['k']}", "rows": case["m"],
                **{f"{name}_us": statistics.median(t[name]) * 1e6 for name in WAYS}}
-        for name in ("int8", "int4"):
+        for name in FASTER:
             ci = median_ci([a / b for a, b in zip(t["bfloat16"], t[name])])
             row[f"{name}_speedup"] = ci.median
             row[f"{name}_speedup_ci"] = [ci.low, ci.high]
@@ -100,7 +107,10 @@ def _print(result: dict) -> None:
              "int8 µs": f"{r['int8_us']:.0f}", "int4 µs": f"{r['int4_us']:.0f}",
              "int8 x": f"{r['int8_speedup']:.2f} [{r['int8_speedup_ci'][0]:.2f}, {r['int8_speedup_ci'][1]:.2f}]",
              "int4 x": f"{r['int4_speedup']:.2f} [{r['int4_speedup_ci'][0]:.2f}, {r['int4_speedup_ci'][1]:.2f}]",
-             "err bf16/int8/int4": f"{r['bfloat16_error']:.4f}/{r['int8_error']:.4f}/{r['int4_error']:.3f}"}
+             "a8 µs": f"{r['a8_us']:.0f}",
+             "a8 x": f"{r['a8_speedup']:.2f} [{r['a8_speedup_ci'][0]:.2f}, {r['a8_speedup_ci'][1]:.2f}]",
+             "err bf16/int8/int4/a8": f"{r['bfloat16_error']:.4f}/{r['int8_error']:.4f}/{r['int4_error']:.3f}/"
+                                      f"{r['a8_error']:.4f}"}
             for r in result["results"]]
     print(format_table(rows, list(rows[0])))
     s = result["settings"]

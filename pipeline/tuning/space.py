@@ -59,9 +59,13 @@ class SearchSpace:
     for a draft with another tokenizer, the draft-tokenizer modes a trial chooses from
     (pipeline/decoding/drafters/cross_tokenizer.py;
     empty: not searched, the run's own setting). ``quants``: how a draft model's weights are stored
-    (``--draft-quant``; empty: not searched, the run's own setting; an int4 trial in float32 is pruned)."""
+    (``--draft-quant``; empty: not searched, the run's own setting; an int4 trial in float32 is pruned).
+    ``gamma_by_drafter``: γ's range for the drafters named there, ``gamma`` for the rest (prompt lookup pays at a γ
+    where a draft model's proposals are long rejected: README's pair table peaks at γ 12 for lookup, 5 for the draft
+    model)."""
 
     gamma: tuple[int, int] = (1, 8)
+    gamma_by_drafter: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     samplers: tuple[str, ...] = dataclasses.field(default_factory=tunable)
     params: dict[str, dict[str, Range]] = dataclasses.field(default_factory=dict)
     dtypes: tuple[str, ...] = ("float32",)
@@ -85,8 +89,8 @@ class SearchSpace:
             raise SpecsweepError(f"search space {path}: cannot read it ({' '.join(str(e).split())[:160]})") from None
         if not isinstance(raw, dict):
             raise SpecsweepError(f"search space {path}: expected a mapping of settings")
-        known = {"gamma", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence", "gamma_max",
-                 "drafter", "lookup_max", "suffix_factor", "draft_tree", "draft_quant"}
+        known = {"gamma", "gamma_by_drafter", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence",
+                 "gamma_max", "drafter", "lookup_max", "suffix_factor", "draft_tree", "draft_quant"}
         if set(raw) - known:
             moved = sorted(set(raw) & set(param_names()))
             hint = (f" (rule parameters go under params: <rule>:, e.g. params: {{sigmoid: {{{moved[0]}: ...}}}})"
@@ -96,6 +100,8 @@ class SearchSpace:
         try:
             space = cls(
                 gamma=tuple(int(v) for v in _range(raw.get("gamma", {"low": 1, "high": 8}))[:2]),
+                gamma_by_drafter={str(d): tuple(int(v) for v in _range(spec)[:2])
+                                  for d, spec in (raw.get("gamma_by_drafter") or {}).items()},
                 samplers=tuple(raw.get("sampler", tunable())),
                 params={rule: {name: _range(spec) for name, spec in (ranges or {}).items()}
                         for rule, ranges in (raw.get("params") or {}).items()},
@@ -121,6 +127,12 @@ class SearchSpace:
             raise SpecsweepError(f"{where}: dtype must be a non-empty list from {list(DTYPES)}")
         if self.gamma[0] < 1 or self.gamma[0] > self.gamma[1]:
             raise SpecsweepError(f"{where}: gamma needs 1 <= low <= high; got {list(self.gamma)}")
+        for drafter, (lo, hi) in self.gamma_by_drafter.items():
+            if drafter not in self.drafters:
+                raise SpecsweepError(f"{where}: gamma_by_drafter names {drafter!r}, which is not in drafter "
+                                     f"{list(self.drafters)}")
+            if not 1 <= lo <= hi:
+                raise SpecsweepError(f"{where}: gamma_by_drafter {drafter} needs 1 <= low <= high; got {[lo, hi]}")
         if not self.drafts or set(self.drafts) - set(DRAFT_MODES):
             raise SpecsweepError(f"{where}: draft must be a non-empty list from {list(DRAFT_MODES)}")
         lo, hi, _ = self.draft_confidence
@@ -162,17 +174,23 @@ class SearchSpace:
         """The search range of each of ``rule``'s parameters: the space's where it sets one, else the registry's."""
         return {**_rule_ranges(rule), **self.params.get(rule, {})}
 
+    def gamma_range(self, drafter: str) -> tuple[int, int]:
+        """γ's (low, high) in trials of ``drafter``."""
+        return self.gamma_by_drafter.get(drafter, self.gamma)
+
     def first_point(self, gamma: int | None = None) -> dict:
         """The known-good point enqueued before any sampled trial: the exact sampler (lossless)."""
         point = {"sampler": "exact", "gamma": self.known_good.get("gamma", 4), "dtype": self.dtypes[0],
                  **{k: v for k, v in self.known_good.items() if k in ("sampler", "gamma", "dtype")}}
         if gamma is not None:
             point["gamma"] = gamma
-        point["gamma"] = min(max(int(point["gamma"]), self.gamma[0]), self.gamma[1])
         if point["sampler"] not in self.samplers:
             point["sampler"] = self.samplers[0]
+        drafter = "model" if "model" in self.drafters else self.drafters[0]
         if self.drafters != ("model",):
-            point["drafter"] = "model" if "model" in self.drafters else self.drafters[0]
+            point["drafter"] = drafter
+        lo, hi = self.gamma_range(drafter)
+        point["gamma"] = min(max(int(point["gamma"]), lo), hi)
         if self.searches_drafts:
             point["draft"] = "fixed" if "fixed" in self.drafts else self.drafts[0]
         if self.tokenizer_modes:
@@ -204,18 +222,22 @@ class SearchSpace:
             space.pop("trees")
         if not self.quants:
             space.pop("quants")
+        if not self.gamma_by_drafter:
+            space.pop("gamma_by_drafter")
         return space
 
     def suggest(self, trial, temperature: float = 1.0) -> dict:
         """Sample one trial's settings (a rule's parameters exist only in trials of that rule; a drafter's only in
         trials of that drafter). A trial pairing a drafter without a model with a rule that cannot verify its
         deterministic drafts at ``temperature`` is pruned before it runs (optuna.TrialPruned)."""
-        params = {"gamma": trial.suggest_int("gamma", *self.gamma),
-                  "sampler": trial.suggest_categorical("sampler", list(self.samplers)),
-                  "dtype": trial.suggest_categorical("dtype", list(self.dtypes))}
         drafter = "model"
         if self.drafters != ("model",):
             drafter = trial.suggest_categorical("drafter", list(self.drafters))
+        # one parameter "gamma" whose range depends on the drafter (Optuna takes a range that varies between trials)
+        params = {"gamma": trial.suggest_int("gamma", *self.gamma_range(drafter)),
+                  "sampler": trial.suggest_categorical("sampler", list(self.samplers)),
+                  "dtype": trial.suggest_categorical("dtype", list(self.dtypes))}
+        if self.drafters != ("model",):
             params.update(self._suggest_drafter(trial, drafter))
             if drafter != "model" and get_rule(params["sampler"]).deterministic_draft_error(temperature):
                 raise optuna.TrialPruned(f"{params['sampler']} cannot verify {drafter}'s deterministic drafts")
@@ -234,8 +256,9 @@ class SearchSpace:
                                                                        list(self.tokenizer_modes))
         if self.quants and drafter in MODEL_DRAFTERS:
             params["draft_quant"] = trial.suggest_categorical("draft_quant", list(self.quants))
-            if params["draft_quant"] == "int4" and params["dtype"] != "bfloat16":
-                raise optuna.TrialPruned(f"--draft-quant int4 runs in bfloat16, not {params['dtype']}")
+            if params["draft_quant"].startswith("int4") and params["dtype"] != "bfloat16":
+                raise optuna.TrialPruned(f"--draft-quant {params['draft_quant']} runs in bfloat16, not "
+                                         f"{params['dtype']}")
         return params
 
     def _suggest_drafter(self, trial, drafter: str) -> dict:

@@ -1,4 +1,4 @@
-"""Weight-only quantised projections of the static forward (``--draft-quant int8|int4``, for a draft model).
+"""Quantised projections of the static forward (``--draft-quant int8|int4[+a8]``, for a draft model).
 
 Why. On a CPU a forward over one or two tokens is bound by the weights it reads: every projection streams its
 whole weight matrix from memory for a handful of rows. Stored in fewer bytes (int8: one byte per weight; int4: half
@@ -26,6 +26,14 @@ model's dtype, with F.linear: the same weights at a matmul's speed, for the memo
 projections. Measured per shape, rows and thread count by ``python -m pipeline.benchmarks.quant_linear``
 (docs/benchmarks.md).
 
+With ``+a8`` (``int8+a8``, ``int4+a8``) a projection over A8_ROWS rows or more (a prompt's prefill) multiplies
+int8 by int8 instead: its input is quantised per row (a scale t_m = max_k |x[m, k]| / 127, p = round(x / t)), and
+torch._int_mm, which on this project's CPU runs AVX-512 VNNI at twice bfloat16's peak, computes p @ q8.T in int32;
+y = that * t_m * s8_n in x's dtype, with q8, s8 the weight's int8 copy (int8: q and s themselves; int4: the
+dequantised weight quantised again, per output row). A prefill is bound by arithmetic, not by memory, so this is
+where a draft's prefill gets cheaper (about 1.5x for the Qwen2.5-Coder 0.5B's projections over 440 rows); the
+draft's prompt states carry the activations' rounding too, which can only lower acceptance.
+
 Only the static forward of the Llama family (llama.py) takes quantised projections; the kernels run on a CPU
 (:func:`check_supported` refuses the rest in one line).
 """
@@ -40,7 +48,7 @@ import torch.nn.functional as F
 
 from pipeline.errors import SpecsweepError
 
-MODES = ("none", "int8", "int4")
+MODES = ("none", "int8", "int4", "int8+a8", "int4+a8")
 GROUP = 128
 """int4: the inputs that share one scale and zero (a divisor of every in-features of the Qwen2.5 drafts: 896, 4864)."""
 KERNEL_ROWS = 4
@@ -48,6 +56,10 @@ KERNEL_ROWS = 4
 dequantised weight. Both kernels work in blocks of 4 rows: on this project's CPU (2 threads) they beat bfloat16
 F.linear at 1 to 4 rows and lose to it at 5 for most of a draft's shapes (docs/benchmarks.md,
 results/bench/quant-linear-cpu.json)."""
+A8_ROWS = 64
+"""With a "+a8" mode, a projection over at least this many rows multiplies int8 by int8 (docstring above); between
+KERNEL_ROWS and this, F.linear over the dequantised weight (a few rows of a tree or a batch: the int8 product's
+per-call costs, the input's quantisation and the int32 result's rescaling, are not paid back there)."""
 INT4_ROWS = 16
 """int4 pads the output rows N of W to a multiple of this (the kernel's block)."""
 
@@ -62,15 +74,21 @@ def check_supported(mode: str, device: torch.device | str, dtype: torch.dtype) -
         raise SpecsweepError(f"--draft-quant {mode!r} is not one of {list(MODES)}")
     if mode == "none":
         return
+    weights = weight_mode(mode)
     if torch.device(device).type != "cpu":
         raise SpecsweepError(f"--draft-quant {mode} runs torch's CPU kernels; the draft is on {device}: drop "
                              "--draft-quant (or run on --device cpu)")
-    allowed = (torch.bfloat16,) if mode == "int4" else (torch.bfloat16, torch.float32)
+    allowed = (torch.bfloat16,) if weights == "int4" else (torch.bfloat16, torch.float32)
     if dtype not in allowed:
         names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
         raise SpecsweepError(f"--draft-quant {mode} multiplies in {names} (its CPU kernel's fast path); the draft is "
                              f"{str(dtype).removeprefix('torch.')}: use --dtype bfloat16"
-                             + (", or --draft-quant int8" if mode == "int4" else ""))
+                             + (f", or --draft-quant {mode.replace('int4', 'int8')}" if weights == "int4" else ""))
+
+
+def weight_mode(mode: str) -> str:
+    """How ``mode`` stores the weights: "int8+a8" -> "int8", "int4+a8" -> "int4", the others themselves."""
+    return mode.removesuffix("+a8")
 
 
 def projection(weight: torch.Tensor, bias: torch.Tensor | None, mode: str = "none") -> Projection:
@@ -79,7 +97,8 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None, mode: str = "non
     if mode == "none":
         return functools.partial(F.linear, weight=weight, bias=bias)
     check_supported(mode, weight.device, weight.dtype)
-    return Int8Linear(weight, bias) if mode == "int8" else Int4Linear(weight, bias)
+    a8 = mode.endswith("+a8")
+    return Int8Linear(weight, bias, a8) if weight_mode(mode) == "int8" else Int4Linear(weight, bias, a8=a8)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,23 +120,43 @@ def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tenso
     return q.view(N, K), scales, lo
 
 
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (p int8 [M, K], t float32 [M, 1]), x ≈ p * t: one symmetric scale per row (dynamic quantisation of
+    a projection's input; a row of zeros gets p = 0)."""
+    t = x.abs().amax(dim=1, keepdim=True).float().div_(127).clamp_min_(1e-12)
+    return torch.round(x / t).to(torch.int8), t
+
+
+def int8_product(x: torch.Tensor, q8: torch.Tensor, s8: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (bfloat16 or float32) -> x @ (q8 * s8[:, None]).T [M, N] in x's dtype, int8 by int8: q8 int8 [N, K],
+    s8 [N] in x's dtype (see the module docstring, ``+a8``)."""
+    p, t = quantize_rows(x)
+    return torch._int_mm(p, q8.t()).to(x.dtype).mul_(s8).mul_(t.to(x.dtype))
+
+
 class Int8Linear:
     """A projection with an int8 weight (see the module docstring).
 
     q       int8 [N, K];  scales [N] (the model's dtype);  bias [N] or None
     dense   the dequantised weight q * scales [N, K] (the model's dtype), for forwards over more than KERNEL_ROWS rows
+    a8      whether forwards over A8_ROWS rows or more multiply int8 by int8 (q and scales themselves)
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, a8: bool = False) -> None:
         self.q, self.scales = quantize_int8(weight)
         self.dense = self.q.to(weight.dtype) * self.scales[:, None]
-        self.bias = bias
+        self.bias, self.a8 = bias, a8
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N]."""
-        if x.numel() > KERNEL_ROWS * x.shape[-1]:
-            return F.linear(x, self.dense, self.bias)
-        y = self.kernel(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.q.shape[0])
+        rows = x.numel() // x.shape[-1]
+        if rows > KERNEL_ROWS:
+            if not (self.a8 and rows >= A8_ROWS):
+                return F.linear(x, self.dense, self.bias)
+            y = int8_product(x.reshape(rows, -1), self.q, self.scales)
+        else:
+            y = self.kernel(x.reshape(rows, -1))
+        y = y.view(*x.shape[:-1], self.q.shape[0])
         return y if self.bias is None else y + self.bias
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,9 +172,11 @@ class Int4Linear:
     n                the real output rows N;  bias [N] or None
     dense            the dequantised weight q * s + min [N, K] (the model's dtype), for forwards over more than
                      KERNEL_ROWS rows
+    q8, s8           with ``a8``: dense quantised to int8 per output row (int8 [N, K], [N] in the model's dtype), for
+                     forwards over A8_ROWS rows or more; else None
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP, a8: bool = False) -> None:
         N, K = weight.shape
         if K % group:
             raise SpecsweepError(f"--draft-quant int4 groups a projection's inputs by {group}, and one has {K}: use "
@@ -149,12 +190,18 @@ class Int4Linear:
         self.scales_and_zeros = pair.transpose(0, 1).contiguous().to(torch.bfloat16)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
         self.group, self.n, self.bias = group, N, bias
+        self.q8, self.s8 = quantize_int8(self.dense) if a8 else (None, None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N]."""
-        if x.numel() > KERNEL_ROWS * x.shape[-1]:
-            return F.linear(x, self.dense, self.bias)
-        y = self.kernel(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.n)
+        rows = x.numel() // x.shape[-1]
+        if rows > KERNEL_ROWS:
+            if self.q8 is None or rows < A8_ROWS:
+                return F.linear(x, self.dense, self.bias)
+            y = int8_product(x.reshape(rows, -1), self.q8, self.s8)
+        else:
+            y = self.kernel(x.reshape(rows, -1))
+        y = y.reshape(*x.shape[:-1], self.n)
         return y if self.bias is None else y + self.bias
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
