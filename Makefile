@@ -60,7 +60,8 @@ distill: setup
 # minutes): the draft's head cut to K tokens (c and acceptance against K, 48 new tokens, one timed article); at 128 new
 # tokens in bfloat16, the draft with its head cut to 32768 tokens, that draft's weights in int8 and int4
 # (--draft-quant; int4 at γ 5 and 6 too, and up to γ 6 and 8 stopping below confidence 0.4), the int4 draft with its
-# whole head at γ 5, its prefill in int8 by int8 or not (int4+a8; the two runs about 13 minutes), prompt lookup at γ 4, 6,
+# whole head at γ 5 (6 repeats: processes of 3 moved by more than their intervals) and with its prefill in int8 by int8
+# (int4+a8; the two runs about 20 minutes), prompt lookup at γ 4, 6,
 # 8, 10 and 12, and prompt lookup's match followed by that draft
 # (lookup-model; with the int4 draft too); the draft in float32 with our loop and with transformers' assisted
 # generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of
@@ -82,8 +83,10 @@ pair: setup
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --draft-vocab 32768 --draft-quant int4 \
 		--gamma 6,8 --draft-confidence 0.4 \
 		--out '$(PAIR_RUNS)/qwen-model-k32768-{draft_quant}-g{gamma}-conf0.4-bfloat16-128.json'
-	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --draft-quant int4,int4+a8 --gamma 5 \
-		--out '$(PAIR_RUNS)/qwen-model-kall-{draft_quant}-g5-bfloat16-128.json'
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --draft-quant int4 --gamma 5 --repeats 6 \
+		--out $(PAIR_RUNS)/qwen-model-kall-int4-g5-bfloat16-128.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --draft-quant int4+a8 --gamma 5 \
+		--out $(PAIR_RUNS)/qwen-model-kall-int4+a8-g5-bfloat16-128.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup \
 		--out $(PAIR_RUNS)/qwen-lookup-g4-bfloat16-128.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter prompt-lookup --gamma 6,8,10,12 \

@@ -231,16 +231,24 @@ def latency(rows, title: str, path) -> Path | None:
     by_b = _best_slice(rows, "B")
     by_v = _best_slice(rows[rows["B"] == rows["B"].min()], "V")
     for ax, (sl, desc), x in ((a1, by_b, "B"), (a2, by_v, "V")):
-        for impl, g in sl.groupby("impl", sort=True):
+        # one line per implementation and device: files from several GPUs measure the same shapes, and one line
+        # through both would zigzag between them
+        device = sl["device_name"].astype(str) if "device_name" in sl else sl["impl"].map(lambda _: "")
+        devices = sorted(device.unique())
+        for (impl, on), g in sl.assign(_device=device).groupby(["impl", "_device"], sort=True):
             g = g.sort_values(x)
             colour, marker = style(impl)
             ref = "(torch)" in impl and "(cupy)" in " ".join(rows["impl"].unique())  # the reference beside kernels
-            ax.plot(g[x], g["median_s"] * 1e6, marker=marker, color=colour, label=impl, linewidth=1,
-                    linestyle="--" if ref else "-", markerfacecolor="none" if ref else colour)
-        floor = sl[sl["floor_s"].notna() & (sl["sampler"] == "exact")].sort_values(x) if "floor_s" in sl else sl[:0]
-        if not floor.empty:
-            ax.plot(floor[x], floor["floor_s"] * 1e6, color="black", linestyle="--", linewidth=1.2,
-                    label="floor (exact: launch or bytes / bandwidth)")
+            ax.plot(g[x], g["median_s"] * 1e6, marker=marker, color=colour, linewidth=1,
+                    label=f"{impl} ({on})" if len(devices) > 1 else impl,
+                    linestyle="--" if ref else ("-", ":", "-.")[devices.index(on) % 3],
+                    markerfacecolor="none" if ref else colour)
+        floors = sl[sl["floor_s"].notna() & (sl["sampler"] == "exact")] if "floor_s" in sl else sl[:0]
+        for on, floor in floors.assign(_device=device[floors.index]).groupby("_device", sort=True):
+            floor = floor.sort_values(x)
+            ax.plot(floor[x], floor["floor_s"] * 1e6, color="black", linewidth=1.2,
+                    linestyle=("--", ":", "-.")[devices.index(on) % 3],
+                    label="floor (exact: launch or bytes / bandwidth)" + (f", {on}" if len(devices) > 1 else ""))
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set(xlabel="batch size B" if x == "B" else "vocabulary size V", ylabel="median µs per verify call",

@@ -639,3 +639,28 @@ def test_a_pair_without_a_sigmoid_run_has_no_sigmoid_section(tmp_path, capsys):
     assert main(["report", "--runs", str(runs), "--tune", str(tmp_path / "none"), "--out", str(tmp_path / "r")]) == 0
     md = (tmp_path / "r" / "report.md").read_text()
     assert "Acceptance against theory" in md and "Sigmoid: alpha/beta landscape" not in md
+
+
+def test_latency_figure_draws_a_line_per_implementation_and_gpu(tmp_path, monkeypatch):
+    """Kernel files from two GPUs measure the same shapes: the B and V panels draw each implementation once per GPU
+    (a line through both would zigzag between them), named by its GPU; with one GPU the names stay plain."""
+    from analysis import figures
+    from analysis.tables import load_latency
+
+    drawn = {}
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.setdefault(Path(path).name, fig) and path)
+    for name, gpu in (("h100", "NVIDIA H100 80GB HBM3"), ("h200", "NVIDIA H200")):
+        kernel_results(tmp_path / "two" / f"{name}.json", gpu)
+    kernel_results(tmp_path / "one" / "h100.json")
+    for folder in ("two", "one"):
+        figures.latency(load_latency(tmp_path / folder, "kernels"), "kernels", tmp_path / f"{folder}.png")
+    def labels(fig) -> list[str]:
+        return [line.get_label() for line in fig.axes[0].get_lines() if not line.get_label().startswith("floor")]
+
+    by_b = labels(drawn["two.png"])
+    one = labels(drawn["one.png"])
+    assert "exact (cupy)" in one and "flashinfer+softmax" in one and not any("NVIDIA" in name for name in one), one
+    assert sorted(by_b) == sorted(f"{impl} ({gpu})" for impl in one
+                                  for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")), by_b
+    for line in drawn["two.png"].axes[0].get_lines():
+        assert len(set(line.get_xdata())) == len(line.get_xdata())          # each B once on a line
