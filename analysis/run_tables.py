@@ -234,7 +234,7 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
              ("draft in int4, head cut to 32768 tokens, γ 4", "qwen-model-k32768-int4-g4-bfloat16-128"),
              ("draft in int4, head cut to 32768 tokens, γ 5", "qwen-model-k32768-int4-g5-bfloat16-128"),
              ("draft in int4, head cut to 32768 tokens, γ 6", "qwen-model-k32768-int4-g6-bfloat16-128"),
-             ("draft in int4, whole head, γ 5", "qwen-model-kall-int4-g5-bfloat16-128"),
+             ("draft in int4, whole head, γ 5 (6 repeats: a 97 % interval)", "qwen-model-kall-int4-g5-bfloat16-128"),
              ("draft in int4, whole head, its prefill int8 by int8 (int4+a8), γ 5",
               "qwen-model-kall-int4+a8-g5-bfloat16-128"),
              *((f"draft in int4, head cut to 32768 tokens, up to γ {g}, drafting stops below confidence 0.4 "
