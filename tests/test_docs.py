@@ -433,7 +433,11 @@ def test_the_qwen_engine_table_says_when_ours_against_hf_assisted_is_no_comparis
     marked = ["(not equal γ)" in r for r in rows]
     assert marked == [not json.loads((ROOT / p).read_text())["settings"]["equal_gamma"]
                       for p in bench_blocks.ENGINE_QWEN] and any(marked) and not all(marked)
-    assert rows[1].startswith("| prompt-lookup, γ 4 | 1 x 48 | bf16 |")
+    by_setting = dict(zip((r.split(" | ")[0] for r in rows), rows))
+    assert by_setting["| prompt-lookup, γ 4"].startswith("| prompt-lookup, γ 4 | 1 x 48 | bf16 |")
+    # the int4 draft's row says its options and its size (3 articles x 128 tokens)
+    int4 = by_setting["| draft model, γ 5, head cut to 32768 tokens, draft weights in int4"]
+    assert " | 3 x 128 | bf16 | " in int4 and "(not equal γ)" not in int4
 
 
 # ---------------------------------------------------------------------------------------------- GPU blocks
