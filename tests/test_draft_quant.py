@@ -1,4 +1,4 @@
-"""Weight-only quantised drafts (pipeline/decoding/static/quant.py, ``--draft-quant``).
+"""Quantised drafts (pipeline/decoding/static/quant.py, ``--draft-quant``; ``+a8``: the prefill int8 by int8).
 
 A quantised projection is the float product within its quantisation's error (relative error of the output on random
 normal weights: int8 per output row below 2 %, int4 in groups of 128 inputs below 15 %; measured about 0.8 % and
@@ -6,7 +6,9 @@ normal weights: int8 per output row below 2 %, int4 in groups of 128 inputs belo
 to bfloat16 rounding. Greedy decoding with a quantised draft emits the float32 target's own tokens (lossless), and the
 quantised draft still proposes what the target would: a draft that is the target's copy keeps an acceptance rate
 above 0.5 (int8) and 0.15 (int4) where a wrong quantisation would fall to about 1 / V (measured: 0.86 and 0.27;
-unquantised 0.81). Bad settings are one-line errors with exit code 2.
+unquantised 0.81). With +a8 a projection over A8_ROWS rows or more is the int8-by-int8 product (within int8's error
+on input and weight), and greedy decoding through it stays the target's. Bad settings are one-line errors with exit
+code 2.
 """
 
 from __future__ import annotations

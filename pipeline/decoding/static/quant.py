@@ -28,11 +28,13 @@ projections. Measured per shape, rows and thread count by ``python -m pipeline.b
 
 With ``+a8`` (``int8+a8``, ``int4+a8``) a projection over A8_ROWS rows or more (a prompt's prefill) multiplies
 int8 by int8 instead: its input is quantised per row (a scale t_m = max_k |x[m, k]| / 127, p = round(x / t)), and
-torch._int_mm, which on this project's CPU runs AVX-512 VNNI at twice bfloat16's peak, computes p @ q8.T in int32;
-y = that * t_m * s8_n in x's dtype, with q8, s8 the weight's int8 copy (int8: q and s themselves; int4: the
-dequantised weight quantised again, per output row). A prefill is bound by arithmetic, not by memory, so this is
-where a draft's prefill gets cheaper (about 1.5x for the Qwen2.5-Coder 0.5B's projections over 440 rows); the
-draft's prompt states carry the activations' rounding too, which can only lower acceptance.
+torch._int_mm computes p @ q8.T in int32 (with AVX-512 VNNI a CPU does twice as many int8 multiply-adds per
+instruction as bfloat16 ones); y = that * t_m * s8_n in x's dtype, with q8, s8 the weight's int8 copy (int8: q and s
+themselves; int4: the dequantised weight quantised again, per output row). A prefill is bound by arithmetic, not by
+memory, so this is where a draft's prefill gets cheaper (per shape and rows: ``python -m
+pipeline.benchmarks.quant_linear --rows 64,128,440``, docs/benchmarks.md); the draft's prompt states carry the
+activations' rounding too, which can only lower acceptance (on the Qwen2.5-Coder pair enough to cancel the saving:
+docs/results.md).
 
 Only the static forward of the Llama family (llama.py) takes quantised projections; the kernels run on a CPU
 (:func:`check_supported` refuses the rest in one line).
