@@ -253,3 +253,16 @@ def test_a_draft_without_a_quantised_forward_is_refused_in_one_line(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert "quantises the static forward of a Llama, Mistral or Qwen2 draft; this draft is a GPT2LMHeadModel" in err
     assert len(err.splitlines()) == 1
+
+
+def test_the_search_space_prunes_int4_a8_outside_bfloat16_and_keeps_int8_a8():
+    import optuna
+
+    from pipeline.tuning.space import SearchSpace
+
+    space = SearchSpace(samplers=("exact",), dtypes=("float32", "bfloat16"), quants=("int8+a8", "int4+a8")).check()
+    fixed = {"gamma": 2, "sampler": "exact"}
+    with pytest.raises(optuna.TrialPruned, match="int4\\+a8 runs in bfloat16"):
+        space.suggest(optuna.trial.FixedTrial({**fixed, "dtype": "float32", "draft_quant": "int4+a8"}))
+    assert space.suggest(optuna.trial.FixedTrial({**fixed, "dtype": "float32",
+                                                  "draft_quant": "int8+a8"}))["draft_quant"] == "int8+a8"
