@@ -12,19 +12,10 @@ import sys
 
 from pipeline import __version__
 from pipeline.env_info import bounded_omp_wait
-from pipeline.errors import SpecsweepError
+from pipeline.errors import OneLineParser, SpecsweepError
 
 # name -> module in pipeline.commands, in the order --help lists them
 SUBCOMMANDS = ("run", "fetch", "bench", "tune", "report", "toy", "show", "serve", "export", "distill", "speak")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse's parser with the house's error for a bad flag: one line on stderr, exit 2. (argparse prints its
-    whole usage block first, which buries the line that says what is wrong.) Subcommands' parsers are of this
-    class too: add_subparsers makes them of the parent's type."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the flags and their forms)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

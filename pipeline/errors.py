@@ -1,4 +1,6 @@
-"""Errors a user can fix. The CLI prints them as one line and exits with code 2."""
+"""Errors a user can fix. The CLI prints them as one line and exits with code 2, as its parsers do for a bad flag."""
+
+import argparse
 
 
 class SpecsweepError(Exception):
@@ -15,3 +17,13 @@ class NonFiniteLogitsError(SpecsweepError, FloatingPointError):
 
 class BackendUnavailableError(SpecsweepError, RuntimeError):
     """A sampler backend was asked for on a machine that cannot run it (e.g. CUDA kernels without a GPU)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser with the house's error for a bad flag: one line on stderr, exit 2. (argparse prints its
+    whole usage block first, which buries the line that says what is wrong.) Subcommands' parsers are of this
+    class too (add_subparsers makes them of the parent's type); so are the benchmark scripts' (python -m
+    pipeline.benchmarks.*)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the flags and their forms)\n")

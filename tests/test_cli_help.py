@@ -120,3 +120,19 @@ def test_a_bad_flag_is_one_line_and_exit_2(argv, says, capsys):
     assert exit_.value.code == 2
     assert err.count("\n") == 1 and "usage:" not in err, err
     assert says in err and "--help` lists the flags" in err, err
+
+
+@pytest.mark.parametrize("script", ["forward", "omp_wait", "processes", "proposers", "quant_linear"])
+def test_a_benchmark_scripts_bad_flag_is_one_line_and_exit_2(script, capsys):
+    """The benchmark scripts (python -m pipeline.benchmarks.<name>) parse with the same one-line error."""
+    import importlib
+
+    main = importlib.import_module(f"pipeline.benchmarks.{script}").main
+    required = ["--target", "t", "--draft", "d", "--data", "x"] if script == "processes" else []
+    with pytest.raises(SystemExit) as exit_:
+        main([*required, "--no-such-flag"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "usage:" not in err, err
+    assert "unrecognized arguments: --no-such-flag" in err, err
+    assert err.startswith(f"python -m pipeline.benchmarks.{script}: error:")
+    assert f"`python -m pipeline.benchmarks.{script} --help` lists the flags" in err, err

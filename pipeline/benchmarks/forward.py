@@ -34,7 +34,6 @@ Batch 1, torch's threads as set (1 by default here, as `specsweep run` uses on 2
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -47,6 +46,7 @@ from pipeline.benchmarks.timing import format_table, time_calls
 from pipeline.decoding.cache import CachedModel, model_kind
 from pipeline.dtypes import DTYPES, torch_dtype
 from pipeline.env_info import provenance
+from pipeline.errors import OneLineParser
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
 
@@ -263,7 +263,7 @@ def print_table(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m pipeline.benchmarks.forward", description=__doc__.splitlines()[0])
     p.add_argument("--model", help="a local model: a save_pretrained folder, a .gguf file, or a folder with only "
                                    "a config.json (random weights); without it, a small random GPT-2")
     p.add_argument("--layers", type=int, default=2)

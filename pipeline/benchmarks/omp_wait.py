@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from pipeline.benchmarks.timing import format_table
 from pipeline.config import DRAFT_QUANTS
 from pipeline.env_info import cpu_burners, provenance, usable_cores
-from pipeline.errors import SpecsweepError
+from pipeline.errors import OneLineParser, SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
 
@@ -187,7 +187,7 @@ def _print(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m pipeline.benchmarks.omp_wait", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="kernels/shapes/qwen2.5-coder-0.5b-shape")
     p.add_argument("--quant", default="int4", choices=DRAFT_QUANTS)
     p.add_argument("--dtype", default="bfloat16")

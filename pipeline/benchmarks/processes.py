@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline.benchmarks.timing import format_table
 from pipeline.env_info import provenance
-from pipeline.errors import SpecsweepError
+from pipeline.errors import OneLineParser, SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
 
@@ -78,7 +78,7 @@ def run_setting(args: argparse.Namespace, processes: int, threads: int, out: Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m pipeline.benchmarks.processes", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="target model")
     p.add_argument("--draft", required=True, help="draft model")
     p.add_argument("--data", required=True, help="JSONL of the task's records")

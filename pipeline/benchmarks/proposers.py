@@ -32,7 +32,6 @@ decoding runs with its request tree alone, and with an output cache that holds t
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -48,6 +47,7 @@ from pipeline.benchmarks.timing import format_table
 from pipeline.decoding.drafters.ngram import NgramIndex, Proposer
 from pipeline.decoding.drafters.suffix_tree import OutputCache, SuffixDecoder
 from pipeline.env_info import LoadProbe, provenance
+from pipeline.errors import OneLineParser
 from pipeline.io import write_json_atomic
 from pipeline.measure import MAX_CPU_WAIT, median_ci
 from pipeline.tasks.cnn_dailymail import SUMMARY_CUE
@@ -266,7 +266,7 @@ def print_tables(cost: list[dict], memory: list[dict], proxy: list[dict]) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m pipeline.benchmarks.proposers", description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=default_data())
     p.add_argument("--windows", type=int, default=4, help="contexts per length")
     p.add_argument("--steps", type=int, default=64, help="steps per context")

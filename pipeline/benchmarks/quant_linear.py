@@ -20,7 +20,6 @@ the settings, the machine's load before and after and the provenance to ``--out`
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from pipeline.benchmarks.timing import format_table, time_calls
 from pipeline.decoding.static.quant import Int4Linear, Int8Linear, int8_product
 from pipeline.env_info import provenance
+from pipeline.errors import OneLineParser
 from pipeline.io import write_json_atomic
 from pipeline.measure import median_ci
 
@@ -120,7 +120,7 @@ def _print(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m pipeline.benchmarks.quant_linear", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="N x K, comma-separated")
     p.add_argument("--rows", default="1,2,3,4,5,16", help="rows M per call, comma-separated")
     p.add_argument("--threads", type=int, default=2)
