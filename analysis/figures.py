@@ -233,7 +233,7 @@ def latency(rows, title: str, path) -> Path | None:
     for ax, (sl, desc), x in ((a1, by_b, "B"), (a2, by_v, "V")):
         # one line per implementation and device: files from several GPUs measure the same shapes, and one line
         # through both would zigzag between them
-        device = sl["device_name"].astype(str) if "device_name" in sl else sl["impl"].map(lambda _: "")
+        device = sl["device_name"].astype(str)          # every timing row names its device (analysis/tables.py)
         devices = sorted(device.unique())
         for (impl, on), g in sl.assign(_device=device).groupby(["impl", "_device"], sort=True):
             g = g.sort_values(x)

@@ -136,46 +136,61 @@ def int8_product(x: torch.Tensor, q8: torch.Tensor, s8: torch.Tensor) -> torch.T
     return torch._int_mm(p, q8.t()).to(x.dtype).mul_(s8).mul_(t.to(x.dtype))
 
 
-class Int8Linear:
-    """A projection with an int8 weight (see the module docstring).
+class QuantLinear:
+    """What a quantised projection does with a forward's rows (the module docstring says why): up to KERNEL_ROWS,
+    its weight-only kernel; from A8_ROWS on, with an int8 copy (``+a8``), the int8-by-int8 product; otherwise
+    F.linear over the dequantised weight. A subclass sets the attributes below and defines ``kernel``.
 
-    q       int8 [N, K];  scales [N] (the model's dtype);  bias [N] or None
-    dense   the dequantised weight q * scales [N, K] (the model's dtype), for forwards over more than KERNEL_ROWS rows
-    a8      whether forwards over A8_ROWS rows or more multiply int8 by int8 (q and scales themselves)
+    n        the output rows N;  bias [N] or None
+    dense    the dequantised weight [N, K] (the model's dtype)
+    q8, s8   int8 [N, K] and [N] (the model's dtype), W ≈ q8 * s8[:, None], with +a8; else None
+    """
+
+    n: int
+    bias: torch.Tensor | None
+    dense: torch.Tensor
+    q8: torch.Tensor | None = None
+    s8: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] -> [..., N]."""
+        rows = x.numel() // x.shape[-1]
+        if rows > KERNEL_ROWS and (self.q8 is None or rows < A8_ROWS):
+            return F.linear(x, self.dense, self.bias)
+        flat = x.reshape(rows, -1)
+        y = self.kernel(flat) if rows <= KERNEL_ROWS else int8_product(flat, self.q8, self.s8)
+        y = y.reshape(*x.shape[:-1], self.n)
+        return y if self.bias is None else y + self.bias
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The weight-only kernel alone, whatever the rows: x [M, K] -> x @ W.T [M, N], no bias."""
+        raise NotImplementedError
+
+
+class Int8Linear(QuantLinear):
+    """A projection with an int8 weight (see the module docstring and QuantLinear).
+
+    q       int8 [N, K];  scales [N] (the model's dtype): with +a8 they are q8 and s8 themselves
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, a8: bool = False) -> None:
         self.q, self.scales = quantize_int8(weight)
         self.dense = self.q.to(weight.dtype) * self.scales[:, None]
-        self.bias, self.a8 = bias, a8
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] -> [..., N]."""
-        rows = x.numel() // x.shape[-1]
-        if rows > KERNEL_ROWS:
-            if not (self.a8 and rows >= A8_ROWS):
-                return F.linear(x, self.dense, self.bias)
-            y = int8_product(x.reshape(rows, -1), self.q, self.scales)
-        else:
-            y = self.kernel(x.reshape(rows, -1))
-        y = y.view(*x.shape[:-1], self.q.shape[0])
-        return y if self.bias is None else y + self.bias
+        self.n, self.bias = weight.shape[0], bias
+        if a8:
+            self.q8, self.s8 = self.q, self.scales
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The int8 kernel alone, whatever the rows: x [M, K] -> x @ (q * scales).T [M, N], no bias."""
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scales)
 
 
-class Int4Linear:
-    """A projection with a group-wise int4 weight (see the module docstring), bfloat16.
+class Int4Linear(QuantLinear):
+    """A projection with a group-wise int4 weight (see the module docstring and QuantLinear), bfloat16.
 
     packed           uint8: q in the kernel's layout for N' rows (N rounded up to INT4_ROWS; rows past N are zero)
     scales_and_zeros bfloat16 [K / GROUP, N', 2]: (s, z) with W ≈ (q - 8) * s + z
-    n                the real output rows N;  bias [N] or None
-    dense            the dequantised weight q * s + min [N, K] (the model's dtype), for forwards over more than
-                     KERNEL_ROWS rows
-    q8, s8           with ``a8``: dense quantised to int8 per output row (int8 [N, K], [N] in the model's dtype), for
-                     forwards over A8_ROWS rows or more; else None
+    dense            the dequantised weight q * s + min [N, K]; with +a8, q8 and s8 quantise it again per output row
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP, a8: bool = False) -> None:
@@ -192,19 +207,8 @@ class Int4Linear:
         self.scales_and_zeros = pair.transpose(0, 1).contiguous().to(torch.bfloat16)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
         self.group, self.n, self.bias = group, N, bias
-        self.q8, self.s8 = quantize_int8(self.dense) if a8 else (None, None)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] -> [..., N]."""
-        rows = x.numel() // x.shape[-1]
-        if rows > KERNEL_ROWS:
-            if self.q8 is None or rows < A8_ROWS:
-                return F.linear(x, self.dense, self.bias)
-            y = int8_product(x.reshape(rows, -1), self.q8, self.s8)
-        else:
-            y = self.kernel(x.reshape(rows, -1))
-        y = y.reshape(*x.shape[:-1], self.n)
-        return y if self.bias is None else y + self.bias
+        if a8:
+            self.q8, self.s8 = quantize_int8(self.dense)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The int4 kernel alone, whatever the rows: x [M, K] -> x @ W.T [M, N] (cut back from the padded N'), no
