@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test lint bench constraints real real-setup distill publish docs check-docs pair pair-spec-bench trees
+.PHONY: all setup test lint bench constraints real real-setup distill publish docs check-docs pair pair-spec-bench pair-spec-bench-categories trees
 
 # The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
@@ -121,6 +121,28 @@ pair-spec-bench: setup
 	$(BIN)/specsweep run $(PAIR_SB) --baseline $(PAIR_SB_RUNS)/qwen-ar-bfloat16.json --drafter lookup-model \
 		--draft qwen2.5-coder-0.5b-instruct --draft-vocab 32768 --draft-quant int4 --gamma 5 \
 		--out $(PAIR_SB_RUNS)/qwen-lookup-model-k32768-int4-g5-bfloat16.json
+
+# The same pair on every Spec-Bench category (Spec-Bench by category: its 13 categories, the first question of each,
+# MT-Bench's two turns each, 21 turns in all), greedy, bfloat16, 64 new tokens a turn: the target alone once (every
+# other run's reference), then the int4 draft with its whole head at γ 5 (the pair's tuned draft alone), prompt
+# lookup's match then that draft, and prompt lookup alone. Every run times each category's question
+# PAIR_SBC_REPEATS times each way, category by category (about 20 minutes a drafter here). Then `make publish
+# PROFILE=pair-spec-bench-categories` and `make docs`.
+PAIR_SBC_RUNS ?= results/pair/spec-bench-categories
+PAIR_SBC_REPEATS ?= 3
+PAIR_SBC = --task spec_bench --data $(SPECSWEEP_FIXTURES)/spec_bench/question.jsonl --chat-template --per-category 1 \
+	--temperature 0 --device cpu --threads 2 --dtype bfloat16 --max-new-tokens 64 --no-progress \
+	--repeats $(PAIR_SBC_REPEATS) --samples-per-repeat 1 --target qwen2.5-coder-1.5b-instruct
+
+pair-spec-bench-categories: setup
+	$(BIN)/specsweep run $(PAIR_SBC) --gamma 0 --out $(PAIR_SBC_RUNS)/qwen-ar-bfloat16.json
+	$(BIN)/specsweep run $(PAIR_SBC) --baseline $(PAIR_SBC_RUNS)/qwen-ar-bfloat16.json --draft qwen2.5-coder-0.5b-instruct \
+		--draft-quant int4 --gamma 5 --out $(PAIR_SBC_RUNS)/qwen-model-kall-int4-g5-bfloat16.json
+	$(BIN)/specsweep run $(PAIR_SBC) --baseline $(PAIR_SBC_RUNS)/qwen-ar-bfloat16.json --drafter lookup-model \
+		--draft qwen2.5-coder-0.5b-instruct --draft-quant int4 --gamma 5 \
+		--out $(PAIR_SBC_RUNS)/qwen-lookup-model-kall-int4-g5-bfloat16.json
+	$(BIN)/specsweep run $(PAIR_SBC) --baseline $(PAIR_SBC_RUNS)/qwen-ar-bfloat16.json --drafter prompt-lookup --gamma 4 \
+		--out $(PAIR_SBC_RUNS)/qwen-lookup-g4-bfloat16.json
 
 # docs/trees.md, "Tree drafts without a draft model": prompt lookup and suffix decoding on the toy text pair's target
 # (models/toy/text: `make`, or `specsweep toy data` and `specsweep toy train --task text --threads 1`), a `3,2,1` tree
