@@ -72,6 +72,9 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "gpu-lossless": gpu_blocks.gpu_lossless_bullet,
     "pair-provenance": run_tables.provenance("pair"),
     "pair-spec-bench-provenance": run_tables.provenance("pair-spec-bench"),
+    "pair-spec-bench-categories-provenance": run_tables.provenance("pair-spec-bench-categories"),
+    "pair-sigmoid-provenance": run_tables.provenance("pair-sigmoid"),
+    "pair-sigmoid-study": run_tables.sigmoid_study,
     "real-provenance": run_tables.provenance("real"),
     "toy-provenance": run_tables.provenance("default"),
     # tables of run results, from results/published/<profile>/ (analysis/run_tables.py)

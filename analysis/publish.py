@@ -11,7 +11,9 @@ figures the tables of README.md and docs/ read from them into one file, results/
     machine     {"cpu": model name, "cores", "gpus": [names]} of the machine that published it
     runs        {run: record}, run = the results file's path under the runs folder without ".json"
                 (e.g. "text-main-float32/text-exact-torch-g2-float32"); a record holds the run's settings
-                (RECORD_CONFIG), figures (RECORD_METRICS), numeric quality scores, its speed measurement's repeats,
+                (RECORD_CONFIG) and its acceptance rule's parameters (``params``, the values it ran with), figures
+                (RECORD_METRICS; a Spec-Bench run's per group and per category too, RECORD_CATEGORY), numeric
+                quality scores, its speed measurement's repeats,
                 interval coverage, flags and what idle OpenMP workers did (``omp_wait``,
                 pipeline/env_info.py), and where, when and at which commit it ran (``ran``)
 
@@ -38,6 +40,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.result import read_result
 from pipeline.results_table import device_label
+from pipeline.rules import RULES
 
 PROFILES = {"default": ("results/runs", "make", "the default profile (params.yaml: toy pairs, offline, CPU)"),
             "real": ("real/results/runs", "make real", "the real profile (params.real.yaml: pretrained models, "
@@ -46,7 +49,13 @@ PROFILES = {"default": ("results/runs", "make", "the default profile (params.yam
                                                         "(Makefile: pair)"),
             "pair-spec-bench": ("results/pair/spec-bench", "make pair-spec-bench",
                                 "the Qwen2.5-Coder 0.5B -> 1.5B pair on Spec-Bench's coding questions "
-                                "(Makefile: pair-spec-bench)")}
+                                "(Makefile: pair-spec-bench)"),
+            "pair-spec-bench-categories": ("results/pair/spec-bench-categories", "make pair-spec-bench-categories",
+                                           "the Qwen2.5-Coder 0.5B -> 1.5B pair on every Spec-Bench category "
+                                           "(Makefile: pair-spec-bench-categories)"),
+            "pair-sigmoid": ("results/pair/sigmoid/runs", "make pair-sigmoid",
+                             "the Qwen2.5-Coder 0.5B -> 1.5B pair at T = 1: exact, sigmoid (the registry's and a "
+                             "study's alpha and beta) and typical, and the study's trials (Makefile: pair-sigmoid)")}
 FOLDER = "results/published"
 RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_schedule",
                  "draft_confidence", "draft_tree", "draft_vocab", "draft_quant", "engine", "dtype", "temperature",
@@ -55,6 +64,11 @@ RECORD_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "decode_speedu
                   "decode_speedup_ci_high", "unpaired_speedup", "flagged", "acceptance_rate", "acceptance_rate_chars",
                   "iid_alpha", "mean_accepted_tokens", "cost_ratio", "verify_cost_ratio", "theoretical_speedup",
                   "predicted_speedup", "tokens_per_second", "new_tokens", "wall_time_s")
+RECORD_CATEGORY = ("questions", "samples", "timed_samples", "new_tokens", "mean_accepted_tokens", "acceptance_rate",
+                   "identical_outputs", "prefix_agreement", "speedup", "speedup_ci_low", "speedup_ci_high",
+                   "speedup_ci_coverage")
+"""A Spec-Bench run's figures per leaderboard group (``by_group``) and per category (``by_category``):
+pipeline/categories.py."""
 
 
 def summary_path(profile: str) -> str:
@@ -69,8 +83,13 @@ def record(result: dict) -> dict:
     agreement = result["metrics"].get("greedy_agreement") or {}
     # the run's tokens, sample by sample in id order: two runs emitted the same tokens when their digests match
     tokens = json.dumps([s.get("token_ids") for s in sorted(result.get("samples") or [], key=lambda s: str(s["id"]))])
-    return {"config": {k: result["config"].get(k) for k in RECORD_CONFIG},
-            "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS},
+    config = result["config"]
+    rule = RULES.get(config.get("sampler"))
+    per = {key: {name: {k: figures.get(k) for k in RECORD_CATEGORY} for name, figures in result["metrics"][key].items()}
+           for key in ("by_group", "by_category") if result["metrics"].get(key)}
+    params = rule.effective({k: config.get(k) for k in rule.param_names}, config.get("preset")) if rule else {}
+    return {"config": {k: config.get(k) for k in RECORD_CONFIG}, "params": params,
+            "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS}, **per,
             "greedy_agreement": {k: v for k, v in agreement.items() if k != "per_sample"} or None,
             "tokens_sha256": hashlib.sha256(tokens.encode()).hexdigest(),
             "quality": {k: v for k, v in (result.get("quality") or {}).items()

@@ -18,8 +18,9 @@ from pathlib import Path
 from pipeline.config import MODEL_DRAFTERS
 from pipeline.errors import SpecsweepError
 from pipeline.tasks import quality_metric
+from pipeline.tasks.spec_bench import GROUP_NAMES, GROUPS, MT_BENCH
 
-from .doc_sources import interval, num, percent, prose, read_source, table
+from .doc_sources import interval, num, percent, prose, read_source, signed, table
 from .publish import summary_path
 
 
@@ -165,6 +166,32 @@ def provenance(profile: str) -> Callable[[Path], str]:
     return render
 
 
+def sigmoid_study(root: Path) -> str:
+    """The table of `make pair-sigmoid`'s study: a row per trial (its α and β, paired speedup, ROUGE-L and ROUGE-L
+    against the target alone's), the trial the tuned run took marked."""
+    profile = "pair-sigmoid"
+    runs = read_source(root, summary_path(profile), f"make publish PROFILE={profile}")["runs"]
+    missing = [run for run in ("qwen-ar-t1-bfloat16", "qwen-sigmoid-tuned-g4-t1-bfloat16") if run not in runs]
+    trials = sorted(name for name in runs if name.startswith("study/trials/"))
+    if missing or not trials:
+        raise SpecsweepError(f"{summary_path(profile)} holds no {', '.join(missing) or 'study trials'}: run `make "
+                             "pair-sigmoid`, then publish it again")
+    key = quality_metric("cnn_dailymail").key
+    reference = runs["qwen-ar-t1-bfloat16"]["quality"][key]
+    chosen = runs["qwen-sigmoid-tuned-g4-t1-bfloat16"]["params"]
+    body = []
+    for name in trials:
+        r = runs[name]
+        body.append([str(int(name.rsplit("/", 1)[1])), rule_params(r), speedup(r), num(r["quality"][key], 3),
+                     signed((r["quality"][key] / reference - 1) * 100, 1) + " %",
+                     "chosen" if r["params"] == chosen else ""])
+    if not any(row[-1] for row in body):
+        raise SpecsweepError(f"{summary_path(profile)}: no trial has the tuned run's parameters {chosen}: publish the "
+                             "study and the runs of one `make pair-sigmoid`")
+    return table(["trial", "parameters", "paired speedup", "ROUGE-L", "ROUGE-L against the target alone's",
+                  "the tuned run's"], body)
+
+
 def _omp_wait(records) -> str:
     """" Idle OpenMP workers: GOMP_SPINCOUNT=10000." (with each setting's run count where runs differ), from the
     records that say (docs/measurement.md: the policy moves a small draft's cost); "" where none does."""
@@ -209,6 +236,31 @@ def prefix_share(r: dict) -> str:
     return "" if not a else percent(a["shared_prefix_share"])
 
 
+def by(key: str, name: str) -> Callable[[dict], str]:
+    """A Spec-Bench run's figures for one leaderboard group (``key`` "by_group") or one category ("by_category"):
+    the paired speedup with its interval, then tokens per step: "2.13 [1.90, 2.40], 3.1"."""
+    def cell(r: dict) -> str:
+        f = (r.get(key) or {}).get(name)
+        if not f or f.get("speedup") is None:
+            raise SpecsweepError(f"a published Spec-Bench run has no timed {name!r} in {key}: run it on every "
+                                 "category (make pair-spec-bench-categories) and publish it again")
+        return (f"{interval(f['speedup'], f['speedup_ci_low'], f['speedup_ci_high'])}, "
+                f"{num(f['mean_accepted_tokens'], 1)}")
+    return cell
+
+
+def rule_params(r: dict) -> str:
+    """The acceptance rule's parameters as it ran: "α 1.00, β −20.0" (blank for a rule without any)."""
+    names = {"alpha": ("α", 2), "beta": ("β", 1), "epsilon": ("ε", 2), "delta": ("δ", 2)}
+    return ", ".join(f"{names.get(k, (k, 2))[0]} {signed_num(v, names.get(k, (k, 2))[1])}"
+                     for k, v in (r.get("params") or {}).items())
+
+
+def signed_num(value: float, digits: int) -> str:
+    """``value`` with the minus sign the pages use."""
+    return num(value, digits).replace("-", "−")
+
+
 REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair None: no target alone to compare
     ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "qwen-model-bfloat16/qwen-model-bfloat16-exact-torch-g3",
      "qwen"),
@@ -246,6 +298,15 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
               "qwen-lookup-model-k32768-int4-g4-bfloat16-128"),
              ("draft, γ 4, our loop", "qwen-model-g4-float32-24"),
              ("draft, γ 4, transformers' assisted generation", "qwen-model-g4-float32-24-hf"))
+
+PAIR_SBC_RUNS = (("the int4 draft (whole head), γ 5", "qwen-model-kall-int4-g5-bfloat16"),
+                 ("prompt lookup's match, then the int4 draft, γ 5", "qwen-lookup-model-kall-int4-g5-bfloat16"),
+                 ("prompt lookup, γ 4", "qwen-lookup-g4-bfloat16"))
+PAIR_SIGMOID_RUNS = (("target alone", "qwen-ar-t1-bfloat16"), ("exact", "qwen-exact-g4-t1-bfloat16"),
+                     ("sigmoid, the registry's α and β", "qwen-sigmoid-g4-t1-bfloat16"),
+                     ("sigmoid, the study's α and β", "qwen-sigmoid-tuned-g4-t1-bfloat16"),
+                     ("typical", "qwen-typical-g4-t1-bfloat16"))
+SPEED_COLUMNS = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "c")
 
 TABLES = (
     # README.md, "Toy pairs": paired speedups of the main grid
@@ -315,6 +376,25 @@ TABLES = (
                  ("acceptance", metric("acceptance_rate")), ("tokens/step", metric("mean_accepted_tokens")),
                  ("c", metric("cost_ratio")), ("r", metric("verify_cost_ratio")), ("paired speedup", speedup),
                  ("identical to the target alone", agreement)))),
+    # README.md and docs/results.md: the pair on every Spec-Bench category (make pair-spec-bench-categories), the
+    # leaderboard's groups, then MT-Bench's categories
+    RunTable("pair-spec-bench-groups", "pair-spec-bench-categories", "drafter",
+             tuple(Row(label, {"run": run}) for label, run in PAIR_SBC_RUNS),
+             (*(Column(GROUP_NAMES[g], "{run}", by("by_group", g)) for g in (*GROUPS, "overall")),
+              Column("turns identical to the target alone", "{run}", agreement))),
+    RunTable("pair-spec-bench-mt-bench", "pair-spec-bench-categories", "drafter",
+             tuple(Row(label, {"run": run}) for label, run in PAIR_SBC_RUNS),
+             tuple(Column(c, "{run}", by("by_category", c)) for c in MT_BENCH)),
+    # README.md and docs/results.md, "The paper's table on the pair": the rules at T = 1, sigmoid's α and β from the
+    # registry and from a study (make pair-sigmoid)
+    RunTable("pair-sigmoid", "pair-sigmoid", "rule, T = 1, γ 4",
+             tuple(Row(label, {"run": run}, empty=SPEED_COLUMNS if run.startswith("qwen-ar") else ())
+                   for label, run in PAIR_SIGMOID_RUNS),
+             (Column("parameters", "{run}", rule_params), Column("ROUGE-L", "{run}", lambda r: quality_text(r, 3)),
+              Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
+              Column("acceptance", "{run}", metric("acceptance_rate")),
+              Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
+              Column("c", "{run}", metric("cost_ratio")))),
     # docs/results.md, "The paper's table on a real pair": the rules at T = 1 (make real)
     RunTable("results-real-sampling", "real", "rule, T = 1, γ 4",
              tuple(Row(rule, {"run": f"qwen-sampling-bfloat16/qwen-sampling-bfloat16-{rule}-torch-g4"})

@@ -160,8 +160,9 @@ def test_publish_writes_one_small_summary_with_what_it_is_the_machine_the_date_a
     record = summary["runs"]["text-main-float32/text-exact-torch-g2-float32"]
     assert record["metrics"]["speedup"] == pytest.approx(1.02) and record["measurement"]["coverage"] == 0.97
     assert record["quality"] == {"rouge1": 1.0, "rouge2": 0.5, "rougeL": 1.0, "rougeLsum": 1.0}
-    assert all(set(r) == {"config", "metrics", "greedy_agreement", "tokens_sha256", "quality", "measurement", "ran"}
-               for r in summary["runs"].values())
+    assert all(set(r) == {"config", "params", "metrics", "greedy_agreement", "tokens_sha256", "quality", "measurement",
+                          "ran"} for r in summary["runs"].values())
+    assert record["params"] == {}       # exact has no parameters (a sigmoid run's: the sigmoid table's test)
 
 
 def test_a_checkout_is_dirty_for_publishing_only_when_files_outside_the_published_folder_changed(tmp_path):
@@ -365,6 +366,85 @@ def test_the_real_tables_are_rendered_and_a_run_the_summary_lacks_is_a_one_line_
     capsys.readouterr()
     err = one_line_error(capsys, ["--root", str(tmp_path)])
     assert "holds no run 'qwen-sampling-bfloat16/qwen-sampling-bfloat16-typical-torch-g4'" in err
+
+
+def spec_bench_result(speedups: dict[str, float], drafter: str | None = None) -> dict:
+    """A Spec-Bench results file with per-category and per-group figures (pipeline/categories.py)."""
+    from pipeline.tasks.spec_bench import GROUPS
+
+    result = run_result("spec_bench", 5, 2.0, drafter=drafter)
+
+    def figures(x: float) -> dict:
+        return {"questions": 1, "samples": 1, "timed_samples": 1, "new_tokens": 64, "mean_accepted_tokens": x + 1,
+                "acceptance_rate": 0.5, "identical_outputs": 1.0, "prefix_agreement": 1.0, "speedup": x,
+                "speedup_ci_low": x - 0.1, "speedup_ci_high": x + 0.2, "speedup_ci_coverage": 0.75}
+
+    result["metrics"]["by_category"] = {c: figures(x) for c, x in speedups.items()}
+    result["metrics"]["by_group"] = {g: figures(speedups[cats[0]]) for g, cats in GROUPS.items()
+                                     if cats[0] in speedups}
+    result["metrics"]["by_group"]["overall"] = figures(2.0)
+    result["metrics"]["greedy_agreement"] = {"samples": 21, "identical": 20, "shared_prefix_share": 0.99}
+    return result
+
+
+def test_the_spec_bench_category_tables_read_each_runs_groups_and_a_missing_one_is_a_one_line_error(tmp_path):
+    from pipeline.tasks.spec_bench import CATEGORIES
+
+    speedups = {c: 1.0 + i / 10 for i, c in enumerate(CATEGORIES)}
+    folder = tmp_path / "results/pair/spec-bench-categories"
+    runs = {run: spec_bench_result(speedups, drafter=None if "model" in run else "prompt-lookup")
+            for _, run in run_tables.PAIR_SBC_RUNS}
+    runs["qwen-ar-bfloat16"] = run_result("spec_bench", 0, 1.0)
+    write_runs(folder, runs)
+    assert publish.main(["--profile", "pair-spec-bench-categories", "--root", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "results/published/pair-spec-bench-categories/summary.json").read_text())
+    assert set(summary["runs"]["qwen-lookup-g4-bfloat16"]["by_category"]) == set(CATEGORIES)
+    assert "by_group" not in summary["runs"]["qwen-ar-bfloat16"]
+    groups = table(tmp_path, "pair-spec-bench-groups")
+    assert groups[0][1:] == ["Multi-turn Conversation", "Translation", "Summarization", "Question Answering",
+                             "Mathematical Reasoning", "Retrieval-aug. Generation", "Overall",
+                             "turns identical to the target alone"]
+    # MT-Bench's group cell is the first category's figures here; translation is the 9th category (1.8)
+    assert groups[1][1:3] == ["1.00 [0.90, 1.20], 2.0", "1.80 [1.70, 2.00], 2.8"] and groups[1][-1] == "20 of 21"
+    mt = table(tmp_path, "pair-spec-bench-mt-bench")
+    assert mt[0][1:] == list(CATEGORIES[:8]) and mt[2][5] == "1.40 [1.30, 1.60], 2.4"     # coding
+    del runs["qwen-lookup-g4-bfloat16"]["metrics"]["by_category"]["coding"]
+    write_runs(folder, runs)
+    assert publish.main(["--profile", "pair-spec-bench-categories", "--root", str(tmp_path)]) == 0
+    with pytest.raises(SpecsweepError, match="no timed 'coding' in by_category") as e:
+        run_tables.TABLES[[t.name for t in TABLES].index("pair-spec-bench-mt-bench")].render(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_the_sigmoid_table_shows_each_rules_parameters_and_the_study_marks_the_trial_the_tuned_run_took(tmp_path):
+    def rule_run(sampler: str, speedup: float, quality: float, **params) -> dict:
+        result = run_result("cnn_dailymail", 4, speedup, quality=quality)
+        result["config"].update({"sampler": sampler, "temperature": 1.0, **params})
+        return result
+
+    runs = {"qwen-ar-t1-bfloat16": run_result("cnn_dailymail", 0, 1.0, quality=0.20),
+            "qwen-exact-g4-t1-bfloat16": rule_run("exact", 1.3, 0.21),
+            "qwen-sigmoid-g4-t1-bfloat16": rule_run("sigmoid", 1.4, 0.19),
+            "qwen-sigmoid-tuned-g4-t1-bfloat16": rule_run("sigmoid", 1.5, 0.195, alpha=2.5, beta=-7.25),
+            "qwen-typical-g4-t1-bfloat16": rule_run("typical", 1.6, 0.18),
+            "study/trials/00000": rule_run("sigmoid", 1.1, 0.21, alpha=0.5, beta=-25.0),
+            "study/trials/00001": rule_run("sigmoid", 1.55, 0.19, alpha=2.5, beta=-7.25)}
+    write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
+    assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
+    rows = table(tmp_path, "pair-sigmoid")
+    assert [r[0] for r in rows[1:]] == [label for label, _ in run_tables.PAIR_SIGMOID_RUNS]
+    assert rows[1][1:4] == ["", "0.200", ""]                        # the target alone: its ROUGE-L only
+    assert rows[3][1] == "α 1.00, β −20.0" and rows[4][1] == "α 2.50, β −7.2" and rows[5][1] == "ε 0.09, δ 0.30"
+    assert rows[2][1] == "" and rows[4][3] == "1.50 [1.45, 1.60]"
+    study = [line.split("|")[1:-1] for line in run_tables.sigmoid_study(tmp_path).splitlines()]
+    study = [[c.strip() for c in row] for row in study]
+    assert [r[0] for r in study[2:]] == ["0", "1"] and [r[-1] for r in study[2:]] == ["", "chosen"]
+    assert study[2][4] == "+5.0 %" and study[3][4] == "−5.0 %"
+    runs["qwen-sigmoid-tuned-g4-t1-bfloat16"]["config"]["beta"] = -8.0       # a tuned run from another study
+    write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
+    assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
+    with pytest.raises(SpecsweepError, match="no trial has the tuned run's parameters"):
+        run_tables.sigmoid_study(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------- docs/trees.md

@@ -203,6 +203,26 @@ def test_the_cli_exports_from_a_study_folder_and_reports_bad_input_in_one_line(t
         assert err.startswith("specsweep export: error:") and "\n" not in err
 
 
+def test_the_cli_exports_one_rules_choice_from_a_study_and_refuses_it_elsewhere(tmp_path, capsys):
+    study = tmp_path / "study" / "trials"
+    fake_result(study / "00000.json", gamma=4, ratios=_speedup(2.0))
+    fake_result(study / "00001.json", gamma=4, ratios=_speedup(1.2), sampler="sigmoid", rouge=0.49,
+                params={"alpha": 2.0, "beta": -10.0})
+    out = tmp_path / "s.json"
+    args = ["export", "--from", str(tmp_path / "study"), "--format", "json", "--out", str(out)]
+    assert main([*args, "--sampler", "sigmoid", "--max-quality-loss", "0.05"]) == 0
+    settings = json.loads(out.read_text())["entries"][0]["settings"]
+    assert settings["sampler"] == "sigmoid" and settings["params"] == {"alpha": 2.0, "beta": -10.0}
+    assert main(args) == 0 and json.loads(out.read_text())["entries"][0]["settings"]["sampler"] == "exact"
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps(build_schedule([(Cell(1), tmp_path / "study")], study="s")))
+    for bad in ([*args, "--sampler", "sigmoid"],                       # 2 % loss: over the default 1 %
+                ["export", "--from", str(schedule), "--format", "json", "--out", str(out), "--sampler", "sigmoid"]):
+        assert main(bad) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("specsweep export: error:") and "\n" not in err and "sigmoid" in err
+
+
 def test_the_report_recommendation_exports_its_lossless_choice(tmp_path):
     import pandas as pd
 

@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,8 @@ from pipeline.errors import SpecsweepError
 from pipeline.rules import RULES, get_rule, is_lossless, param_names, tunable
 from pipeline.samplers import get_sampler
 from pipeline.tuning.space import SearchSpace
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", list(RULES))
@@ -116,6 +119,23 @@ def test_the_search_space_takes_each_rules_ranges_from_the_registry(tmp_path):
         with pytest.raises(SpecsweepError) as e:
             SearchSpace.load(bad)
         assert message in str(e.value)
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(REPO)) for p in (REPO / "sweeps").glob("optuna_space*.yaml")))
+def test_every_search_space_the_repository_ships_loads(path):
+    space = SearchSpace.load(REPO / path)
+    assert space.first_point()["sampler"] in space.samplers
+
+
+def test_the_sigmoid_study_samples_alpha_and_beta_in_the_registrys_ranges_at_one_gamma():
+    optuna = pytest.importorskip("optuna")
+    space = SearchSpace.load(REPO / "sweeps" / "optuna_space.sigmoid.yaml")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    alpha, beta = get_rule("sigmoid").params
+    for _ in range(10):
+        params = space.suggest(study.ask(), temperature=1.0)
+        assert params["sampler"] == "sigmoid" and params["gamma"] == 4 and params["dtype"] == "bfloat16"
+        assert alpha.low <= params["alpha"] <= alpha.high and beta.low <= params["beta"] <= beta.high
 
 
 def test_a_trial_samples_only_its_own_rules_parameters():

@@ -128,6 +128,32 @@ def test_a_cell_reads_its_trials_and_keeps_flagged_and_too_lossy_ones_out(tmp_pa
     assert "exact γ 2: speedup 1.35 [1.30, 1.41], faster than the target alone; 1 other" in describe_pick(fixed)
 
 
+def test_one_rules_choice_ranks_its_own_trials_only_and_says_when_none_is_within_the_loss(tmp_path):
+    trials = tmp_path / "trials"
+    fake_result(trials / "00000.json", gamma=4, ratios=[2.4, 2.5, 2.45, 2.6, 2.42, 2.48])          # exact: faster
+    fake_result(trials / "00001.json", gamma=4, ratios=[1.30, 1.36, 1.41, 1.33, 1.38, 1.34], sampler="sigmoid",
+                rouge=0.49, params={"alpha": 2.0, "beta": -10.0})        # 2 % loss
+    fake_result(trials / "00002.json", gamma=4, ratios=[1.02, 0.96, 1.05, 0.99, 1.01, 0.98], sampler="sigmoid",
+                rouge=0.5, params={"alpha": 0.5, "beta": -25.0})          # no loss, no faster than the target alone
+    fake_result(trials / "00003.json", gamma=4, ratios=[2.9, 3.0, 2.95, 3.1, 3.05, 2.98], sampler="sigmoid",
+                rouge=0.3, params={"alpha": 4.0, "beta": 0.0})            # fastest, 40 % loss
+    every = cell_schedule(Cell(1), tmp_path, max_quality_loss=0.05)
+    assert every["choice"]["settings"]["sampler"] == "exact"
+    cell = cell_schedule(Cell(1), tmp_path, max_quality_loss=0.05, rule="sigmoid")
+    # the target alone is no candidate: the choice is a sigmoid setting even where one is not surely faster
+    assert [c["settings"]["sampler"] for c in cell["candidates"]] == ["sigmoid", "sigmoid"]
+    assert cell["ineligible"] == 1 and cell["unusable"] == 1           # the exact trial is not this rule's
+    assert cell["choice"]["settings"]["params"] == {"alpha": 2.0, "beta": -10.0}
+    assert cell["standard"] is None and cell["standard_fixed"] is None
+    schedule = build_schedule([(Cell(1), tmp_path)], study="s", max_quality_loss=0.05, rule="sigmoid")
+    assert schedule["rule_only"] == "sigmoid"
+    strict = cell_schedule(Cell(1), tmp_path, max_quality_loss=0.01, rule="sigmoid")
+    assert strict["choice"]["settings"]["params"] == {"alpha": 0.5, "beta": -25.0}
+    with pytest.raises(SpecsweepError, match=r"no typical trial is within quality loss 0\.05 .*0 usable") as e:
+        cell_schedule(Cell(1), tmp_path, max_quality_loss=0.05, rule="typical")
+    assert "\n" not in str(e.value)
+
+
 def test_a_study_folder_yields_its_cells_and_a_schedule_file_round_trips(tmp_path):
     fake_result(tmp_path / "trials" / "00000.json", gamma=3, ratios=[1.2, 1.3, 1.25, 1.28, 1.22, 1.27])
     cell_dir = tmp_path / "cells" / "b8"

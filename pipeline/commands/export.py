@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from pipeline.rules import tunable
 from pipeline.tuning.export import FORMATS, PICK_OF, export, load_source
 from pipeline.tuning.schedule import MAX_QUALITY_LOSS, PENALTY, PICKS
 
@@ -47,11 +48,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-quality-loss", "--max_quality_loss", type=float, default=MAX_QUALITY_LOSS,
                    help=f"from a study folder or a report: the quality loss a lossy rule may have (default: "
                         f"{MAX_QUALITY_LOSS:g})")
+    p.add_argument("--sampler", choices=tunable(),
+                   help="from a study folder: the choice among this acceptance rule's trials only (e.g. sigmoid's "
+                        "tuned alpha and beta), not against other rules or the target alone; an error when none is "
+                        "within --max-quality-loss")
 
 
 def main(args: argparse.Namespace) -> int:
     schedule = load_source(args.source, task=args.task, penalty=args.spread_penalty,
-                           max_quality_loss=args.max_quality_loss)
+                           max_quality_loss=args.max_quality_loss, rule=args.sampler)
     path, notes = export(schedule, args.format, args.out, pick=args.pick, context=args.context_bucket,
                          batch_schedule=not args.no_batch_schedule, max_batch_size=args.max_batch_size,
                          tree_as_chain=args.tree_as_chain)

@@ -77,20 +77,24 @@ HF_SCHEDULE = {"constant": "constant", "heuristic": "heuristic_transient"}
 # ---------------------------------------------------------------------------------------------- sources
 
 def load_source(path: str | os.PathLike, *, task: str | None = None, penalty: float = PENALTY,
-                max_quality_loss: float = MAX_QUALITY_LOSS) -> dict:
+                max_quality_loss: float = MAX_QUALITY_LOSS, rule: str | None = None) -> dict:
     """A schedule (the dict :func:`pipeline.tuning.schedule.build_schedule` returns) from a schedule JSON, a study
-    folder or a report (folder or results.csv)."""
+    folder or a report (folder or results.csv); ``rule``: from a study folder, the choice among that rule's trials
+    only (one-line error for another source)."""
     path = Path(path)
     if not path.exists():
         raise SpecsweepError(f"--from {path} does not exist: give a schedule JSON written by `specsweep tune`, a study "
                              "folder (--study-dir of `specsweep tune`) or a report folder (`specsweep report --out`)")
     if path.is_dir() and (path / "results.csv").is_file() and not (path / "trials").is_dir():
         path = path / "results.csv"
+    if rule is not None and not (path.is_dir() and path.suffix != ".csv"):
+        raise SpecsweepError(f"--sampler {rule} picks among a study's trials: give --from a study folder (--study-dir "
+                             "of `specsweep tune`), not a schedule or a report")
     if path.suffix == ".csv":
         return _from_report(path, task, max_quality_loss)
     if path.is_dir():
         cells = study_cells(path)
-        return build_schedule(cells, study=path.name, penalty=penalty, max_quality_loss=max_quality_loss)
+        return build_schedule(cells, study=path.name, penalty=penalty, max_quality_loss=max_quality_loss, rule=rule)
     return read_schedule(path)
 
 

@@ -15,6 +15,10 @@ per cell, by a robust rule:
                other are not told apart by the measurement, and the smaller γ costs less when it is wrong. So
                speculation is chosen only where the best candidate's interval lies above 1
 
+``rule`` (``specsweep export --sampler``) narrows the candidates to one acceptance rule's trials, without "no
+speculation": the choice among that rule's settings (e.g. sigmoid's alpha and beta), a one-line error when none is
+within the quality loss; a pick whose kind of rule is not among them (standard, for a lossy rule) is absent.
+
 Three picks per cell: ``choice`` (any rule within the quality loss), ``standard`` (standard speculative sampling,
 the verify rule transformers, vLLM and TensorRT-LLM implement: exact, hf, or greedy at T = 0) and ``standard_fixed``
 (that with a fixed γ, for tools without an adaptive draft length). Each cell also records every candidate with its
@@ -280,34 +284,44 @@ def pick(candidates: list[dict], keep) -> dict:
 
 
 def cell_schedule(cell: Cell, folder: str | os.PathLike, penalty: float = PENALTY,
-                  max_quality_loss: float = MAX_QUALITY_LOSS) -> dict:
-    """The cell's candidates (from ``folder/trials/*.json``) and its three picks (:data:`PICKS`)."""
+                  max_quality_loss: float = MAX_QUALITY_LOSS, rule: str | None = None) -> dict:
+    """The cell's candidates (from ``folder/trials/*.json``) and its three picks (:data:`PICKS`); with ``rule``,
+    the candidates are that rule's trials only (the module docstring)."""
     folder = Path(folder)
     results = [(p, read_result(p)) for p in sorted((folder / "trials").glob("*.json"))]
     results = [(p, r) for p, r in results if r is not None]
     temperature = results[0][1]["config"].get("temperature") if results else None
     found = [c for p, r in results if (c := candidate(r, p, penalty)) is not None]
-    cands = [no_speculation(temperature)] + [c for c in found if eligible(c, max_quality_loss)]
-    picks = {"choice": pick(cands, lambda c: True), "standard": pick(cands, lambda c: c["standard"]),
-             "standard_fixed": pick(cands, lambda c: c["standard"] and not c["adaptive"])}
+    if rule is None:
+        cands = [no_speculation(temperature)] + [c for c in found if eligible(c, max_quality_loss)]
+    else:
+        found = [c for c in found if c["settings"]["sampler"] == rule]
+        cands = [c for c in found if eligible(c, max_quality_loss)]
+        if not cands:
+            raise SpecsweepError(f"{folder}: no {rule} trial is within quality loss {max_quality_loss:g} of the "
+                                 f"target alone ({len(found)} usable {rule} trials): run more trials, or allow more "
+                                 "loss (--max-quality-loss)")
+    keeps = {"choice": lambda c: True, "standard": lambda c: c["standard"],
+             "standard_fixed": lambda c: c["standard"] and not c["adaptive"]}
+    picks = {name: pick(cands, keep) if any(keep(c) for c in cands) else None for name, keep in keeps.items()}
     return {**cell.to_dict(), "key": cell.key, "folder": str(folder), "trials": len(results),
-            "unusable": len(results) - len(found), "ineligible": len(found) - (len(cands) - 1),
+            "unusable": len(results) - len(found), "ineligible": len(found) - len(cands) + (rule is None),
             "candidates": cands, **picks}
 
 
 def build_schedule(cells: list[tuple[Cell, str | os.PathLike]], *, study: str, penalty: float = PENALTY,
-                   max_quality_loss: float = MAX_QUALITY_LOSS) -> dict:
+                   max_quality_loss: float = MAX_QUALITY_LOSS, rule: str | None = None) -> dict:
     """The schedule of a study's cells ([(cell, its folder)]): what was measured and the picks per cell."""
     if not (penalty >= 0 and math.isfinite(penalty)):
         raise SpecsweepError(f"--spread-penalty must be a finite number >= 0; got {penalty}")
     if not (0 <= max_quality_loss < 1):
         raise SpecsweepError(f"--max-quality-loss must be a fraction in [0, 1), e.g. 0.01; got {max_quality_loss}")
-    per_cell = [cell_schedule(cell, folder, penalty, max_quality_loss) for cell, folder in cells]
+    per_cell = [cell_schedule(cell, folder, penalty, max_quality_loss, rule) for cell, folder in cells]
     first = next((c for cell in per_cell for c in cell["candidates"] if c["source"]), None)
     config = read_result(first["source"])["config"] if first else {}
     return {"kind": KIND, "version": VERSION, "study": study,
             **{k: config.get(k) for k in ("task", "target", "draft", "dtype", "temperature", "device")},
-            "penalty": penalty, "max_quality_loss": max_quality_loss,
+            "penalty": penalty, "max_quality_loss": max_quality_loss, **({"rule_only": rule} if rule else {}),
             "rule": "score = median paired speedup - penalty x MAD of the per-repeat speedups; among the candidates "
                     "whose interval overlaps the best score's, the smallest γ, fixed before adaptive",
             "cells": per_cell}
