@@ -158,18 +158,20 @@ PAIR_SIG_LOSS ?= 0.1
 PAIR_T1 = --task cnn_dailymail --data $(SPECSWEEP_FIXTURES)/cnn_dailymail/test.jsonl --chat-template --limit 3 \
 	--max-prompt-tokens 384 --max-new-tokens 64 --temperature 1 --device cpu --threads 2 --repeats 3 \
 	--samples-per-repeat 3 --no-progress --dtype bfloat16 --target qwen2.5-coder-1.5b-instruct \
-	--draft qwen2.5-coder-0.5b-instruct --draft-quant int4
+	--draft qwen2.5-coder-0.5b-instruct
+PAIR_T1_DRAFT = --draft-quant int4
 
 pair-sigmoid: setup
 	$(BIN)/specsweep run $(PAIR_T1) --gamma 0 --out $(PAIR_SIG)/runs/qwen-ar-t1-bfloat16.json
-	$(BIN)/specsweep tune $(PAIR_T1) --baseline $(PAIR_SIG)/runs/qwen-ar-t1-bfloat16.json \
+	$(BIN)/specsweep tune $(PAIR_T1) $(PAIR_T1_DRAFT) --baseline $(PAIR_SIG)/runs/qwen-ar-t1-bfloat16.json \
 		--space sweeps/optuna_space.sigmoid.yaml --n-trials $(PAIR_SIG_TRIALS) --study-name pair-sigmoid \
 		--study-dir $(PAIR_SIG)/runs/study --out $(PAIR_SIG)/pareto.json
 	$(BIN)/specsweep export --from $(PAIR_SIG)/runs/study --format json --sampler sigmoid --max-quality-loss $(PAIR_SIG_LOSS) \
 		--out $(PAIR_SIG)/settings.json
-	$(BIN)/specsweep run $(PAIR_T1) --baseline $(PAIR_SIG)/runs/qwen-ar-t1-bfloat16.json --gamma 4 \
+	$(BIN)/specsweep run $(PAIR_T1) $(PAIR_T1_DRAFT) --baseline $(PAIR_SIG)/runs/qwen-ar-t1-bfloat16.json --gamma 4 \
 		--sampler exact,sigmoid,typical --out '$(PAIR_SIG)/runs/qwen-{sampler}-g4-t1-bfloat16.json'
-	$(BIN)/specsweep run $(PAIR_T1) --baseline $(PAIR_SIG)/runs/qwen-ar-t1-bfloat16.json --from-config $(PAIR_SIG)/settings.json \
+	$(BIN)/specsweep run $(PAIR_T1) $(PAIR_T1_DRAFT) --baseline $(PAIR_SIG)/runs/qwen-ar-t1-bfloat16.json \
+		--from-config $(PAIR_SIG)/settings.json \
 		--out $(PAIR_SIG)/runs/qwen-sigmoid-tuned-g4-t1-bfloat16.json
 
 # docs/trees.md, "Tree drafts without a draft model": prompt lookup and suffix decoding on the toy text pair's target
