@@ -445,6 +445,21 @@ def test_the_sigmoid_table_shows_each_rules_parameters_and_the_study_marks_the_t
     assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
     with pytest.raises(SpecsweepError, match="no trial has the tuned run's parameters"):
         run_tables.sigmoid_study(tmp_path)
+    # no trial within the loss: no tuned run, and both tables say so instead of failing
+    shutil.rmtree(tmp_path / "results/pair/sigmoid/runs")
+    del runs["qwen-sigmoid-tuned-g4-t1-bfloat16"]
+    write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
+    assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
+    rows = table(tmp_path, "pair-sigmoid")
+    assert rows[4][:2] == ["sigmoid, the study's α and β", run_tables.NO_TUNED_SIGMOID] and set(rows[4][2:]) == {""}
+    assert rows[5][3] == "1.60 [1.55, 1.70]"                             # typical still reads its run
+    assert "chosen" not in run_tables.sigmoid_study(tmp_path)
+    del runs["qwen-typical-g4-t1-bfloat16"]                               # only the tuned row may be absent
+    shutil.rmtree(tmp_path / "results/pair/sigmoid/runs")
+    write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
+    assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
+    with pytest.raises(SpecsweepError, match="holds no run 'qwen-typical-g4-t1-bfloat16'"):
+        table(tmp_path, "pair-sigmoid")
 
 
 # ---------------------------------------------------------------------------------------------- docs/trees.md
