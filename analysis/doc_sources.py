@@ -31,6 +31,11 @@ def num(value: float, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+def minus(value: float, digits: int = 2) -> str:
+    """``value`` with the minus sign the pages use and no plus sign ("−20.0", "1.00")."""
+    return num(value, digits).replace("-", "−")
+
+
 def signed(value: float, digits: int = 2) -> str:
     """With its sign ("+0.09", "−0.72": the minus sign the pages use)."""
     text = f"{value:+.{digits}f}"

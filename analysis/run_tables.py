@@ -20,7 +20,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.tasks import quality_metric
 from pipeline.tasks.spec_bench import GROUP_NAMES, GROUPS, MT_BENCH
 
-from .doc_sources import interval, num, percent, prose, read_source, signed, table
+from .doc_sources import interval, minus, num, percent, prose, read_source, signed, table
 from .publish import summary_path
 
 
@@ -253,16 +253,17 @@ def by(key: str, name: str) -> Callable[[dict], str]:
     return cell
 
 
+PARAM_SYMBOLS = {"alpha": ("α", 2), "beta": ("β", 1), "epsilon": ("ε", 2), "delta": ("δ", 2)}
+"""How the tables write a rule parameter: its symbol and decimals (others: their name, 2 decimals)."""
+
+
 def rule_params(r: dict) -> str:
     """The acceptance rule's parameters as it ran: "α 1.00, β −20.0" (blank for a rule without any)."""
-    names = {"alpha": ("α", 2), "beta": ("β", 1), "epsilon": ("ε", 2), "delta": ("δ", 2)}
-    return ", ".join(f"{names.get(k, (k, 2))[0]} {signed_num(v, names.get(k, (k, 2))[1])}"
-                     for k, v in (r.get("params") or {}).items())
-
-
-def signed_num(value: float, digits: int) -> str:
-    """``value`` with the minus sign the pages use."""
-    return num(value, digits).replace("-", "−")
+    written = []
+    for name, value in (r.get("params") or {}).items():
+        symbol, digits = PARAM_SYMBOLS.get(name, (name, 2))
+        written.append(f"{symbol} {minus(value, digits)}")
+    return ", ".join(written)
 
 
 REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair None: no target alone to compare

@@ -142,7 +142,7 @@ def test_one_rules_choice_ranks_its_own_trials_only_and_says_when_none_is_within
     cell = cell_schedule(Cell(1), tmp_path, max_quality_loss=0.05, rule="sigmoid")
     # the target alone is no candidate: the choice is a sigmoid setting even where one is not surely faster
     assert [c["settings"]["sampler"] for c in cell["candidates"]] == ["sigmoid", "sigmoid"]
-    assert cell["ineligible"] == 1 and cell["unusable"] == 1           # the exact trial is not this rule's
+    assert cell["ineligible"] == 1 and cell["unusable"] == 0 and cell["other_rules"] == 1   # the exact trial
     assert cell["choice"]["settings"]["params"] == {"alpha": 2.0, "beta": -10.0}
     assert cell["standard"] is None and cell["standard_fixed"] is None
     schedule = build_schedule([(Cell(1), tmp_path)], study="s", max_quality_loss=0.05, rule="sigmoid")

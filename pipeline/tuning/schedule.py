@@ -17,7 +17,8 @@ per cell, by a robust rule:
 
 ``rule`` (``specsweep export --sampler``) narrows the candidates to one acceptance rule's trials, without "no
 speculation": the choice among that rule's settings (e.g. sigmoid's alpha and beta), a one-line error when none is
-within the quality loss; a pick whose kind of rule is not among them (standard, for a lossy rule) is absent.
+within the quality loss; a pick whose kind of rule is not among them (standard, for a lossy rule) is absent, and the
+cell counts the other rules' trials (``other_rules``).
 
 Three picks per cell: ``choice`` (any rule within the quality loss), ``standard`` (standard speculative sampling,
 the verify rule transformers, vLLM and TensorRT-LLM implement: exact, hf, or greedy at T = 0) and ``standard_fixed``
@@ -291,22 +292,20 @@ def cell_schedule(cell: Cell, folder: str | os.PathLike, penalty: float = PENALT
     results = [(p, read_result(p)) for p in sorted((folder / "trials").glob("*.json"))]
     results = [(p, r) for p, r in results if r is not None]
     temperature = results[0][1]["config"].get("temperature") if results else None
-    found = [c for p, r in results if (c := candidate(r, p, penalty)) is not None]
-    if rule is None:
-        cands = [no_speculation(temperature)] + [c for c in found if eligible(c, max_quality_loss)]
-    else:
-        found = [c for c in found if c["settings"]["sampler"] == rule]
-        cands = [c for c in found if eligible(c, max_quality_loss)]
-        if not cands:
-            raise SpecsweepError(f"{folder}: no {rule} trial is within quality loss {max_quality_loss:g} of the "
-                                 f"target alone ({len(found)} usable {rule} trials): run more trials, or allow more "
-                                 "loss (--max-quality-loss)")
+    usable = [c for p, r in results if (c := candidate(r, p, penalty)) is not None]
+    found = usable if rule is None else [c for c in usable if c["settings"]["sampler"] == rule]
+    kept = [c for c in found if eligible(c, max_quality_loss)]
+    if rule is not None and not kept:
+        raise SpecsweepError(f"{folder}: no {rule} trial is within quality loss {max_quality_loss:g} of the target "
+                             f"alone ({len(found)} usable {rule} trials): run more trials, or allow more loss "
+                             "(--max-quality-loss)")
+    cands = kept if rule is not None else [no_speculation(temperature), *kept]
     keeps = {"choice": lambda c: True, "standard": lambda c: c["standard"],
              "standard_fixed": lambda c: c["standard"] and not c["adaptive"]}
     picks = {name: pick(cands, keep) if any(keep(c) for c in cands) else None for name, keep in keeps.items()}
     return {**cell.to_dict(), "key": cell.key, "folder": str(folder), "trials": len(results),
-            "unusable": len(results) - len(found), "ineligible": len(found) - len(cands) + (rule is None),
-            "candidates": cands, **picks}
+            "unusable": len(results) - len(usable), "ineligible": len(found) - len(kept),
+            **({"other_rules": len(usable) - len(found)} if rule is not None else {}), "candidates": cands, **picks}
 
 
 def build_schedule(cells: list[tuple[Cell, str | os.PathLike]], *, study: str, penalty: float = PENALTY,
