@@ -267,10 +267,8 @@ def rule_params(r: dict) -> str:
 
 
 REAL_RUNS = (  # (label, run, pair) of the real profile (params.real.yaml); pair None: no target alone to compare
-    ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "qwen-model-bfloat16/qwen-model-bfloat16-exact-torch-g3",
-     "qwen"),
-    ("Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "qwen-model-bfloat16/qwen-model-bfloat16-exact-torch-g4",
-     "qwen"),
+    *(("Qwen2.5-Coder-1.5B, 0.5B draft in int4", f"qwen-model-bfloat16/qwen-model-bfloat16-exact-torch-g{g}", "qwen")
+      for g in (4, 5)),
     ("Qwen2.5-Coder-1.5B, prompt lookup", "qwen-lookup-bfloat16/qwen-exact-torch-g4-bfloat16", "qwen"),
     ("Qwen2.5-Coder-1.5B, 0.5B draft, transformers' assisted generation",
      "qwen-hf-bfloat16/qwen-hf-bfloat16-exact-torch-g4", "qwen"),

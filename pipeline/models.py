@@ -104,6 +104,18 @@ def load_tokenizer(name_or_path: str):
         raise _load_error("tokenizer", name_or_path, e) from None
 
 
+def architecture(name_or_path: str) -> str | None:
+    """The model class its config names (``architectures[0]``, e.g. "Qwen2ForCausalLM"), read without loading
+    weights; None when the config names none."""
+    from transformers import AutoConfig
+
+    try:
+        names = AutoConfig.from_pretrained(resolve(name_or_path)).architectures or ()
+    except (OSError, ValueError) as e:
+        raise _load_error("config", name_or_path, e) from None
+    return names[0] if names else None
+
+
 def load_processor(name_or_path: str):
     """AutoProcessor (feature extractor + tokenizer) of a speech model such as Whisper."""
     from transformers import AutoProcessor

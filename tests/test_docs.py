@@ -346,7 +346,7 @@ def test_the_real_tables_are_rendered_and_a_run_the_summary_lacks_is_a_one_line_
     readme = table(tmp_path, "readme-real")
     head = readme[0]
     assert head[:6] == ["target, drafter", "dtype", "γ", "samples", "new tokens", "paired speedup"]
-    assert readme[1][:3] == ["Qwen2.5-Coder-1.5B, 0.5B draft (head: 32768 tokens)", "float32", "4"]
+    assert readme[1][:3] == ["Qwen2.5-Coder-1.5B, 0.5B draft in int4", "float32", "4"]
     assert readme[1][head.index("paired speedup")] == "1.00 [0.95, 1.10]"
     assert readme[1][head.index("samples")] == "8"      # each run says how many samples and new tokens it decoded
     assert readme[1][head.index("target alone (bfloat16)")] == "ROUGE-L 0.158"

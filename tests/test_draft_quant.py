@@ -255,6 +255,23 @@ def test_a_draft_without_a_quantised_forward_is_refused_in_one_line(tmp_path, ca
     assert len(err.splitlines()) == 1
 
 
+def test_a_study_searches_the_drafts_weights_only_for_a_family_that_quantises(tmp_path, capsys):
+    """A space with draft_quant keeps it for a Llama-family draft and drops it, saying so, for a draft whose forward
+    takes no quantised weights (GPT-2 here; Whisper's tiny.en in `make real`): its trials would all fail."""
+    from pipeline.tuning.space import SearchSpace, space_for_pair
+
+    space = SearchSpace(samplers=("exact",), dtypes=("bfloat16",), quants=("int4",)).check()
+    data = write_prompts(tmp_path / "prompts.jsonl")
+    llama_t, llama_d = save_pair(tmp_path / "llama", kind="llama")
+    kept = space_for_pair(space, RunConfig(target=str(llama_t), draft=str(llama_d), data=str(data)))
+    assert kept.quants == ("int4",) and kept.first_point()["draft_quant"] == "int4"
+    capsys.readouterr()
+    gpt2_t, gpt2_d = save_pair(tmp_path / "gpt2", kind="gpt2")
+    dropped = space_for_pair(space, RunConfig(target=str(gpt2_t), draft=str(gpt2_d), data=str(data)))
+    assert dropped.quants == () and "draft_quant" not in dropped.first_point()
+    assert "GPT2LMHeadModel, whose forward takes no quantised weights" in capsys.readouterr().err
+
+
 def test_the_search_space_prunes_int4_a8_outside_bfloat16_and_keeps_int8_a8():
     import optuna
 

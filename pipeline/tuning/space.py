@@ -19,9 +19,10 @@ import yaml
 
 from pipeline.config import DRAFT_QUANTS, DRAFTERS, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
+from pipeline.decoding.static import QUANTIZED_FAMILIES
 from pipeline.dtypes import DTYPES
 from pipeline.errors import SpecsweepError
-from pipeline.models import load_tokenizer
+from pipeline.models import architecture, load_tokenizer
 from pipeline.rules import get_rule, param_names, tunable
 from pipeline.tree_plan import is_widths
 from pipeline.tree_shape import CHAIN, TREE_RULES, parse_widths
@@ -308,13 +309,18 @@ def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
     the model drafter alone is refused in one line). A draft with another tokenizer than the target's
     (pipeline/decoding/drafters/cross_tokenizer.py) drafts a fixed γ (an adaptive trial could only fail), its trials
     choose how to bridge the tokenizers (intersection or string; which is faster depends on the pair) unless
-    ``--draft-tokenizer-mode`` fixes it, and they all use that draft."""
+    ``--draft-tokenizer-mode`` fixes it, and they all use that draft. A draft of a family whose forward takes no
+    quantised weights (pipeline/decoding/static/; Whisper's, GPT-2's) does not search ``draft_quant``."""
     if not base.draft:
         without = tuple(d for d in space.drafters if d not in MODEL_DRAFTERS)
         if not without:
             raise SpecsweepError("the search space's drafters are ['model'] and this pair has no --draft: give a "
                                  "draft or add prompt-lookup or suffix to the space's drafter list")
         return space if without == space.drafters else dataclasses.replace(space, drafters=without)
+    if space.quants and architecture(base.draft) not in QUANTIZED_FAMILIES:
+        print(f"the draft {base.draft} is a {architecture(base.draft)}, whose forward takes no quantised weights: "
+              "trials keep its weights (draft_quant not searched)", file=sys.stderr)
+        space = dataclasses.replace(space, quants=())
     if base.drafter not in MODEL_DRAFTERS or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
         return space
     modes = ("intersection", "string") if base.draft_tokenizer_mode == "auto" else ()

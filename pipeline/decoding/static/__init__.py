@@ -36,6 +36,7 @@ its options) has none; the engine then uses transformers' forward with a Dynamic
 from __future__ import annotations
 
 from pipeline.decoding.static.gpt2 import GPT2StaticForward
+from pipeline.decoding.static.llama import FAMILIES as LLAMA_FAMILIES
 from pipeline.decoding.static.llama import LlamaStaticForward
 from pipeline.decoding.static.whisper import WhisperStaticForward
 from pipeline.errors import SpecsweepError
@@ -44,6 +45,8 @@ from pipeline.errors import SpecsweepError
 STATIC_FORWARDS = (GPT2StaticForward, LlamaStaticForward, WhisperStaticForward)
 QUANTIZED_FORWARDS = (LlamaStaticForward,)
 """The static forwards that take quantised projections (quant.py)."""
+QUANTIZED_FAMILIES = LLAMA_FAMILIES
+"""The model classes (a config's ``architectures``) whose static forward takes quantised projections."""
 
 
 def static_forward_for(model, quant: str = "none"):
