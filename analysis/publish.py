@@ -54,8 +54,9 @@ PROFILES = {"default": ("results/runs", "make", "the default profile (params.yam
                                            "the Qwen2.5-Coder 0.5B -> 1.5B pair on every Spec-Bench category "
                                            "(Makefile: pair-spec-bench-categories)"),
             "pair-sigmoid": ("results/pair/sigmoid/runs", "make pair-sigmoid",
-                             "the Qwen2.5-Coder 0.5B -> 1.5B pair at T = 1: exact, sigmoid (the registry's and a "
-                             "study's alpha and beta) and typical, and the study's trials (Makefile: pair-sigmoid)")}
+                             "the Qwen2.5-Coder 0.5B -> 1.5B pair at T = 1: exact, sigmoid (the registry's alpha "
+                             "and beta, and those the distortion map chose) and typical, and the study's trials "
+                             "(Makefile: pair-sigmoid)")}
 FOLDER = "results/published"
 RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_schedule",
                  "draft_confidence", "draft_tree", "draft_vocab", "draft_quant", "engine", "dtype", "temperature",

@@ -50,6 +50,14 @@ class Settings:
         return next((r for r in rows if r["batch_size"] >= batch_size), rows[-1])
 
 
+def settings_document(study: str | None, pick: str, run: dict, entries: list[dict]) -> dict:
+    """A settings file's contents: where the settings came from (``study``, how they were picked), the run they are
+    for (``run``: task, target, draft, dtype, temperature, device) and its entries (module docstring)."""
+    return {"kind": SETTINGS_KIND, "version": SETTINGS_VERSION, "study": study, "pick": pick,
+            **{k: run.get(k) for k in ("task", "target", "draft", "dtype", "temperature", "device")},
+            "entries": entries}
+
+
 def load_settings(path: str | os.PathLike) -> Settings:
     """Read a settings file of ``specsweep export --format json``; anything else is a one-line SpecsweepError."""
     try:

@@ -416,7 +416,7 @@ def test_the_spec_bench_category_tables_read_each_runs_groups_and_a_missing_one_
     assert "\n" not in str(e.value)
 
 
-def test_the_sigmoid_table_shows_each_rules_parameters_and_the_study_marks_the_trial_the_tuned_run_took(tmp_path):
+def test_the_sigmoid_table_shows_each_rules_parameters_and_the_study_its_trials(tmp_path):
     def rule_run(sampler: str, speedup: float, quality: float, **params) -> dict:
         result = run_result("cnn_dailymail", 4, speedup, quality=quality)
         result["config"].update({"sampler": sampler, "temperature": 1.0, **params})
@@ -438,22 +438,17 @@ def test_the_sigmoid_table_shows_each_rules_parameters_and_the_study_marks_the_t
     assert rows[2][1] == "" and rows[4][3] == "1.50 [1.45, 1.60]"
     study = [line.split("|")[1:-1] for line in run_tables.sigmoid_study(tmp_path).splitlines()]
     study = [[c.strip() for c in row] for row in study]
-    assert [r[0] for r in study[2:]] == ["0", "1"] and [r[-1] for r in study[2:]] == ["", "chosen"]
+    assert [r[0] for r in study[2:]] == ["0", "1"] and [r[1] for r in study[2:]] == ["α 0.50, β −25.0",
+                                                                                     "α 2.50, β −7.2"]
     assert study[2][4] == "+5.0 %" and study[3][4] == "−5.0 %"
-    runs["qwen-sigmoid-tuned-g4-t1-bfloat16"]["config"]["beta"] = -8.0       # a tuned run from another study
-    write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
-    assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
-    with pytest.raises(SpecsweepError, match="no trial has the tuned run's parameters"):
-        run_tables.sigmoid_study(tmp_path)
-    # no trial within the loss: no tuned run, and both tables say so instead of failing
+    # no setting within the distortion map's bound: no tuned run, and the table says so instead of failing
     shutil.rmtree(tmp_path / "results/pair/sigmoid/runs")
     del runs["qwen-sigmoid-tuned-g4-t1-bfloat16"]
     write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
     assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
     rows = table(tmp_path, "pair-sigmoid")
-    assert rows[4][:2] == ["sigmoid, the study's α and β", run_tables.NO_TUNED_SIGMOID] and set(rows[4][2:]) == {""}
-    assert rows[5][3] == "1.60 [1.55, 1.70]"                             # typical still reads its run
-    assert "chosen" not in run_tables.sigmoid_study(tmp_path)
+    assert rows[4][:2] == ["sigmoid, α and β from the distortion map", run_tables.NO_TUNED_SIGMOID]
+    assert set(rows[4][2:]) == {""} and rows[5][3] == "1.60 [1.55, 1.70]"    # typical still reads its run
     del runs["qwen-typical-g4-t1-bfloat16"]                               # only the tuned row may be absent
     shutil.rmtree(tmp_path / "results/pair/sigmoid/runs")
     write_runs(tmp_path / "results/pair/sigmoid/runs", runs)

@@ -157,6 +157,15 @@ class TypicalSampler(Sampler):
     def params(self) -> dict:
         return {"temperature": self.temperature, "epsilon": self.epsilon, "delta": self.delta}
 
+    def step_distribution(self, target_logits, draft_logits):
+        p = softmax_fp32(target_logits, 1.0 / self.temperature)                 # [N, V_t]
+        entropy = -(p * torch.log(p + TYPICAL_ENTROPY_EPS)).sum(dim=-1)
+        threshold = (self.delta * torch.exp(-entropy)).clamp_max(self.epsilon)
+        kept = self._proposal(draft_logits, p.shape[1]) * (p > threshold[:, None])
+        acceptance = kept.sum(dim=1)
+        recovered = torch.nn.functional.one_hot(target_logits.argmax(dim=-1), p.shape[1]).float()
+        return kept + (1.0 - acceptance)[:, None] * recovered, acceptance
+
     def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
             return greedy_verify(draft_tokens, draft_logits, target_logits, lengths)

@@ -105,6 +105,25 @@ class Sampler:
         what another rule calls to fall back on this one (e.g. exact's draw at γ = 0)."""
         raise NotImplementedError
 
+    def step_distribution(self, target_logits: torch.Tensor,
+                          draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """In closed form, what this rule emits at one drafted position at T > 0, the draft token drawn from
+        softmax(draft_logits / T): target_logits float [N, V_t], draft_logits float [N, V_d] (V_d <= V_t) ->
+        (float32 [N, V_t]: the distribution of the emitted token; float32 [N]: the probability that the draft token
+        is accepted). A lossless rule's distribution is softmax(target_logits / T). How far a lossy rule's is from it
+        is its distortion (pipeline/benchmarks/distortion.py). Rules without a closed form here raise
+        NotImplementedError."""
+        raise NotImplementedError(f"{self.name} has no closed-form step distribution")
+
+    def bonus_distribution(self, target_logits: torch.Tensor) -> torch.Tensor:
+        """What this rule emits after a fully accepted block at T > 0: target_logits float [N, V_t] -> float32
+        [N, V_t] (the target's softmax at T unless the rule says otherwise)."""
+        return softmax_fp32(target_logits, 1.0 / self.temperature)
+
+    def _proposal(self, draft_logits: torch.Tensor, size: int) -> torch.Tensor:
+        """The draft's proposal distribution softmax(z_d / T), float32 [N, size] (zero past the draft's vocabulary)."""
+        return pad_vocabulary(softmax_fp32(draft_logits, 1.0 / self.temperature), size, 0.0)
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"{type(self).__name__}(backend={self.backend!r}, {args})"
@@ -202,6 +221,34 @@ def rejection_verify(
     return accepted, sample_from_weights(weights, emit_uniform(u, lengths))
 
 
+def rejection_distribution(proposal: torch.Tensor, target_w: torch.Tensor,
+                           draft_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`rejection_verify` emits at one drafted position, in closed form (no draw).
+
+    proposal  float32 [N, V]  the distribution the draft token was drawn from (zero past the draft's vocabulary)
+    target_w  float32 [N, V]  w_t over the vocabulary
+    draft_w   float32 [N, V]  w_d over the vocabulary (zero past the draft's vocabulary)
+    returns   (float32 [N, V]: P(emit x) = q(x) min(1, w_t(x) / w_d(x)) + (1 - a) r(x), with r the residual
+              norm(max(0, w_t - w_d)), or norm(w_t) where the residual is rounding noise, as rejection_verify draws;
+              float32 [N]: a, the probability that the draft token is accepted)
+    """
+    ratio = torch.where(draft_w > 0, target_w / draft_w.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+    kept = proposal * ratio.clamp_max(1.0)                                  # [N, V]
+    acceptance = kept.sum(dim=1)
+    residual = (target_w - draft_w).clamp_min(0.0)
+    use_residual = residual.sum(dim=1) > RESIDUAL_ZERO_TOL * target_w.sum(dim=1)
+    rest = torch.where(use_residual[:, None], residual, target_w)
+    rest = rest / rest.sum(dim=1, keepdim=True)
+    return kept + (1.0 - acceptance)[:, None] * rest, acceptance
+
+
+def pad_vocabulary(rows: torch.Tensor, size: int, value: float) -> torch.Tensor:
+    """rows [N, V_d] -> [N, size] filled with ``value`` past V_d (a draft's vocabulary inside the target's)."""
+    if rows.shape[1] == size:
+        return rows
+    return torch.nn.functional.pad(rows, (0, size - rows.shape[1]), value=value)
+
+
 def rows_at(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """logits [B, P, V], positions int64 [B] -> logits[b, positions[b]] as [B, V] (a copy)."""
     return logits[torch.arange(logits.shape[0], device=logits.device), positions]
@@ -217,6 +264,10 @@ class ExactSampler(Sampler):
     """
 
     name = "exact"
+
+    def step_distribution(self, target_logits, draft_logits):
+        q = self._proposal(draft_logits, target_logits.shape[1])
+        return rejection_distribution(q, softmax_fp32(target_logits, 1.0 / self.temperature), q)
 
     def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:
@@ -309,6 +360,15 @@ class SigmoidSampler(Sampler):
 
     def _weights(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(logits.float() * (self.alpha / self.temperature) + self.beta)
+
+    def step_distribution(self, target_logits, draft_logits):
+        size = target_logits.shape[1]
+        return rejection_distribution(self._proposal(draft_logits, size), self._weights(target_logits),
+                                      pad_vocabulary(self._weights(draft_logits), size, 0.0))
+
+    def bonus_distribution(self, target_logits):
+        weights = self._weights(target_logits)
+        return weights / weights.sum(dim=1, keepdim=True)
 
     def verify_checked(self, draft_tokens, draft_logits, target_logits, generator, lengths=None):
         if self.temperature == 0.0:

@@ -50,7 +50,7 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic, write_text_atomic
 from pipeline.result import read_result
-from pipeline.settings_file import SETTINGS_KIND, SETTINGS_VERSION
+from pipeline.settings_file import settings_document
 from pipeline.tree_plan import resolve_tree
 from pipeline.tuning.schedule import (
     KIND,
@@ -421,7 +421,4 @@ def _trtllm(schedule: dict, rows: list[dict], out, *, max_batch_size: int | None
 
 
 def _json(schedule: dict, rows: list[dict], pick: str, out) -> Path:
-    data = {"kind": SETTINGS_KIND, "version": SETTINGS_VERSION, "study": schedule.get("study"), "pick": pick,
-            **{k: schedule.get(k) for k in ("task", "target", "draft", "dtype", "temperature", "device")},
-            "entries": rows}
-    return write_json_atomic(out, data)
+    return write_json_atomic(out, settings_document(schedule.get("study"), pick, schedule, rows))

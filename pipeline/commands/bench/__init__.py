@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.commands.bench import block, drafters, engine, host, kernels, lossless, samplers, serve
+from pipeline.commands.bench import block, distortion, drafters, engine, host, kernels, lossless, samplers, serve
 
 HELP = "benchmarks: print a table and write JSON (speed goals are judged here)"
 SUBCOMMANDS = {"samplers": samplers, "engine": engine, "kernels": kernels, "block": block, "lossless": lossless,
-               "serve": serve, "drafters": drafters, "host": host}
+               "serve": serve, "drafters": drafters, "host": host, "distortion": distortion}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
