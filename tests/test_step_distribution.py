@@ -24,7 +24,7 @@ V = 8
 CASES = [  # (rule, its parameters, temperature, the draft's vocabulary)
     ("exact", {}, 1.0, V),
     ("exact", {}, 0.7, V - 2),
-    ("sigmoid", {}, 1.0, V),                              # the registry's α 1, β −20: close to exact
+    ("sigmoid", {}, 1.0, V),                              # the registry's α 1, β −20: no weight saturates
     ("sigmoid", {"alpha": 1.0, "beta": -1.0}, 1.0, V),    # the weights saturate: far from exact
     ("sigmoid", {"alpha": 2.0, "beta": 0.5}, 0.8, V - 2),
     ("typical", {}, 1.0, V),
@@ -90,3 +90,19 @@ def test_the_sums_are_probabilities_on_wide_logits():
         dist, acceptance = get_sampler(name, temperature=1.0, **params).step_distribution(z_t, z_d)
         assert not dist.isnan().any() and bool(((acceptance >= 0) & (acceptance <= 1 + 1e-6)).all())
         np.testing.assert_allclose(dist.sum(dim=1).numpy(), 1.0, atol=1e-4)
+
+
+def test_the_sigmoid_far_below_saturation_is_exact_only_for_normalised_logits():
+    """β → −∞ (α 1): the weights become exp(z / T + β), the ratio w_t / w_d misses exact's Z_d / Z_t. On
+    log-probabilities (both normalisers 1) it is exact's distribution and acceptance; the target's logits shifted by a
+    constant (the same p, another Z_t) move its distribution away from p."""
+    z_t, z_d = _logits(12, 16, 40), _logits(13, 16, 40)
+    p = softmax_fp32(z_t, 1.0)
+    far = get_sampler("sigmoid", temperature=1.0, alpha=1.0, beta=-60.0)
+    logp_t, logp_d = torch.log_softmax(z_t, dim=1), torch.log_softmax(z_d, dim=1)
+    normalised, acceptance = far.step_distribution(logp_t, logp_d)
+    torch.testing.assert_close(normalised, p, rtol=0, atol=1e-5)
+    _, exact_acceptance = get_sampler("exact", temperature=1.0).step_distribution(z_t, z_d)
+    torch.testing.assert_close(acceptance, exact_acceptance, rtol=0, atol=1e-5)
+    shifted, _ = far.step_distribution(logp_t + 3.0, logp_d)            # the same p, a larger Z_t
+    assert float((shifted - p).abs().sum(dim=1).mean()) / 2 > 0.01

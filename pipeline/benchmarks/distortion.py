@@ -45,8 +45,11 @@ from pipeline.samplers.torch_ref import softmax_fp32
 from pipeline.settings_file import settings_document
 from pipeline.tasks import get_task
 
-ALPHAS = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
-BETAS = (-30.0, -25.0, -20.0, -15.0, -10.0, -5.0, 0.0)
+ALPHAS = (0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0)
+BETAS = (-60.0, -50.0, -45.0, -40.0, -35.0, -30.0, -25.0, -20.0, -10.0, 0.0)
+"""The default grid. β reaches past the registry's search range [−30, 0], below −(the largest α z / T) of a real
+model's logits (the JSON's ``target_max_logit``), where no weight saturates: what is left of the distortion there is
+the acceptance ratio's missing normalisers (pipeline/samplers/torch_ref.py, SigmoidSampler), which no β removes."""
 BOOTSTRAP = 2000
 
 
@@ -86,6 +89,7 @@ class _Probe:
         self.samplers = [s.sampler(temperature) for s in settings]
         self.temperature = temperature
         self.records: list[torch.Tensor] = []         # each float64 [S, 4]
+        self.max_logits: list[torch.Tensor] = []      # each float32 [B * (γ + 1)]: the target's largest logit
 
     def __getattr__(self, name):                      # draft_temperature, verifies_by_argmax, rule, ...
         return getattr(self.inner, name)
@@ -101,6 +105,7 @@ class _Probe:
         drafted = (positions[None] <= result.accepted[:, None]).double()          # [B, γ]: emitted from
         bonus = (result.accepted == gamma).double()                                 # [B]
         z_t = target_logits.float()
+        self.max_logits.append(z_t.amax(dim=-1).flatten())
         p = softmax_fp32(z_t, 1.0 / self.temperature)                              # [B, γ+1, V]
         rows_t = z_t[:, :gamma].reshape(B * gamma, V)
         rows_d = draft_logits.float().reshape(B * gamma, -1) if gamma else None
@@ -140,6 +145,12 @@ def summarize(steps: np.ndarray, settings: list[Setting], gamma: int, seed: int 
                      "acceptance": alpha, "tokens_per_step": expected_tokens(alpha, gamma),
                      "tokens": int(tokens.sum())})
     return rows
+
+
+def _quantiles(values: torch.Tensor) -> dict:
+    """The 10th, 50th and 90th percentiles of ``values`` (the target's largest logit at every scored position)."""
+    q = torch.quantile(values.double().cpu(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+    return {"p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2])}
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -190,6 +201,7 @@ def run(config: RunConfig, settings: list[Setting], *, max_distortion: float, ru
                            "dtype_choice": dtype_choice, "draft_quant": config.draft_quant,
                            "draft_vocab": config.draft_vocab, "threads": config.threads, "seed": config.seed,
                            "steps": len(probe.records), "max_distortion": max_distortion, "rule": rule},
+              "target_max_logit": _quantiles(torch.cat(probe.max_logits)),
               "results": rows, "choice": chosen, "provenance": provenance(device)}
     if chosen is not None and settings_out is not None:
         pick = (f"the {rule} setting that accepts most with distortion <= {max_distortion:g} per token "

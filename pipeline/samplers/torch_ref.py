@@ -319,10 +319,15 @@ class SigmoidSampler(Sampler):
 
     Parameters (the paper writes sigmoid((z - a) / b); here alpha = 1/b, beta = -a/b):
       alpha > 0  scale of the tempered logit. Default 1.
-      beta       shift. Default -20: for alpha*z/T below ~-5, sigmoid(x) ~= exp(x), so ratios and normalised
-                 rows match softmax's (at temperature T/alpha) and the sampler is close to exact; logits
-                 that push alpha*z/T + beta towards 0 or above saturate at 1, flattening the top of the
-                 distribution. As beta -> -inf the sampler becomes exact (until fp32 underflow).
+      beta       shift. Default -20: for alpha*z/T below ~-5, sigmoid(x) ~= exp(x), so the normalised rows (residual,
+                 bonus) match softmax's at temperature T/alpha; logits that push alpha*z/T + beta towards 0 or
+                 above saturate at 1, flattening the top of the distribution.
+
+    Even as beta -> -inf (and alpha = 1) the sampler is not exact: the acceptance ratio w_t(x)/w_d(x) tends to
+    exp((z_t(x) - z_d(x))/T), while exact's p(x)/q(x) carries the normalisers' ratio Z_d/Z_t besides, which the
+    element-wise weights never see. Only logits whose log-partition functions agree (log-probabilities, say) make it
+    exact in that limit; two models' raw logits generally do not. How far a pair's sampler is from the target's
+    distribution, per token: ``step_distribution`` and `specsweep bench distortion`.
 
     ``SigmoidSampler.paper(...)`` reproduces the constants of the paper's released kernels,
     sigmoid((z + 1e4) / 2e4), i.e. alpha = 5e-5, beta = 0.5. With logits of ordinary size (|z| < 100) every

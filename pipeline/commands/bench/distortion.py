@@ -41,11 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help=_run_help("threads"))
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (default: 0)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
-    parser.add_argument("--alphas", default=None, help="comma-separated sigmoid α values (default: 0.25 ... 4, 9 "
-                                                       "log-spaced)")
+    parser.add_argument("--alphas", default=None, help="comma-separated sigmoid α values (default: 0.5 ... 2, 7 "
+                                                       "values)")
     parser.add_argument("--betas", default=None,
                         help="comma-separated sigmoid β values, written --betas=-30,-10 (argparse reads a separate "
-                             "value that starts with - as a flag; default: -30 ... 0, step 5)")
+                             "value that starts with - as a flag; default: -60 ... 0, 10 values)")
     parser.add_argument("--max-distortion", type=float, default=0.05,
                         help="the most total variation per token the chosen setting may have (default: 0.05)")
     parser.add_argument("--out", type=Path, default=Path("results/bench/distortion.json"),
