@@ -371,8 +371,9 @@ def _at_commit(commit: dict | None) -> str:
 
 def bench_distortion_qwen(root: Path) -> str:
     """docs/results.md's distortion map of the sigmoid on the Qwen2.5-Coder pair (`specsweep bench distortion`, run
-    by `make pair-sigmoid`): exact (the zero check), typical and the sigmoid at the registry's parameters, the chosen
-    setting, and the sigmoid settings no other beats on both distortion and acceptance (the front), by acceptance."""
+    by `make pair-sigmoid`): exact (the zero check), typical and the sigmoid at the registry's parameters, then the
+    other sigmoid settings no setting beats on both distortion and acceptance (the front), by acceptance; the chosen
+    one marked."""
     data = read_source(root, DISTORTION_QWEN, "make pair-sigmoid (specsweep bench distortion)")
     s, rows, choice = data["settings"], data["results"], data["choice"]
     sigmoid = [r for r in rows if r["rule"] == "sigmoid"]
@@ -382,8 +383,11 @@ def bench_distortion_qwen(root: Path) -> str:
     named = {rows[0]["label"]: "exact (lossless: the check)", rows[1]["label"]: "typical, the registry's ε and δ",
              rows[2]["label"]: "sigmoid, the registry's α and β"}
     body = []
-    for r in [*rows[:3], *sorted(front, key=lambda r: r["acceptance"])]:
+    on_front = {r["label"] for r in front}
+    for r in [*rows[:3], *sorted((r for r in front if r["label"] not in named), key=lambda r: r["acceptance"])]:
         what = named.get(r["label"], "sigmoid, on the front")
+        if r["label"] in named and r["label"] in on_front:
+            what += ", on the front"
         if choice is not None and r["label"] == choice["label"]:
             what += f" (chosen: the most accepting within {num(s['max_distortion'], 2)})"
         low, high = r["distortion_ci95"]

@@ -302,7 +302,7 @@ PAIR_SIGMOID_RUNS = (("target alone", "qwen-ar-t1-bfloat16"), ("exact", "qwen-ex
                      ("sigmoid, α and β from the distortion map", "qwen-sigmoid-tuned-g4-t1-bfloat16"),
                      ("typical", "qwen-typical-g4-t1-bfloat16"))
 TUNED_SIGMOID = "qwen-sigmoid-tuned-g4-t1-bfloat16"
-NO_TUNED_SIGMOID = "none: no α and β of the distortion map (below) are within its bound"
+NO_TUNED_SIGMOID = "none: no α and β of the distortion map are within its bound"
 SPEED_COLUMNS = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "c")
 
 TABLES = (

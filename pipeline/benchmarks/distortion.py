@@ -267,12 +267,14 @@ def plot(result: dict, path: Path) -> Path | None:
         if choice is not None and choice["rule"] == "sigmoid":
             ax.plot(alphas.index(choice["params"]["alpha"]), betas.index(choice["params"]["beta"]), "r*",
                     markersize=12, label="chosen")
-        ax.legend(loc="upper left", fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize=8, facecolor="0.55")
     s = result["settings"]
     fig.suptitle(f"sigmoid on {Path(str(s['target'])).name} with {Path(str(s['draft'])).name}: "
                  f"T = {s['temperature']:g}, γ {s['gamma']}, {s['dtype']}, {s['steps']} verify steps of an exact run",
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     with atomic_file(path, "wb") as f:
         fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
