@@ -1,8 +1,17 @@
-"""What the `specsweep bench` subcommands share: the device rule, the GPU check and the toy pair's default folders."""
+"""What the `specsweep bench` subcommands share: the device rule, the GPU check, the toy pair's default folders and the
+help of `specsweep run`'s flags."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from pipeline.config import RunConfig
 from pipeline.errors import SpecsweepError
+
+
+def run_help(name: str) -> str:
+    """The help of `specsweep run`'s flag for setting ``name`` (RunConfig's field), so both flags say one thing."""
+    return next(f for f in dataclasses.fields(RunConfig) if f.name == name).metadata["help"].replace("%", "%%")
 
 
 def bench_device(name: str) -> str:

@@ -8,8 +8,8 @@ import dataclasses
 import math
 from pathlib import Path
 
-from pipeline.commands.bench.common import bench_device
-from pipeline.commands.bench.engine import TASKS, _run_help
+from pipeline.commands.bench.common import bench_device, run_help
+from pipeline.commands.bench.engine import TASKS
 from pipeline.config import DRAFT_QUANTS, RunConfig
 from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
@@ -29,16 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="the task's data: a JSONL file or a folder written by "
                                                       "`specsweep fetch`")
     parser.add_argument("--task", default="cnn_dailymail", help=f"one of {', '.join(TASKS)} (default: cnn_dailymail)")
-    parser.add_argument("--chat-template", action="store_true", help=_run_help("chat_template"))
-    parser.add_argument("--max-prompt-tokens", type=int, help=_run_help("max_prompt_tokens"))
-    parser.add_argument("--limit", type=int, help=_run_help("limit"))
+    parser.add_argument("--chat-template", action="store_true", help=run_help("chat_template"))
+    parser.add_argument("--max-prompt-tokens", type=int, help=run_help("max_prompt_tokens"))
+    parser.add_argument("--limit", type=int, help=run_help("limit"))
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default: 64)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default: 4)")
     parser.add_argument("--temperature", type=float, default=1.0, help="decoding temperature, > 0 (default: 1)")
     parser.add_argument("--dtype", default="auto", help=f"one of {', '.join(DTYPE_CHOICES)} (default: auto)")
-    parser.add_argument("--draft-vocab", type=int, help=_run_help("draft_vocab"))
-    parser.add_argument("--draft-quant", default="none", choices=DRAFT_QUANTS, help=_run_help("draft_quant"))
-    parser.add_argument("--threads", type=int, help=_run_help("threads"))
+    parser.add_argument("--draft-vocab", type=int, help=run_help("draft_vocab"))
+    parser.add_argument("--draft-quant", default="none", choices=DRAFT_QUANTS, help=run_help("draft_quant"))
+    parser.add_argument("--threads", type=int, help=run_help("threads"))
     parser.add_argument("--seed", type=int, default=0, help="the run's seed (default: 0)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     parser.add_argument("--alphas", default=None, help="comma-separated sigmoid α values (default: 0.5 ... 2, 7 "

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from pipeline.commands.bench.common import bench_device
+from pipeline.commands.bench.common import bench_device, run_help
 from pipeline.config import DRAFT_QUANTS, DRAFTERS, RunConfig
 from pipeline.decoding.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPE_CHOICES
@@ -21,11 +21,6 @@ TASKS = ("prompts", "cnn_dailymail")
 """The tasks whose prompts the bench decodes: one text prompt per record (pipeline/benchmarks/prompts.py)."""
 
 
-def _run_help(name: str) -> str:
-    """The help of `specsweep run`'s flag for setting ``name`` (RunConfig's field), so both flags say one thing."""
-    return next(f for f in dataclasses.fields(RunConfig) if f.name == name).metadata["help"].replace("%", "%%")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target model (default: a synthetic pair built locally)")
     parser.add_argument("--draft", help="draft model (with --target)")
@@ -35,25 +30,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="prompts",
                         help=f"how --data becomes prompts, as `specsweep run --task` builds them: {', '.join(TASKS)} "
                              "(default: prompts)")
-    parser.add_argument("--chat-template", action="store_true", help=_run_help("chat_template"))
-    parser.add_argument("--max-prompt-tokens", type=int, help=_run_help("max_prompt_tokens"))
-    parser.add_argument("--limit", type=int, help=_run_help("limit") + " (--seed 0, as `specsweep run`'s default)")
+    parser.add_argument("--chat-template", action="store_true", help=run_help("chat_template"))
+    parser.add_argument("--max-prompt-tokens", type=int, help=run_help("max_prompt_tokens"))
+    parser.add_argument("--limit", type=int, help=run_help("limit") + " (--seed 0, as `specsweep run`'s default)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step, ours and HF's assisted loop at "
                                                              "equal γ (default: 4)")
     parser.add_argument("--drafter", default="model", choices=DRAFTERS,
                         help="our loop only (HF's assisted loops draft with the draft model): "
-                             + _run_help("drafter") + " (default: model; another drafter makes the comparison at "
+                             + run_help("drafter") + " (default: model; another drafter makes the comparison at "
                              "equal γ one of settings, not of loops)")
     parser.add_argument("--draft-vocab", type=int, help="our loop only (HF's keeps the whole head): "
-                        + _run_help("draft_vocab"))
+                        + run_help("draft_vocab"))
     parser.add_argument("--draft-quant", default="none", choices=DRAFT_QUANTS,
                         help="our static-cache loop only (HF's loops and ours on transformers' forward keep the "
-                             "draft's own weights): " + _run_help("draft_quant"))
-    parser.add_argument("--draft-schedule", default="constant", help="our loop only: " + _run_help("draft_schedule")
+                             "draft's own weights): " + run_help("draft_quant"))
+    parser.add_argument("--draft-schedule", default="constant", help="our loop only: " + run_help("draft_schedule")
                         + f" (one of {', '.join(SCHEDULES)}; default: constant)")
     parser.add_argument("--draft-confidence", type=float, default=0.0,
-                        help="our loop only: " + _run_help("draft_confidence"))
-    parser.add_argument("--gamma-max", type=int, help="our loop only: " + _run_help("gamma_max"))
+                        help="our loop only: " + run_help("draft_confidence"))
+    parser.add_argument("--gamma-max", type=int, help="our loop only: " + run_help("gamma_max"))
     parser.add_argument("--dtype", default="float32",
                         help=f"both loops' models: one of {', '.join(DTYPE_CHOICES)}; auto as `specsweep run` "
                              "resolves it (default: float32)")
