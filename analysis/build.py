@@ -145,10 +145,12 @@ def _header(table, max_quality_loss: float) -> list:
                        "(section **Flagged measurements**). Quality is "
                        "ROUGE-L (CNN/DailyMail, higher is better), WER (LibriSpeech, lower is better) or the token "
                        "agreement with the target alone at T = 0 (Spec-Bench, higher is better). Quality "
-                       "loss = 1 − quality ratio against the reference (the AR baseline of the same pair and dtype, "
-                       "else the mean of the exact runs): ROUGE-L / reference, or (1 − WER) / (1 − reference WER); "
+                       "loss = 1 − quality ratio against the reference (the AR baseline of the same pair, dtype and "
+                       "temperature, else the mean of the exact runs at that temperature): ROUGE-L / reference, "
+                       "or (1 − WER) / (1 − reference WER); "
                        f"the allowed loss is {max_quality_loss:.1%} (`--max-quality-loss`). Lossless: exact, and "
-                       "greedy at temperature 0."))
+                       "greedy at temperature 0. Each decoding temperature (T) has its own recommendation: a greedy "
+                       "run and a sampled one are never ranked against each other."))
     if several_dtypes(table):
         blocks.append(Para("A speedup is over the target alone in the run's own dtype, so a dtype can win on "
                            "speedup and lose on speed. Where a task and target ran in several dtypes, the "
@@ -173,27 +175,36 @@ def _recommendations(table, max_quality_loss: float) -> list:
         return [*blocks, Para("No run or trial with a measured speedup: nothing to recommend yet."),
                 *_speed_references(table)]
     several = several_dtypes(rec)
-    cols = ["task", "target", "draft", "choice", "sampler", "backend", "gamma", "parameters", "dtype", "speedup",
+    cols = ["task", "target", "draft", "T", "choice", "sampler", "backend", "gamma", "parameters", "dtype", "speedup",
             *_vs_reference_column(several), "quality", "quality loss", "device", "date", "source"]
     rows = []
     for _, r in rec.iterrows():
+        temperature = _temperature(r.get("temperature"))
         if r.get("run") is None or (isinstance(r.get("run"), float) and math.isnan(r["run"])):
-            rows.append([r["task"], r["target"], r["draft"], r["choice"], f"none ({r['note']})"]
-                        + [None] * (len(cols) - 5))
+            rows.append([r["task"], r["target"], r["draft"], temperature, r["choice"], f"none ({r['note']})"]
+                        + [None] * (len(cols) - 6))
             continue
-        rows.append([r["task"], r["target"], r["draft"], r["choice"], r["sampler"], r["backend"], _int(r["gamma"]),
+        rows.append([r["task"], r["target"], r["draft"], temperature, r["choice"], r["sampler"], r["backend"],
+                     _int(r["gamma"]),
                      _with_mode(_params(r), r), r["dtype"], _speedup(r), *_vs_reference_cell(r, several),
                      _raw_quality(r), _pct(r["quality_loss"]),
                      _device(r), r["date"], r["source"]])
     blocks.append(Table(cols, rows))
     for _, r in rec.iterrows():
         if r.get("note") and isinstance(r.get("run"), str):
-            blocks.append(Para(f"**{r['task']}, {r['choice']}** (`{r['run']}`): {r['note']}."))
+            at = f" at T = {_temperature(r.get('temperature'))}" if _temperature(r.get("temperature")) else ""
+            blocks.append(Para(f"**{r['task']}{at}, {r['choice']}** (`{r['run']}`): {r['note']}."))
     blocks += _speed_references(table)
     blocks.append(Para("Quality is the raw score (ROUGE-L, or WER); loss is relative to the reference named in "
                        "`results.csv` (`reference_source`). On few samples, quality differences of a few percent "
                        "are within sampling noise: confirm a sigmoid choice on more data."))
     return blocks
+
+
+def _temperature(value) -> str:
+    """A decoding temperature as the recommendation writes it ("0", "1", "0.7"; "" where unknown)."""
+    number = to_number(value)
+    return "" if number is None else f"{number:g}"
 
 
 def _speed_references(table) -> list:

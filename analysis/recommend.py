@@ -1,6 +1,8 @@
-"""Which setting to use: per task and model pair, the fastest setting within a quality loss, and the best lossless.
+"""Which setting to use: per task, model pair and decoding temperature, the fastest setting within a quality loss, and
+the best lossless. A greedy run and a sampled one answer different questions (a user decodes at one temperature), so
+they are never ranked against each other.
 
-Quality loss is relative to the reference quality of the same task, model pair and dtype: the AR baseline
+Quality loss is relative to the reference quality of the same task, model pair, dtype and temperature: the AR baseline
 (γ = 0 sampling from the target alone) when there is one, else the mean of the exact sampler's runs. The AR baseline
 does not use the draft, so a pair without its own takes one of the same task, target and dtype measured with another
 draft (the pipeline measures one per task, and a target may be run with several drafts, e.g. one with another
@@ -29,19 +31,30 @@ from pipeline.rules import is_lossless, param_names
 from .speed_reference import add_speed_reference
 
 GROUP = ("task", "target", "draft")
+DECODING = (*GROUP, "temperature")
+"""What one recommendation is for: a pair on a task at one decoding temperature."""
 CANDIDATE_KINDS = ("run", "trial")
 
 
-def reference_quality(table, task, target, draft, dtype) -> tuple[float | None, str]:
-    """(raw reference score, where it came from) for one task, pair and dtype."""
+def at_temperature(rows, temperature):
+    """``rows`` decoded at ``temperature``, with those whose temperature is not recorded (results older than the
+    column); all of them where ``temperature`` is unknown (None or NaN) or the table has no such column."""
+    wanted = to_number(temperature)
+    if wanted is None or "temperature" not in rows.columns:
+        return rows
+    return rows.iloc[[i for i, t in enumerate(rows["temperature"]) if to_number(t) in (None, wanted)]]
+
+
+def reference_quality(table, task, target, draft, dtype, temperature=None) -> tuple[float | None, str]:
+    """(raw reference score, where it came from) for one task, pair, dtype and temperature (None: any)."""
     if task not in QUALITY:
         return None, "no quality metric"
     key = QUALITY[task][0]
     if key not in table.columns:
         return None, "no scores"
-    same = table[(table["task"] == task) & (table["target"] == target) & (table["draft"] == draft)
-                 & (table["dtype"] == dtype)]
-    base = baselines(table, task, target, draft, dtype)
+    same = at_temperature(table[(table["task"] == task) & (table["target"] == target) & (table["draft"] == draft)
+                                & (table["dtype"] == dtype)], temperature)
+    base = at_temperature(baselines(table, task, target, draft, dtype), temperature)
     base = base[base[key].notna()]
     if not base.empty:
         return float(base[key].iloc[0]), f"AR baseline {base['source'].iloc[0]}"
@@ -101,7 +114,8 @@ def with_loss(table):
         cand = cand[cand["trial_state"].isna() | (cand["trial_state"] == "COMPLETE")]
     refs, losses, ref_src = [], [], []
     for _, row in cand.iterrows():
-        ref, src = reference_quality(table, row["task"], row["target"], row["draft"], row["dtype"])
+        ref, src = reference_quality(table, row["task"], row["target"], row["draft"], row["dtype"],
+                                     row.get("temperature"))
         key = QUALITY.get(row["task"], (None,))[0]
         value = row.get(key) if key else None
         loss = None
@@ -118,7 +132,8 @@ def with_loss(table):
 
 
 def recommend(table, max_quality_loss: float = 0.01):
-    """One or two rows per (task, target, draft): ``choice`` = 'fastest within loss' and 'best lossless'.
+    """One or two rows per (task, target, draft, temperature): ``choice`` = 'fastest within loss' and 'best
+    lossless'.
 
     A group with nothing eligible gets a row whose ``run`` is None and whose ``note`` says why. A choice that is
     slower than decoding with the target alone (its speedup interval, or its speedup where it has none, lies
@@ -132,21 +147,24 @@ def recommend(table, max_quality_loss: float = 0.01):
     out = []
     if cand.empty:
         return pd.DataFrame(out)
-    for (task, target, draft), group in cand.groupby(list(GROUP), sort=True, dropna=False):
+    if "temperature" not in cand.columns:
+        cand = cand.assign(temperature=float("nan"))
+    for (task, target, draft, temperature), group in cand.groupby(list(DECODING), sort=True, dropna=False):
         within = group[group["quality_loss"].notna() & (group["quality_loss"] <= max_quality_loss)]
         lossless = group[[is_lossless(s, t) for s, t in zip(group["sampler"], group.get("temperature"))]]
-        choices = ((f"fastest within {max_quality_loss:.1%} quality loss", within,
-                    "no run with a known quality loss this small" if task in QUALITY else "task has no quality "
-                    "metric"),
+        why_none = ("task has no quality metric" if task not in QUALITY else
+                    "no AR baseline or exact run at this temperature to measure a loss against"
+                    if group["quality_loss"].isna().all() else "no run with a known quality loss this small")
+        choices = ((f"fastest within {max_quality_loss:.1%} quality loss", within, why_none),
                    ("best lossless", lossless, "no lossless run"))
         for label, rows, why in choices:
-            base = {"task": task, "target": target, "draft": draft, "choice": label}
+            base = {"task": task, "target": target, "draft": draft, "temperature": temperature, "choice": label}
             if rows.empty:
                 out.append({**base, "run": None, "note": why})
                 continue
             best = rows.sort_values(["speedup_vs_reference", "quality_loss"], ascending=[False, True]).iloc[0]
             out.append({**base, **{k: best.get(k) for k in (
-                "run", "kind", "sampler", "backend", "gamma", *param_names(), "preset", "dtype", "temperature",
+                "run", "kind", "sampler", "backend", "gamma", *param_names(), "preset", "dtype",
                 "speedup", "speedup_ci_low", "speedup_ci_high", *VS_REFERENCE, "speed_reference_dtype",
                 "speed_dtypes", "quality", "quality_loss", "reference",
                 "reference_source", "acceptance_rate", "draft_tokenizer_mode",
@@ -165,6 +183,7 @@ def _point_to_a_faster_draft(rows: list[dict]) -> list[dict]:
             continue
         faster = [r for r in rows if r.get("run") is not None and r is not row
                   and all(r.get(k) == row.get(k) for k in ("task", "target", "choice"))
+                  and _same_temperature(r.get("temperature"), row.get("temperature"))
                   and (to_number(r.get(low)) or 0.0) > 1]
         if faster:
             best = max(faster, key=lambda r: to_number(r.get(speed)) or 0.0)
@@ -177,6 +196,12 @@ def _point_to_a_faster_draft(rows: list[dict]) -> list[dict]:
 VS_REFERENCE = ("speedup_vs_reference", "speedup_vs_reference_ci_low", "speedup_vs_reference_ci_high")
 SLOWER = "slower than the target alone"
 ALONE = "with this pair on this machine, decode with the target alone"
+
+
+def _same_temperature(a, b) -> bool:
+    """Whether two rows decoded at one temperature (unknown, NaN, matches only unknown)."""
+    a, b = to_number(a), to_number(b)
+    return (a is None) == (b is None) and (a is None or a == b)
 
 
 def _slower_note(row) -> str:

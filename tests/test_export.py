@@ -393,3 +393,23 @@ def test_a_lookup_tree_exports_as_its_chain_on_request_and_the_cli_says_so(tmp_p
     assert "not measured" in capsys.readouterr().out
     assert json.loads(out.read_text()) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
                                            "prompt_lookup_max": 3}
+
+
+def test_a_report_with_recommendations_at_two_temperatures_is_refused_in_one_line(tmp_path):
+    """A report recommends per decoding temperature; a settings file holds one: exporting a report whose pair ran
+    greedy and sampled would have to pick one silently, so it is a one-line error."""
+    import pandas as pd
+
+    runs = []
+    for name, temperature in (("greedy", 0.0), ("exact", 1.0)):
+        source = fake_result(tmp_path / "runs" / f"{name}.json", gamma=3, ratios=_speedup(1.4), schedule="constant")
+        runs.append({"run": name, "kind": "run", "task": "cnn_dailymail", "target": "models/target",
+                     "draft": "models/draft", "dtype": "float32", "sampler": name, "temperature": temperature,
+                     "gamma": 3, "speedup": 1.42, "speedup_ci_low": 1.4, "speedup_ci_high": 1.46, "rougeL": 0.5,
+                     "quality": 0.5, "flagged": False, "source": str(source)})
+    (tmp_path / "report").mkdir()
+    pd.DataFrame(runs).to_csv(tmp_path / "report" / "results.csv", index=False)
+    with pytest.raises(SpecsweepError, match=r"recommends settings for 2 pairs or temperatures \(models/target, "
+                                             r"models/draft, T = 0; models/target, models/draft, T = 1\)") as e:
+        load_source(tmp_path / "report")
+    assert "\n" not in str(e.value)

@@ -591,10 +591,16 @@ def test_report_compares_drafts_with_another_tokenizer(cross_tree, capsys):
     assert "draft tokenizer" not in matched
     # and both are recommended, the mismatched one against the AR baseline measured with the other draft
     table = load_all(load_runs(cross_tree / "runs"))
-    rec = recommend(table, 0.01).set_index(["draft", "choice"])
-    lossless = rec.loc[("d-bpe", "best lossless")]
+    rec = recommend(table, 0.01).set_index(["draft", "temperature", "choice"])
+    lossless = rec.loc[("d-bpe", 1.0, "best lossless")]
     assert lossless["run"] == "bpe-exact-g4" and lossless["reference_source"].startswith("AR baseline")
-    assert rec.loc[("d", "best lossless"), "run"] == "d-greedy-g4"   # greedy at T = 0 is lossless
+    # each temperature has its own recommendation: greedy at T = 0 is lossless there, and never ranked against the
+    # runs at T = 1 (nor scored against their AR baseline: T = 0 has none, so nothing has a known loss there)
+    assert rec.loc[("d", 0.0, "best lossless"), "run"] == "d-greedy-g4"
+    assert rec.loc[("d", 1.0, "best lossless"), "run"] == "d-exact-g4"
+    assert pd_isna(rec.loc[("d", 0.0, "fastest within 1.0% quality loss"), "run"])
+    assert rec.loc[("d", 0.0, "fastest within 1.0% quality loss"), "note"] == (
+        "no AR baseline or exact run at this temperature to measure a loss against")
     recommendation = md.split("## Recommendation")[1].split("\n## ")[0]
     assert "| exact | torch | 4 | draft tokenizer intersection | float32 | 1.30x [1.20, 1.40] |" in recommendation
 

@@ -554,3 +554,25 @@ def test_a_stream_sends_one_chunk_per_step_however_far_the_worker_has_got():
     texts = [(what, text, since["token_ids"] if what == "text" else None) for what, _, text, since in out]
     assert texts == [("text", "<5><6>", [5, 6]), ("text", "<7>", [7]), ("text", "<8><9><10>", [8, 9, 10]),
                      ("finish", "", None)]
+
+
+def test_serving_a_recommendation_picks_its_temperature_and_refuses_to_guess_one():
+    """A pair measured greedy and sampled has a recommendation at each temperature: --temperature picks one, none
+    given is a one-line error naming both, and one it was not measured at is too."""
+    import pandas as pd
+
+    from pipeline.serving.settings import pick
+
+    def row(run, sampler, temperature):
+        return {"run": run, "kind": "run", "task": "cnn_dailymail", "target": "t", "draft": "d", "dtype": "float32",
+                "sampler": sampler, "temperature": temperature, "gamma": 4, "speedup": 1.5, "speedup_ci_low": 1.4,
+                "speedup_ci_high": 1.6, "rougeL": 0.3, "flagged": False, "source": f"{run}.json"}
+
+    table = pd.DataFrame([row("greedy-g4", "greedy", 0.0), row("exact-g4", "exact", 1.0)])
+    assert pick(table, None, None, 0.01, True, "report r", 0.0)["run"] == "greedy-g4"
+    assert pick(table, None, None, 0.01, True, "report r", 1.0)["run"] == "exact-g4"
+    with pytest.raises(SpecsweepError, match="recommends settings at temperatures 0, 1 for t: pick one with "
+                                             "--temperature"):
+        pick(table, None, None, 0.01, True, "report r")
+    with pytest.raises(SpecsweepError, match=r"has no recommendation at --temperature 0\.7 for t"):
+        pick(table, None, None, 0.01, True, "report r", 0.7)

@@ -101,7 +101,7 @@ def served_settings(args: argparse.Namespace):
         config = RunConfig(**{k: v for k, v in values.items() if v is not None and k not in param_names()},
                            rule_params=rule_params, task="prompts", data="")
         return Served(config, "the command line")
-    given = given_point_settings(values)
+    given = [name for name in given_point_settings(values) if name != "temperature"]   # it picks a recommendation
     flag = "--from-study" if args.from_study else "--from-report"
     if given:
         raise SpecsweepError(f"--{given[0].replace('_', '-')} conflicts with {flag}: the recommended point sets it; "
@@ -110,7 +110,8 @@ def served_settings(args: argparse.Namespace):
     if not 0 <= loss < 1:
         raise SpecsweepError(f"--max-quality-loss must be a fraction in [0, 1), e.g. 0.01 for 1 %; got {loss}")
     base = {k: v for k, v in values.items()
-            if k not in POINT_SETTINGS and k not in param_names() and (v is not None or k in ("target", "draft"))}
+            if (k not in POINT_SETTINGS or k == "temperature") and k not in param_names()
+            and (v is not None or k in ("target", "draft"))}
     return from_recommendation(folder, "study" if args.from_study else "report", base, loss, args.lossless)
 
 

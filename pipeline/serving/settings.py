@@ -77,7 +77,8 @@ def from_recommendation(folder: str, kind: str, base: dict, max_quality_loss: fl
     the other settings (target and draft None unless given, to pick the pair)."""
     table = study_table(folder) if kind == "study" else report_table(folder)
     choice = "best lossless" if lossless else f"fastest within {max_quality_loss:.1%} quality loss"
-    row = pick(table, base.get("target"), base.get("draft"), max_quality_loss, lossless, f"{kind} {folder}")
+    row = pick(table, base.get("target"), base.get("draft"), max_quality_loss, lossless, f"{kind} {folder}",
+               base.get("temperature"))
     rule = RULES[row["sampler"]]
     rule_params = {p: float(row[p]) for p in rule.param_names if _number(row.get(p)) is not None}
     temperature = _number(row.get("temperature"))
@@ -107,8 +108,10 @@ def from_recommendation(folder: str, kind: str, base: dict, max_quality_loss: fl
                           f"({row.get('source')}; {detail})")
 
 
-def pick(table, target: str | None, draft: str | None, max_quality_loss: float, lossless: bool, where: str) -> dict:
-    """The recommended row (a dict) of the one text pair in ``table`` that matches target/draft (None: any)."""
+def pick(table, target: str | None, draft: str | None, max_quality_loss: float, lossless: bool, where: str,
+         temperature: float | None = None) -> dict:
+    """The recommended row (a dict) of the one text pair in ``table`` that matches target/draft (None: any), at
+    ``temperature`` (None: the one temperature the pair was measured at; several are a one-line error)."""
 
     rec = recommend(table, max_quality_loss) if not table.empty else table
     if rec.empty:
@@ -128,6 +131,15 @@ def pick(table, target: str | None, draft: str | None, max_quality_loss: float, 
                              "--target and --draft")
     label = "best lossless" if lossless else "fastest within"
     rows = rec[[str(c).startswith(label) for c in rec["choice"]]]
+    if temperature is not None:
+        rows = rows[[_number(t) in (None, float(temperature)) for t in rows["temperature"]]]
+    measured = sorted({t for t in map(_number, rows["temperature"]) if t is not None})
+    if rows.empty:
+        raise SpecsweepError(f"{where} has no recommendation at --temperature {temperature:g} for {pairs[0][0]}: "
+                             "give a temperature it was measured at")
+    if len(rows) > 1:
+        raise SpecsweepError(f"{where} recommends settings at temperatures {', '.join(f'{t:g}' for t in measured)} "
+                             f"for {pairs[0][0]}: pick one with --temperature")
     row = rows.iloc[0].to_dict()
     if row.get("run") is None or (isinstance(row.get("run"), float) and math.isnan(row["run"])):
         raise SpecsweepError(f"{where}: no {label.replace(' within', '')} setting for {pairs[0][0]} ({row.get('note')})"

@@ -119,6 +119,12 @@ def _from_report(csv: Path, task: str | None, max_quality_loss: float) -> dict:
     if rows.empty:
         raise SpecsweepError(f"{csv}: no recommended setting{f' for task {task}' if task else ''} (the report's "
                              "recommendation is empty)")
+    decodings = sorted({(str(r["target"]), str(r["draft"]), f"T = {float(r['temperature']):g}")
+                        for _, r in rows.iterrows()})
+    if len(decodings) > 1:
+        raise SpecsweepError(f"{csv} recommends settings for {len(decodings)} pairs or temperatures "
+                             f"({'; '.join(', '.join(d) for d in decodings)}): export one from its study folder or "
+                             "schedule instead")
     picks = {}
     for _, row in rows.iterrows():
         result = read_result(row["source"]) if Path(str(row["source"])).is_file() else None
