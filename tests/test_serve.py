@@ -576,3 +576,32 @@ def test_serving_a_recommendation_picks_its_temperature_and_refuses_to_guess_one
         pick(table, None, None, 0.01, True, "report r")
     with pytest.raises(SpecsweepError, match=r"has no recommendation at --temperature 0\.7 for t"):
         pick(table, None, None, 0.01, True, "report r", 0.7)
+
+
+def test_serve_from_a_report_takes_temperature_to_pick_its_recommendation(tmp_path):
+    """`serve --from-report DIR --temperature T` serves the recommendation at T (the flag picks; it does not conflict
+    with the recommended point), and without it a report measured at two temperatures is a one-line error."""
+    import argparse
+
+    import pandas as pd
+
+    from pipeline.commands import serve as serve_command
+
+    study = _study(tmp_path / "tune" / "text")
+    table = study_table(str(study))
+    greedy = table[table["sampler"] == "exact"].copy()
+    greedy[["run", "sampler", "temperature", "gamma"]] = ["greedy-g5", "greedy", 0.0, 5]
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    pd.concat([table, greedy]).to_csv(reports / "results.csv", index=False)
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    served = serve_command.served_settings(parser.parse_args(["--from-report", str(reports), "--lossless",
+                                                              "--temperature", "0"]))
+    assert (served.config.sampler, served.config.gamma, served.config.temperature) == ("greedy", 5, 0.0)
+    sampled = serve_command.served_settings(parser.parse_args(["--from-report", str(reports), "--lossless",
+                                                               "--temperature", "1"]))
+    assert (sampled.config.sampler, sampled.config.gamma) == ("exact", 4)
+    with pytest.raises(SpecsweepError, match="recommends settings at temperatures 0, 1 for models/t: pick one with "
+                                             "--temperature"):
+        serve_command.served_settings(parser.parse_args(["--from-report", str(reports), "--lossless"]))
