@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .doc_sources import ci, interval, micros, minus, num, percent, prose, read_source, signed, table
+from .doc_sources import ci, commit_text, interval, micros, num, percent, prose, read_source, signed, table
+from .pareto import pareto_mask
+from .run_tables import rule_params
 
 REDESIGN = "results/bench/redesign-engine-cpu.json"
 REDESIGN_LOOPS = (("ours_speculative", "ours, speculative"), ("ours_autoregressive", "ours, γ = 0"),
@@ -356,19 +358,6 @@ def bench_engine_qwen(root: Path) -> str:
     return "\n".join([table(header, body), "", prose(after)])
 
 
-def _rule_parameters(row: dict) -> str:
-    symbols = {"alpha": ("α", 2), "beta": ("β", 1), "epsilon": ("ε", 2), "delta": ("δ", 2)}
-    return ", ".join(f"{symbols[k][0]} {minus(v, symbols[k][1])}" for k, v in sorted(
-        row["params"].items(), key=lambda kv: list(symbols).index(kv[0])))
-
-
-def _at_commit(commit: dict | None) -> str:
-    """" at 1a2b3c4" (" with local changes" where dirty), "" for a run from an installed copy."""
-    if not commit or not commit.get("commit"):
-        return ""
-    return f" at {commit['commit'][:7]}" + (" with local changes" if commit.get("dirty") else "")
-
-
 def bench_distortion_qwen(root: Path) -> str:
     """docs/results.md's distortion map of the sigmoid on the Qwen2.5-Coder pair (`specsweep bench distortion`, run
     by `make pair-sigmoid`): exact (the zero check), typical and the sigmoid at the registry's parameters, then the
@@ -377,9 +366,8 @@ def bench_distortion_qwen(root: Path) -> str:
     data = read_source(root, DISTORTION_QWEN, "make pair-sigmoid (specsweep bench distortion)")
     s, rows, choice = data["settings"], data["results"], data["choice"]
     sigmoid = [r for r in rows if r["rule"] == "sigmoid"]
-    front = [r for r in sigmoid if not any(o["distortion"] <= r["distortion"] and o["acceptance"] >= r["acceptance"]
-                                           and o is not r and (o["distortion"], o["acceptance"])
-                                           != (r["distortion"], r["acceptance"]) for o in sigmoid)]
+    on = pareto_mask([r["acceptance"] for r in sigmoid], [-r["distortion"] for r in sigmoid])
+    front = [r for r, keep in zip(sigmoid, on) if keep]
     named = {rows[0]["label"]: "exact (lossless: the check)", rows[1]["label"]: "typical, the registry's ε and δ",
              rows[2]["label"]: "sigmoid, the registry's α and β"}
     body = []
@@ -391,14 +379,16 @@ def bench_distortion_qwen(root: Path) -> str:
         if choice is not None and r["label"] == choice["label"]:
             what += f" (chosen: the most accepting within {num(s['max_distortion'], 2)})"
         low, high = r["distortion_ci95"]
-        body.append([what, _rule_parameters(r), f"{num(r['distortion'], 3)} [{num(low, 3)}, {num(high, 3)}]",
+        body.append([what, rule_params(r), f"{num(r['distortion'], 3)} [{num(low, 3)}, {num(high, 3)}]",
                      num(r["acceptance"], 2), num(r["tokens_per_step"], 2)])
+    commit = data["provenance"].get("commit")       # None: run from an installed copy
+    at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
     chosen = ("no sigmoid setting is within the bound, so there is no tuned row" if choice is None else
-              f"the tuned row above runs {_rule_parameters(choice)}")
+              f"the tuned row above runs {rule_params(choice)}")
     after = (f"{s['steps']} verify steps of one exact run ({s['limit']} articles, up to {s['max_new_tokens']} new "
              f"tokens, T = {s['temperature']:g}, γ {s['gamma']}, {s['dtype']}, the draft in {s['draft_quant']}), "
              f"{len(sigmoid)} sigmoid settings; 95 % bootstrap intervals over verify steps; tokens/step at the "
              f"acceptance as if i.i.d. Bound {num(s['max_distortion'], 2)}: {chosen}. Measured on "
-             f"{data['provenance']['date'][:10]}{_at_commit(data['provenance'].get('commit'))}.")
+             f"{data['provenance']['date'][:10]}{at}.")
     return "\n".join([table(["rule", "parameters", "distortion per token [95 %]", "acceptance", "tokens/step"], body),
                       "", prose(after)])

@@ -36,6 +36,11 @@ def minus(value: float, digits: int = 2) -> str:
     return num(value, digits).replace("-", "−")
 
 
+def commit_text(commit: str | None, dirty: bool | None = False) -> str:
+    """A commit as the pages name it: "1a2b3c4", "1a2b3c4 with local changes", or "an unknown commit"."""
+    return (commit or "an unknown commit")[:7] + (" with local changes" if dirty else "")
+
+
 def signed(value: float, digits: int = 2) -> str:
     """With its sign ("+0.09", "−0.72": the minus sign the pages use)."""
     text = f"{value:+.{digits}f}"

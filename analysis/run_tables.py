@@ -20,7 +20,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.tasks import quality_metric
 from pipeline.tasks.spec_bench import GROUP_NAMES, GROUPS, MT_BENCH
 
-from .doc_sources import interval, minus, num, percent, prose, read_source, signed, table
+from .doc_sources import commit_text, interval, minus, num, percent, prose, read_source, signed, table
 from .publish import summary_path
 
 
@@ -151,8 +151,7 @@ def provenance(profile: str) -> Callable[[Path], str]:
         first, last = ((data["measured"].get(k) or "")[:10] for k in ("first", "last"))
         when = first if first == last else f"{first} to {last}"
         def at(source: dict) -> str:
-            return (source.get("commit") or "an unknown commit")[:7] + (" with local changes" if source.get("dirty")
-                                                                         else "")
+            return commit_text(source.get("commit"), source.get("dirty"))
 
         # runs counted by the commit that ran them (ran.commit); a record from before runs recorded it, by the commit
         # it was published at (its kept entry's, or this summary's)
@@ -297,11 +296,11 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
 PAIR_SBC_RUNS = (("the int4 draft (whole head), γ 5", "qwen-model-kall-int4-g5-bfloat16"),
                  ("prompt lookup's match, then the int4 draft, γ 5", "qwen-lookup-model-kall-int4-g5-bfloat16"),
                  ("prompt lookup, γ 4", "qwen-lookup-g4-bfloat16"))
+TUNED_SIGMOID = "qwen-sigmoid-tuned-g4-t1-bfloat16"
 PAIR_SIGMOID_RUNS = (("target alone", "qwen-ar-t1-bfloat16"), ("exact", "qwen-exact-g4-t1-bfloat16"),
                      ("sigmoid, the registry's α and β", "qwen-sigmoid-g4-t1-bfloat16"),
-                     ("sigmoid, α and β from the distortion map", "qwen-sigmoid-tuned-g4-t1-bfloat16"),
+                     ("sigmoid, α and β from the distortion map", TUNED_SIGMOID),
                      ("typical", "qwen-typical-g4-t1-bfloat16"))
-TUNED_SIGMOID = "qwen-sigmoid-tuned-g4-t1-bfloat16"
 NO_TUNED_SIGMOID = "none: no α and β of the distortion map are within its bound"
 SPEED_COLUMNS = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "c")
 

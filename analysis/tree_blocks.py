@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline.errors import SpecsweepError
 
-from .doc_sources import listing, num, prose, read_source, signed, table
+from .doc_sources import commit_text, listing, num, prose, read_source, signed, table
 
 FOLDER = "results/published/trees"
 WRITER = "make trees"
@@ -58,8 +58,7 @@ def lookup_trees(root: Path) -> str:
               "prompts the tree is ahead on, behind on", "prompts with the same tokens"]
     dates = sorted({d["date"][:10] for d in files})
     machines = sorted({f"{d['machine']['cpu']} ({d['machine']['cores']} cores)" for d in files})
-    commits = sorted({(d.get("commit") or "an unknown commit")[:7] + (" with local changes" if d.get("dirty") else "")
-                      for d in files})
+    commits = sorted({commit_text(d.get("commit"), d.get("dirty")) for d in files})
     versions = sorted({str(d["version"]) for d in files})
     prompts = sorted({str(d["prompts"]) for d in files})
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"

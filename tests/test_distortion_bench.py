@@ -35,7 +35,7 @@ def test_exact_is_undistorted_a_saturated_sigmoid_is_not_and_the_choice_is_a_set
     assert _bench(pair, out, "--max-distortion", "1", "--settings-out", str(settings)) == 0
     result = json.loads(out.read_text())
     rows = {r["label"]: r for r in result["results"]}
-    assert list(rows)[:3] == ["exact", "typical delta 0.3 epsilon 0.09", "sigmoid alpha 1 beta -20"]
+    assert list(rows)[:3] == ["exact", "typical epsilon 0.09 delta 0.3", "sigmoid alpha 1 beta -20"]
     assert len(rows) == 3 + 4                        # the 2 x 2 grid (the registry's default is not in it)
     assert rows["exact"]["distortion"] < 1e-5
     assert rows["sigmoid alpha 2 beta 0"]["distortion"] > 0.05

@@ -72,7 +72,7 @@ def settings_grid(alphas=ALPHAS, betas=BETAS) -> list[Setting]:
     registry's α and β, then sigmoid over alphas x betas."""
     sigmoid = RULES["sigmoid"].defaults()
     typical = RULES["typical"].defaults()
-    grid = [Setting("exact"), Setting("typical", tuple(sorted(typical.items()))),
+    grid = [Setting("exact"), Setting("typical", tuple(typical.items())),
             Setting("sigmoid", (("alpha", sigmoid["alpha"]), ("beta", sigmoid["beta"])))]
     grid += [Setting("sigmoid", (("alpha", float(a)), ("beta", float(b)))) for a, b in itertools.product(alphas, betas)
              if (float(a), float(b)) != (sigmoid["alpha"], sigmoid["beta"])]

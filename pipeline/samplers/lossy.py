@@ -157,11 +157,14 @@ class TypicalSampler(Sampler):
     def params(self) -> dict:
         return {"temperature": self.temperature, "epsilon": self.epsilon, "delta": self.delta}
 
+    def _threshold(self, p: torch.Tensor) -> torch.Tensor:
+        """min(ε, δ e^{-H(p)}) per position: p [..., V] -> [...]."""
+        entropy = -(p * torch.log(p + TYPICAL_ENTROPY_EPS)).sum(dim=-1)
+        return (self.delta * torch.exp(-entropy)).clamp_max(self.epsilon)
+
     def step_distribution(self, target_logits, draft_logits):
         p = softmax_fp32(target_logits, 1.0 / self.temperature)                 # [N, V_t]
-        entropy = -(p * torch.log(p + TYPICAL_ENTROPY_EPS)).sum(dim=-1)
-        threshold = (self.delta * torch.exp(-entropy)).clamp_max(self.epsilon)
-        kept = self._proposal(draft_logits, p.shape[1]) * (p > threshold[:, None])
+        kept = self._proposal(draft_logits, p.shape[1]) * (p > self._threshold(p)[:, None])
         acceptance = kept.sum(dim=1)
         recovered = torch.nn.functional.one_hot(target_logits.argmax(dim=-1), p.shape[1]).float()
         return kept + (1.0 - acceptance)[:, None] * recovered, acceptance
@@ -172,8 +175,7 @@ class TypicalSampler(Sampler):
         B, gamma = draft_tokens.shape
         p = softmax_fp32(target_logits, 1.0 / self.temperature)                 # [B, γ+1, V_t]
         p_block = p[:, :gamma]
-        entropy = -(p_block * torch.log(p_block + TYPICAL_ENTROPY_EPS)).sum(dim=-1)   # [B, γ]
-        threshold = (self.delta * torch.exp(-entropy)).clamp_max(self.epsilon)      # min(ε, δ e^{-H})
+        threshold = self._threshold(p_block)                                    # [B, γ]
         accepted = count_accepted(within_lengths(_drafted(draft_tokens, p_block) > threshold, lengths))
         u = uniforms(B, gamma, draft_tokens.device, generator)
         last = p[:, gamma].contiguous() if lengths is None else rows_at(p, lengths)
