@@ -1,7 +1,7 @@
 """`specsweep bench distortion` (pipeline/benchmarks/distortion.py) on a tiny Llama pair: exact's distortion is 0 and a
 saturated sigmoid's is not, every setting is read on the same positions, the choice is the most-accepting setting
-within the bound and is written as a settings file `specsweep run --from-config` reads (and none, with any stale file
-removed, when no setting is that close), and bad input is one line with exit 2."""
+within the bound and is written as a settings file `specsweep run --from-config` reads (and none, an earlier file left
+as it was, when no setting is that close), and bad input is one line with exit 2."""
 
 from __future__ import annotations
 
@@ -63,10 +63,13 @@ def test_exact_is_undistorted_a_saturated_sigmoid_is_not_and_the_choice_is_a_set
         f"{sym} {value}" for sym, value in (("α", f"{best['params']['alpha']:.2f}"),
                                             ("β", f"{best['params']['beta']:.1f}".replace("-", "−"))))
 
-    # nothing within the bound: no choice, and the earlier run's settings file is gone
+    # nothing within the bound: no choice, no settings file written, and the earlier run's left as it was (and said)
+    before = settings.read_bytes()
     assert _bench(pair, out, "--max-distortion", "0", "--settings-out", str(settings)) == 0
-    assert json.loads(out.read_text())["choice"] is None and not settings.exists()
-    assert "no sigmoid setting has distortion <= 0 per token" in capsys.readouterr().out
+    assert json.loads(out.read_text())["choice"] is None and settings.read_bytes() == before
+    printed = capsys.readouterr().out
+    assert "no sigmoid setting has distortion <= 0 per token" in printed
+    assert f"no settings file written to {settings} (the file there is an earlier run's, left as it was)" in printed
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -212,8 +212,6 @@ def run(config: RunConfig, settings: list[Setting], *, max_distortion: float, ru
             str(out), pick, {"task": config.task, "target": config.target, "draft": config.draft,
                              "dtype": config.dtype, "temperature": config.temperature, "device": device},
             [{"batch_size": 1, "context": None, "settings": entry}]))
-    elif settings_out is not None and Path(settings_out).exists():
-        Path(settings_out).unlink()               # a choice of an earlier run must not pass for this one's
     write_json_atomic(out, result)
     plot(result, out.with_suffix(".png"))
     return result

@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="results JSON (default: results/bench/distortion.json)")
     parser.add_argument("--settings-out", type=Path, default=None,
                         help="write the chosen setting here as `specsweep export --format json` does (nothing is "
-                             "written when no setting is within --max-distortion)")
+                             "written when no setting is within --max-distortion, and a file already there is left "
+                             "as it was)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -106,4 +107,7 @@ def main(args: argparse.Namespace) -> int:
     if args.settings_out is not None and result["choice"] is not None:
         written.append(str(args.settings_out))
     print(f"wrote {', '.join(written)}")
+    if args.settings_out is not None and result["choice"] is None:
+        kept = " (the file there is an earlier run's, left as it was)" if args.settings_out.exists() else ""
+        print(f"no settings file written to {args.settings_out}{kept}")
     return 0
