@@ -47,6 +47,7 @@ from .pareto import pareto_mask
 from .recommend import (
     GROUP,
     VS_REFERENCE,
+    at_temperature,
     baselines,
     flagged,
     is_lossless,
@@ -250,23 +251,41 @@ def _per_pair(table, fig_dir: Path, max_quality_loss: float, written: dict) -> l
         base = baselines(cand, task, target, draft)
         blocks.append(Heading(2, f"{name}"))
         speed_rows = cand[(cand["task"] == task) & (cand["target"] == target)]
-        blocks += _quality_section(group, losses, task=task, target=target, draft=draft, metric=metric, name=name,
-                                   slug=slug, fig_dir=fig_dir, max_quality_loss=max_quality_loss, written=written,
-                                   baseline_rows=base, speed_rows=speed_rows, other=other)
-        blocks += _rules_section(losses, task, target, draft, metric, other)
+        temperatures = _temperatures(group)
+        for t in temperatures or [None]:    # a front per decoding temperature where the pair ran at several
+            at = None if len(temperatures) < 2 else t
+            blocks += _quality_section(at_temperature(group, at), at_temperature(losses, at), task=task,
+                                       target=target, draft=draft, metric=metric, name=name, slug=slug,
+                                       fig_dir=fig_dir, max_quality_loss=max_quality_loss, written=written,
+                                       baseline_rows=at_temperature(base, at), speed_rows=speed_rows, other=other,
+                                       temperature=at)
+        blocks += _rules_section(losses, task, target, draft, metric, other, by_temperature=len(temperatures) > 1)
         blocks += _acceptance_section(group, name, slug, fig_dir, written, other)
         blocks += _sigmoid_section(group, metric, name, slug, fig_dir, written)
     return blocks
 
 
+def _temperatures(group) -> list[float]:
+    """The decoding temperatures a pair's runs and trials were decoded at (known ones, sorted)."""
+    if "temperature" not in group.columns:
+        return []
+    measured = group[group["kind"].isin(("run", "trial"))]["temperature"]
+    return sorted({t for t in map(to_number, measured) if t is not None})
+
+
 def _quality_section(group, losses, *, task, target, draft, metric, name, slug, fig_dir, max_quality_loss,
-                     written, baseline_rows, speed_rows, other: bool = False) -> list:
+                     written, baseline_rows, speed_rows, other: bool = False, temperature: float | None = None) -> list:
     """``baseline_rows``: the pair's AR baselines (recommend.baselines: its own, else the target's with another
     draft); ``speed_rows``: the task and target's runs, trials and baselines, every draft's (its speed reference);
     ``other``: the pair's draft has another tokenizer, so the front's table names each run's mode. Where the task
     and target ran in several dtypes, the figure, the front and its table use the speedup against the common
-    reference (analysis/speed_reference.py)."""
-    blocks = [Heading(3, "Quality against speedup")]
+    reference (analysis/speed_reference.py). ``temperature``: the pair ran at several decoding temperatures, and
+    ``group``, ``losses`` and ``baseline_rows`` hold this one's rows (a greedy point and a sampled one answer
+    different questions, so they never share a front); its own heading, figure and AR reference."""
+    at = "" if temperature is None else f", T = {temperature:g}"
+    if temperature is not None:
+        name, slug = f"{name}{at}", f"{slug}-t{temperature:g}"
+    blocks = [Heading(3, f"Quality against speedup{at}")]
     several = several_dtypes(group)
     if several:
         blocks.append(Para(f"**Speed reference.** {describe(speed_rows)}"))
@@ -307,11 +326,13 @@ def _quality_section(group, losses, *, task, target, draft, metric, name, slug, 
     return blocks
 
 
-def _rules_section(losses, task, target, draft, metric, other: bool = False) -> list:
+def _rules_section(losses, task, target, draft, metric, other: bool = False, by_temperature: bool = False) -> list:
     """Every acceptance rule side by side: per (rule, γ), the pipeline's runs (not trials, not flagged) with their
     acceptance rate, tokens per step, quality loss and paired speedup, fastest first against the common speed
     reference (where the task and target ran in several dtypes, a column of its own; with ``other``, a draft with
-    another tokenizer: its mode, and acceptance and emitted length in characters too)."""
+    another tokenizer: its mode, and acceptance and emitted length in characters too). ``by_temperature``: the pair
+    ran at several decoding temperatures: a T column, and the rows by temperature first (each run's quality loss
+    is against its own temperature's reference)."""
     blocks = [Heading(3, "Acceptance rules side by side")]
     sel = losses[(losses["task"] == task) & (losses["target"] == target) & (losses["draft"] == draft)
                  & (losses["kind"] == "run")] if not losses.empty else losses
@@ -319,12 +340,18 @@ def _rules_section(losses, task, target, draft, metric, other: bool = False) -> 
         return [*blocks, Para("No unflagged run.")]
     chars = (lambda r: [r.get("acceptance_rate_chars"), r.get("chars_per_step")]) if other else (lambda r: [])
     several = several_dtypes(sel)
-    rows = [[r["sampler"], "yes" if is_lossless(r["sampler"], r.get("temperature")) else "no", _int(r["gamma"]),
-             *_mode_cell(r, other), _params(r), r["dtype"], r.get("acceptance_rate"), r.get("mean_accepted_tokens"),
-             *chars(r), _pct(r["quality_loss"]) if metric else None, _speedup(r), *_vs_reference_cell(r, several),
-             r["run"]]
-            for _, r in sel.sort_values("speedup_vs_reference", ascending=False).iterrows()]
-    blocks.append(Table(["rule", "lossless", "gamma", *_mode_column(other), "parameters", "dtype", "acceptance",
+    t_cell = (lambda r: [_temperature(r.get("temperature"))]) if by_temperature else (lambda r: [])
+    order = sel.sort_values("speedup_vs_reference", ascending=False)
+    if by_temperature:      # by temperature (unknown last), fastest first within each
+        order = order.assign(_t=[to_number(t) for t in order["temperature"]]).sort_values(
+            "_t", kind="stable", na_position="last")
+    rows = [[r["sampler"], "yes" if is_lossless(r["sampler"], r.get("temperature")) else "no", *t_cell(r),
+             _int(r["gamma"]), *_mode_cell(r, other), _params(r), r["dtype"], r.get("acceptance_rate"),
+             r.get("mean_accepted_tokens"), *chars(r), _pct(r["quality_loss"]) if metric else None, _speedup(r),
+             *_vs_reference_cell(r, several), r["run"]]
+            for _, r in order.iterrows()]
+    blocks.append(Table(["rule", "lossless", *(["T"] if by_temperature else []), "gamma", *_mode_column(other),
+                         "parameters", "dtype", "acceptance",
                          "tokens/step", *(["acceptance (chars)", "chars/step"] if other else []), "quality loss",
                          "speedup", *_vs_reference_column(several), "run"], rows))
     blocks.append(Para("Acceptance is accepted / drafted tokens; tokens/step counts the corrected or bonus token "

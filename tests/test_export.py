@@ -413,3 +413,11 @@ def test_a_report_with_recommendations_at_two_temperatures_is_refused_in_one_lin
                                              r"models/draft, T = 0; models/target, models/draft, T = 1\)") as e:
         load_source(tmp_path / "report")
     assert "\n" not in str(e.value)
+    # a table from before the temperature column: the pairs are named, their temperature as unknown (not "nan")
+    table = pd.DataFrame(runs).drop(columns="temperature")
+    table.loc[1, "draft"] = "models/draft2"
+    table["sampler"] = "exact"              # lossless at any temperature, so both pairs are recommended
+    table.to_csv(tmp_path / "report" / "results.csv", index=False)
+    with pytest.raises(SpecsweepError, match=r"\(models/target, models/draft, T unknown; models/target, "
+                                             r"models/draft2, T unknown\)"):
+        load_source(tmp_path / "report")

@@ -609,6 +609,30 @@ def test_report_compares_drafts_with_another_tokenizer(cross_tree, capsys):
                                                                                             blocks)
 
 
+def test_a_pair_decoded_at_two_temperatures_has_a_front_per_temperature(cross_tree, capsys):
+    """d ran greedy at T = 0 and exact at T = 1: one figure and front each, never a greedy point on the sampled
+    runs' front (or the reverse), and the rules table names each run's T, the greedy run (T = 0) first."""
+    out = cross_tree / "reports"
+    assert main(["report", "--runs", str(cross_tree / "runs"), "--out", str(out)]) == 0
+    capsys.readouterr()
+    section = (out / "report.md").read_text().split("## cnn_dailymail: t ← d\n")[1].split("\n## ")[0]
+    greedy = section.split("### Quality against speedup, T = 0")[1].split("\n### ")[0]
+    sampled = section.split("### Quality against speedup, T = 1")[1].split("\n### ")[0]
+    assert [r[0] for r in table_rows(greedy, "Pareto front")[1:]] == ["d-greedy-g4"]
+    assert "1 of 1 runs" in greedy and "no AR" not in greedy
+    assert [r[0] for r in table_rows(sampled, "Pareto front")[1:]] == ["d-exact-g4"]
+    assert "1 of 3 runs" in sampled             # d-exact-g2, d-exact-g4 and old: the T = 1 runs only
+    for t in ("t0", "t1"):
+        assert (out / "figures" / f"quality-cnn-dailymail-t-d-{t}.png").read_bytes().startswith(PNG)
+    assert not (out / "figures" / "quality-cnn-dailymail-t-d.png").exists()
+    rules = table_rows(section, "### Acceptance rules side by side")
+    assert rules[0][:4] == ["rule", "lossless", "T", "gamma"]
+    assert [(r[2], r[-1]) for r in rules[1:]] == [("0", "d-greedy-g4"), ("1", "d-exact-g4"), ("1", "old"),
+                                                   ("1", "d-exact-g2")]
+    # the greedy run has no reference at T = 0 (the AR baseline sampled at T = 1): its loss is unknown, not 0
+    assert rules[1][-3] == "–"
+
+
 def test_no_section_without_a_draft_of_another_tokenizer(tree, capsys):
     from pipeline.analysis import tokenizers_view
     from pipeline.analysis.tables import load_all

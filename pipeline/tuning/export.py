@@ -119,7 +119,7 @@ def _from_report(csv: Path, task: str | None, max_quality_loss: float) -> dict:
     if rows.empty:
         raise SpecsweepError(f"{csv}: no recommended setting{f' for task {task}' if task else ''} (the report's "
                              "recommendation is empty)")
-    decodings = sorted({(str(r["target"]), str(r["draft"]), f"T = {float(r['temperature']):g}")
+    decodings = sorted({(str(r["target"]), str(r["draft"]), _temperature_text(r.get("temperature")))
                         for _, r in rows.iterrows()})
     if len(decodings) > 1:
         raise SpecsweepError(f"{csv} recommends settings for {len(decodings)} pairs or temperatures "
@@ -145,6 +145,16 @@ def _from_report(csv: Path, task: str | None, max_quality_loss: float) -> dict:
     return {"kind": KIND, "version": 1, "study": f"report {csv}",
             **{k: config.get(k) for k in ("task", "target", "draft", "dtype", "temperature", "device")},
             "cells": [cell]}
+
+
+def _temperature_text(value) -> str:
+    """'T = 0' for a recommendation's decoding temperature; 'T unknown' where the report's table does not record it
+    (results older than the column)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "T unknown"
+    return "T unknown" if number != number else f"T = {number:g}"
 
 
 def _standard(settings: dict) -> bool:
