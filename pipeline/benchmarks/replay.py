@@ -1,0 +1,270 @@
+"""`python -m pipeline.benchmarks.replay RUN.json`: model-free drafters replayed on a greedy run's own texts, without
+the target: tokens per step for every setting of a grid, and what they predict for decoding speed.
+
+Why. At T = 0 every lossless rule emits the target's greedy tokens, whatever the drafter. A drafter that needs no
+model (prompt lookup, suffix decoding: pipeline/decoding/drafters/lookup.py) proposes from the text alone, so its
+steps over a text already decoded can be replayed on the host in milliseconds: each step it proposes from the prompt
+and the tokens so far, the longest prefix equal to the next output tokens is accepted, and one more output token is
+emitted (the target's correction or bonus). These are the engine's own steps: the proposers are the engine's (the
+same constructors and stop ids), and a step proposes at most γ and at most the room left before ``max_new_tokens``
+less one, as the engine's does. Replaying a run's own
+setting gives back its recorded steps exactly in float32; in bfloat16 up to the near ties that a forward of another
+width rounds differently (docs/results.md, "Lossless in bfloat16"), after which the replayed texts are the run's,
+not the other setting's. Batch 1: each sample alone (a batched step verifies as wide as its widest row).
+
+What it reads. A results file of a greedy run (``specsweep run --temperature 0``, any drafter, γ = 0 included)
+records each sample's prompt ids (``samples[i].prompt_ids``) and output ids (``token_ids``) and the stop ids the
+drafters used (``resolved.eos_token_ids``); results written before those fields are refused in one line.
+
+Predicted speed (optional, ``--forward FILE``: a ``python -m pipeline.benchmarks.forward --model ...`` result of the
+run's target and dtype, with 1 among its new tokens). A step that proposes k tokens costs one target forward over
+q = k + 1 tokens, r(q) = ms(q) / ms(1) one-token forwards (linear between the measured q; a grid's γ beyond the
+largest measured q - 1 is refused). The predicted decoding speedup is the run's tokens after each sample's first
+step over the sum of its later steps' r(q): the target's forwards alone, the drafter's host time, the verify step
+and the loop's overhead left out, the prefill left out as the runs' "decoding alone" column leaves it out. It is a
+model, not a measurement: a setting worth using is then measured with `specsweep run` (paired, with its interval).
+
+Output: a table, fastest predicted first (else most tokens per step), and JSON (``--out``, default
+results/bench/replay-<run name>.json), written atomically.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pipeline.benchmarks.timing import format_table
+from pipeline.decoding.drafters.lookup import prompt_lookup, suffix_decoding
+from pipeline.decoding.drafters.ngram import Proposer
+from pipeline.env_info import provenance
+from pipeline.errors import OneLineParser, SpecsweepError
+from pipeline.io import write_json_atomic
+from pipeline.result import read_result
+
+DRAFTERS = ("prompt-lookup", "suffix")
+
+
+def load_texts(path: Path) -> tuple[dict, list[tuple[list[int], list[int]]], list[int]]:
+    """(the run's results, [(prompt ids, output ids)] per sample, stop ids) of a greedy results file; a one-line
+    SpecsweepError for anything else."""
+    result = read_result(path)
+    if result is None:
+        raise SpecsweepError(f"{path}: not a specsweep results file")
+    config = result.get("config", {})
+    if config.get("temperature") not in (0, 0.0):
+        raise SpecsweepError(f"{path} decoded at T = {config.get('temperature')}: a replay needs a greedy run "
+                             "(--temperature 0), whose tokens every lossless setting shares")
+    samples = result.get("samples") or []
+    if not samples or any("prompt_ids" not in s or "token_ids" not in s for s in samples) \
+            or "eos_token_ids" not in result.get("resolved", {}):
+        raise SpecsweepError(f"{path} does not record its samples' prompt ids and stop ids (results from before "
+                             "they were written): run it again with this version")
+    texts = [(list(map(int, s["prompt_ids"])), list(map(int, s["token_ids"]))) for s in samples]
+    return result, texts, [int(t) for t in result["resolved"]["eos_token_ids"]]
+
+
+def cost_curve(path: Path, dtype: str) -> dict[int, float]:
+    """q -> r(q) = ms(q) / ms(1) of the static forward in ``dtype``, from a `python -m pipeline.benchmarks.forward
+    --model` result."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        rows = {int(r["new_tokens"]): float(r["static_ms"]) for r in data["results"] if r.get("dtype") == dtype}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SpecsweepError(f"--forward {path}: not a readable forward benchmark result ({e})") from None
+    if 1 not in rows:
+        raise SpecsweepError(f"--forward {path} has no {dtype} forward over 1 new token (the run's dtype): measure it "
+                             "with `python -m pipeline.benchmarks.forward --model ... --dtypes "
+                             f"{dtype} --new-tokens 1,...`")
+    return {q: ms / rows[1] for q, ms in sorted(rows.items())}
+
+
+def verify_cost(curve: dict[int, float], q: int) -> float:
+    """r(q), linear between the curve's measured points (q within them)."""
+    qs = list(curve)
+    if q in curve:
+        return curve[q]
+    i = bisect_left(qs, q)
+    lo, hi = qs[i - 1], qs[i]
+    return curve[lo] + (curve[hi] - curve[lo]) * (q - lo) / (hi - lo)
+
+
+def replay(texts: Sequence[tuple[list[int], list[int]]], make: Callable[[], Proposer], gamma: int,
+           max_new_tokens: int) -> list[list[tuple[int, int]]]:
+    """Greedy verify steps of ``make()``'s proposer over each (prompt, output) text, batch 1 (module docstring): per
+    sample, each step's (proposed, emitted) tokens, in order."""
+    out = []
+    for prompt, output in texts:
+        proposer = make()
+        proposer.start(prompt)
+        i, steps = 0, []
+        while i < len(output):
+            proposal = proposer.propose(min(gamma, max_new_tokens - i - 1))
+            a = 0
+            while a < len(proposal) and i + a < len(output) and proposal[a] == output[i + a]:
+                a += 1
+            emitted = output[i:i + a + 1]
+            proposer.extend(emitted)
+            i += len(emitted)
+            steps.append((len(proposal), len(emitted)))
+        out.append(steps)
+    return out
+
+
+def summarize(steps: list[list[tuple[int, int]]], curve: dict[int, float] | None) -> dict:
+    """Tokens per step (emitted over steps, the runs' ``mean_accepted_tokens``), acceptance (accepted over proposed),
+    the share of steps that proposed anything, and with a cost curve the predicted decoding speedup: the tokens
+    after each sample's first step over the r(q) of its later steps (module docstring)."""
+    flat = [s for sample in steps for s in sample]
+    proposed = sum(k for k, _ in flat)
+    accepted = sum(e - 1 for _, e in flat)
+    row = {"steps": len(flat), "emitted": sum(e for _, e in flat), "proposed": proposed,
+           "tokens_per_step": sum(e for _, e in flat) / len(flat) if flat else None,
+           "acceptance_rate": accepted / proposed if proposed else None,
+           "proposing_share": sum(k > 0 for k, _ in flat) / len(flat) if flat else None}
+    if curve is not None:
+        later = [s for sample in steps for s in sample[1:]]
+        cost = sum(verify_cost(curve, k + 1) for k, _ in later)
+        row["predicted_decode_speedup"] = sum(e for _, e in later) / cost if cost else None
+    return row
+
+
+def settings_grid(drafters: Sequence[str], gammas: Sequence[int], lookup_min: Sequence[int],
+                  lookup_max: Sequence[int], suffix_factor: Sequence[float], suffix_min_prob: Sequence[float],
+                  suffix_depth: int) -> list[dict]:
+    """Every setting to replay: prompt lookup over γ x lookup_min x lookup_max (min <= max), suffix decoding over
+    γ x factor x min_prob."""
+    grid = []
+    if "prompt-lookup" in drafters:
+        grid += [{"drafter": "prompt-lookup", "gamma": g, "lookup_min": lo, "lookup_max": hi}
+                 for g, lo, hi in itertools.product(gammas, lookup_min, lookup_max) if lo <= hi]
+    if "suffix" in drafters:
+        grid += [{"drafter": "suffix", "gamma": g, "suffix_depth": suffix_depth, "suffix_factor": f,
+                  "suffix_min_prob": p} for g, f, p in itertools.product(gammas, suffix_factor, suffix_min_prob)]
+    return grid
+
+
+def proposer_of(setting: dict, stop_ids: Sequence[int]) -> Callable[[], Proposer]:
+    """The engine's proposer for a setting (a chain; suffix decoding without earlier outputs)."""
+    if setting["drafter"] == "prompt-lookup":
+        drafter = prompt_lookup(setting["lookup_min"], setting["lookup_max"], stop_ids)
+    else:
+        drafter = suffix_decoding(setting["suffix_depth"], setting["suffix_factor"], setting["suffix_min_prob"],
+                                  keep_outputs=False)
+    return lambda: drafter.make(None)
+
+
+def own_setting(config: dict) -> dict | None:
+    """The run's own drafter setting, as the grid writes settings; None for a run of another drafter (or γ = 0)."""
+    if config.get("drafter") == "prompt-lookup" and config.get("gamma") and not config.get("draft_tree"):
+        return {"drafter": "prompt-lookup", "gamma": int(config["gamma"]), "lookup_min": int(config["lookup_min"]),
+                "lookup_max": int(config["lookup_max"])}
+    if config.get("drafter") == "suffix" and config.get("gamma") and not config.get("draft_tree") \
+            and not config.get("suffix_outputs"):
+        return {"drafter": "suffix", "gamma": int(config["gamma"]), "suffix_depth": int(config["suffix_depth"]),
+                "suffix_factor": float(config["suffix_factor"]), "suffix_min_prob": float(config["suffix_min_prob"])}
+    return None
+
+
+def run(path: Path, grid: list[dict], forward: Path | None = None) -> dict:
+    """Replay every setting of ``grid`` (and the run's own, first, where it is a model-free chain) on the run's
+    texts; returns the JSON document."""
+    result, texts, stops = load_texts(path)
+    config = result["config"]
+    curve = cost_curve(forward, config["dtype"]) if forward is not None else None
+    own = own_setting(config)
+    if own is not None and own not in grid:
+        grid = [own, *grid]
+    if curve is not None:
+        top = max(curve) - 1
+        beyond = sorted({s["gamma"] for s in grid if s["gamma"] > top})
+        if beyond:
+            raise SpecsweepError(f"γ {beyond} needs the forward over up to {max(beyond) + 1} tokens, and --forward "
+                                 f"{forward} measured up to {top + 1}: measure more --new-tokens, or drop those γ")
+    rows = []
+    for setting in grid:
+        steps = replay(texts, proposer_of(setting, stops), setting["gamma"], int(config["max_new_tokens"]))
+        rows.append({**setting, **summarize(steps, curve), "own": setting == own})
+    measured = result.get("metrics", {})
+    return {"benchmark": "replay", "run": str(path), "provenance": provenance("cpu"),
+            "source": {k: config.get(k) for k in ("task", "target", "dtype", "limit", "max_new_tokens",
+                                                 "max_prompt_tokens", "drafter", "gamma")},
+            "samples": len(texts), "forward": None if forward is None else str(forward),
+            "cost_curve": None if curve is None else {str(q): r for q, r in curve.items()},
+            "run_measured": {k: measured.get(k) for k in ("mean_accepted_tokens", "acceptance_rate",
+                                                          "decode_speedup", "speedup")},
+            "results": rows}
+
+
+def _label(s: dict) -> str:
+    if s["drafter"] == "prompt-lookup":
+        return f"prompt lookup, n {s['lookup_min']}-{s['lookup_max']}"
+    return f"suffix, factor {s['suffix_factor']:g}, min prob {s['suffix_min_prob']:g}"
+
+
+def print_table(doc: dict, top: int) -> None:
+    """The ``top`` settings, fastest predicted first (else most tokens per step), and the run's own against its
+    measurement."""
+    rows = doc["results"]
+    key = "predicted_decode_speedup" if doc["cost_curve"] else "tokens_per_step"
+    ranked = sorted(rows, key=lambda r: -(r[key] or 0.0))[:top]
+    columns = ["drafter", "γ", "tokens/step", "acceptance", "steps proposing", "predicted decoding speedup", ""]
+    print(format_table([{"drafter": _label(r), "γ": r["gamma"], "tokens/step": f"{r['tokens_per_step']:.2f}",
+                         "acceptance": "–" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}",
+                         "steps proposing": f"{r['proposing_share']:.0%}",
+                         "predicted decoding speedup": f"{r['predicted_decode_speedup']:.2f}x"
+                         if r.get("predicted_decode_speedup") else "–",
+                         "": "the run's own" if r["own"] else ""} for r in ranked], columns))
+    m = doc["run_measured"]
+    own = next((r for r in rows if r["own"]), None)
+    if own is not None and m.get("mean_accepted_tokens") is not None:
+        print(f"the run's own setting: {own['tokens_per_step']:.3f} tokens/step replayed, "
+              f"{m['mean_accepted_tokens']:.3f} measured"
+              + (f"; decoding alone {own['predicted_decode_speedup']:.2f}x predicted, {m['decode_speedup']:.2f}x "
+                 "measured" if own.get("predicted_decode_speedup") and m.get("decode_speedup") else ""))
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(prog="python -m pipeline.benchmarks.replay", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", type=Path, help="a greedy run's results file")
+    p.add_argument("--forward", type=Path, help="the target's `python -m pipeline.benchmarks.forward --model` "
+                   "result in the run's dtype: predicted decoding speedups")
+    p.add_argument("--drafters", default=",".join(DRAFTERS), help="comma-separated, of " + ", ".join(DRAFTERS))
+    p.add_argument("--gamma", type=_ints, default=[4, 6, 8, 10, 12, 16])
+    p.add_argument("--lookup-min", type=_ints, default=[1, 2])
+    p.add_argument("--lookup-max", type=_ints, default=[2, 3, 4])
+    p.add_argument("--suffix-factor", type=_floats, default=[1.0, 2.0, 4.0])
+    p.add_argument("--suffix-min-prob", type=_floats, default=[0.1])
+    p.add_argument("--suffix-depth", type=int, default=24)
+    p.add_argument("--top", type=int, default=15, help="rows printed (the JSON has every setting)")
+    p.add_argument("--out", type=Path, help="default: results/bench/replay-<run file's name>.json")
+    args = p.parse_args(argv)
+    drafters = args.drafters.split(",")
+    try:
+        if set(drafters) - set(DRAFTERS) or min(args.gamma) < 1:
+            raise SpecsweepError(f"--drafters must be of {list(DRAFTERS)} and every --gamma >= 1; got "
+                                 f"{args.drafters}, {args.gamma}")
+        grid = settings_grid(drafters, args.gamma, args.lookup_min, args.lookup_max, args.suffix_factor,
+                             args.suffix_min_prob, args.suffix_depth)
+        doc = run(args.run, grid, args.forward)
+    except SpecsweepError as e:
+        p.error(str(e))
+    print_table(doc, args.top)
+    out = args.out or Path("results/bench") / f"replay-{args.run.stem}.json"
+    write_json_atomic(out, doc)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""python -m pipeline.benchmarks.replay: model-free drafters replayed on a greedy run's texts take the engine's own
+steps (a run's recorded tokens per step, sample by sample), and the predicted speed is the cost curve's arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_models import load_saved_pair
+
+from pipeline.benchmarks import replay
+from pipeline.cli import main
+from pipeline.errors import SpecsweepError
+
+# repeated phrases, so that both proposers find matches; the last prompt repeats nothing
+PROMPTS = ["the storm hit the city and the storm hit the", "police said the plane was late police said the plane",
+           "a new report a new report a new", "water"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Greedy runs of the tiny GPT-2 target (float32): alone, with prompt lookup at γ 3 (n 1-2) and with suffix
+    decoding at γ 4, one row a batch (the replay's model)."""
+    root = tmp_path_factory.mktemp("replay")
+    load_saved_pair(root / "pair", kind="gpt2")
+    data = root / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    common = ["run", "--target", str(root / "pair" / "target"), "--data", str(data), "--device", "cpu",
+              "--temperature", "0", "--max-new-tokens", "20", "--repeats", "3", "--samples-per-repeat", "1",
+              "--no-progress"]
+    out = {}
+    for name, extra in (("ar", ["--gamma", "0"]),
+                        ("lookup", ["--drafter", "prompt-lookup", "--gamma", "3", "--lookup-max", "2"]),
+                        ("suffix", ["--drafter", "suffix", "--gamma", "4"])):
+        out[name] = root / f"{name}.json"
+        assert main([*common, *extra, "--out", str(out[name])]) == 0
+    return out
+
+
+def _per_sample(path, setting):
+    result, texts, stops = replay.load_texts(path)
+    steps = replay.replay(texts, replay.proposer_of(setting, stops), setting["gamma"],
+                          result["config"]["max_new_tokens"])
+    return result, steps
+
+
+@pytest.mark.parametrize("name,setting", [
+    ("lookup", {"drafter": "prompt-lookup", "gamma": 3, "lookup_min": 1, "lookup_max": 2}),
+    ("suffix", {"drafter": "suffix", "gamma": 4, "suffix_depth": 24, "suffix_factor": 1.0, "suffix_min_prob": 0.1})])
+def test_replaying_a_runs_own_setting_gives_its_recorded_steps(runs, name, setting):
+    result, steps = _per_sample(runs[name], setting)
+    assert replay.own_setting(result["config"]) == setting
+    for sample, replayed in zip(result["samples"], steps):
+        assert sum(e for _, e in replayed) == sample["new_tokens"] == len(sample["token_ids"])
+        assert len(replayed) == sample["verify_steps"]
+        assert sum(e - 1 for _, e in replayed) == sample["accepted"]
+        assert sum(k for k, _ in replayed) == sample["drafted"]       # the widths the target verified
+    summary = replay.summarize(steps, None)
+    assert summary["tokens_per_step"] == pytest.approx(result["metrics"]["mean_accepted_tokens"])
+    assert sum(s["accepted"] for s in result["samples"]) > 0          # the check has something to match
+
+
+def test_the_target_alones_texts_replay_to_the_lookup_runs_steps(runs):
+    """At T = 0 (float32) the target alone and the lookup run emit the same tokens, so a replay of the lookup setting
+    on the γ = 0 run's texts takes the lookup run's steps: what makes a replay of settings never run meaningful."""
+    setting = {"drafter": "prompt-lookup", "gamma": 3, "lookup_min": 1, "lookup_max": 2}
+    lookup, _ = _per_sample(runs["lookup"], setting)
+    ar, steps = _per_sample(runs["ar"], setting)
+    assert [s["token_ids"] for s in ar["samples"]] == [s["token_ids"] for s in lookup["samples"]]
+    assert [len(s) for s in steps] == [s["verify_steps"] for s in lookup["samples"]]
+    assert replay.own_setting(ar["config"]) is None
+
+
+def test_the_predicted_speedup_is_the_cost_curves_arithmetic(tmp_path):
+    forward = tmp_path / "forward.json"
+    forward.write_text(json.dumps({"results": [
+        {"dtype": "float32", "new_tokens": q, "static_ms": ms} for q, ms in ((1, 10.0), (2, 11.0), (4, 13.0))]
+        + [{"dtype": "bfloat16", "new_tokens": 1, "static_ms": 99.0}]}))
+    curve = replay.cost_curve(forward, "float32")
+    assert curve == {1: 1.0, 2: 1.1, 4: 1.3}
+    assert replay.verify_cost(curve, 3) == pytest.approx(1.2)                  # linear between 2 and 4
+    # two samples: the first steps (prefill) are left out; later steps cost r(k + 1)
+    steps = [[(0, 1), (3, 4), (2, 1)], [(1, 2), (0, 1)]]
+    row = replay.summarize(steps, curve)
+    assert row["predicted_decode_speedup"] == pytest.approx((4 + 1 + 1) / (1.3 + 1.2 + 1.0))
+    assert row["tokens_per_step"] == pytest.approx(9 / 5) and row["acceptance_rate"] == pytest.approx(4 / 6)
+    assert row["proposing_share"] == pytest.approx(3 / 5)
+    with pytest.raises(SpecsweepError, match="no float16 forward over 1 new token"):
+        replay.cost_curve(forward, "float16")
+
+
+def test_the_benchmark_writes_a_table_and_json_and_refuses_bad_input_in_one_line(runs, tmp_path, capsys):
+    forward = tmp_path / "forward.json"
+    forward.write_text(json.dumps({"results": [{"dtype": "float32", "new_tokens": q, "static_ms": 10.0 + q}
+                                               for q in (1, 3, 5)]}))
+    out = tmp_path / "replay.json"
+    args = [str(runs["lookup"]), "--forward", str(forward), "--gamma", "2,4", "--lookup-min", "1",
+            "--lookup-max", "1,2", "--suffix-factor", "2", "--out", str(out)]
+    assert replay.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "the run's own setting" in printed and f"wrote {out}" in printed
+    doc = json.loads(out.read_text())
+    settings = [(r["drafter"], r["gamma"], r.get("lookup_max")) for r in doc["results"]]
+    # the run's own setting first (γ 3 is not in the grid), then prompt lookup's 4 and suffix decoding's 2
+    assert settings[0] == ("prompt-lookup", 3, 2) and doc["results"][0]["own"]
+    assert len(settings) == 1 + 4 + 2 and all(r["predicted_decode_speedup"] > 0 for r in doc["results"])
+    for bad, message in (([*args[:3], "--gamma", "5"], "measured up to 5"),
+                         ([str(runs["lookup"]), "--drafters", "model"], "--drafters must be of"),
+                         ([str(tmp_path / "missing.json")], "missing.json")):
+        with pytest.raises(SystemExit) as e:
+            replay.main([*bad, "--out", str(tmp_path / "x.json")])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_sampled_run_or_one_without_prompt_ids_is_refused(runs, tmp_path):
+    result = json.loads(runs["lookup"].read_text())
+    sampled = tmp_path / "sampled.json"
+    sampled.write_text(json.dumps({**result, "config": {**result["config"], "temperature": 1.0}}))
+    with pytest.raises(SpecsweepError, match="needs a greedy run"):
+        replay.load_texts(sampled)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({**result, "samples": [{k: v for k, v in s.items() if k != "prompt_ids"}
+                                                     for s in result["samples"]]}))
+    with pytest.raises(SpecsweepError, match="run it again with this version"):
+        replay.load_texts(old)
