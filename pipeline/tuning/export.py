@@ -150,11 +150,10 @@ def _from_report(csv: Path, task: str | None, max_quality_loss: float) -> dict:
 def _temperature_text(value) -> str:
     """'T = 0' for a recommendation's decoding temperature; 'T unknown' where the report's table does not record it
     (results older than the column)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return "T unknown"
-    return "T unknown" if number != number else f"T = {number:g}"
+    from pipeline.analysis.recommend import to_number  # kept local: not loaded by `specsweep --help`
+
+    number = to_number(value)
+    return "T unknown" if number is None else f"T = {number:g}"
 
 
 def _standard(settings: dict) -> bool:
