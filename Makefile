@@ -65,8 +65,9 @@ distill: setup
 # 8, 10 and 12, and prompt lookup's match followed by that draft
 # (lookup-model; with the int4 draft too); the two best settings, the int4 draft with its whole head at γ 5 and
 # prompt lookup at γ 12, on 24 articles (the 3 among them; about 25 minutes each: one sample of 3 articles says
-# little about the task), then prompt lookup and suffix decoding replayed on the 24 texts (python -m
-# pipeline.benchmarks.replay, with the target's forward cost over 1-17 tokens: seconds, no decoding); the draft in
+# little about the task), then prompt lookup and suffix decoding replayed on the 24 texts, as chains and token trees
+# (python -m pipeline.benchmarks.replay, with the target's forward cost over 1-17 tokens: seconds, no decoding), and
+# the replay's best, suffix decoding at factor 4, γ 16, timed on the 24 (about 25 minutes); the draft in
 # float32 with our loop and with transformers' assisted
 # generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of
 # one line over the published rest).
@@ -108,7 +109,10 @@ pair: setup
 		--out results/bench/forward-qwen2.5-coder-1.5b-instruct-curve-cpu.json
 	$(BIN)/python -m pipeline.benchmarks.replay $(PAIR_RUNS)/qwen-lookup-g12-bfloat16-128-a24.json \
 		--forward results/bench/forward-qwen2.5-coder-1.5b-instruct-curve-cpu.json --gamma 4,6,8,10,12,16 \
-		--out results/bench/replay-cpu-qwen-lookup-a24.json
+		--suffix-factor 1,2,4,8 --suffix-min-prob 0.05,0.1,0.2 --draft-tree 2,1,1,1,1,1,1,1 --draft-tree 2,1,1,1,1,1,1 \
+		--draft-tree 3,1,1,1,1 --draft-tree 2,2,1,1 --out results/bench/replay-cpu-qwen-lookup-a24.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--drafter suffix --suffix-factor 4 --gamma 16 --out $(PAIR_RUNS)/qwen-suffix-f4-g16-bfloat16-128-a24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 \
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 --engine hf \

@@ -396,6 +396,20 @@ def bench_distortion_qwen(root: Path) -> str:
                       "", prose(after)])
 
 
+def _best_tree(rows: list[dict], what) -> str:
+    """A sentence on the best token tree against the best chain (empty where no tree was replayed)."""
+    trees = [r for r in rows if r.get("draft_tree")]
+    if not trees:
+        return ""
+    tree = max(trees, key=lambda r: r["predicted_decode_speedup"])
+    chain = max((r for r in rows if not r.get("draft_tree")), key=lambda r: r["predicted_decode_speedup"])
+    return (f" Of {len(trees)} token trees (a tree's γ is its node count, each costed as a chain of as many tokens), "
+            f"the best, {what(tree)}, takes {num(tree['tokens_per_step'], 2)} tokens/step for a predicted "
+            f"{num(tree['predicted_decode_speedup'], 2)}x, against the best chain's {num(chain['tokens_per_step'], 2)} "
+            f"and {num(chain['predicted_decode_speedup'], 2)}x: the nodes a tree spends on width, a chain of the same "
+            "cost spends on depth.")
+
+
 def bench_replay_qwen(root: Path) -> str:
     """docs/results.md: prompt lookup and suffix decoding replayed on the 24-article lookup run's texts
     (``python -m pipeline.benchmarks.replay``, run by `make pair`): the run's own setting with what it measured,
@@ -406,9 +420,10 @@ def bench_replay_qwen(root: Path) -> str:
     ranked = sorted(rows, key=lambda r: -r["predicted_decode_speedup"])
 
     def what(r: dict) -> str:
+        shape = f", tree {r['draft_tree']} ({r['gamma']} nodes)" if r.get("draft_tree") else f", γ {r['gamma']}"
         if r["drafter"] == "prompt-lookup":
-            return f"prompt lookup, n-grams {r['lookup_min']}-{r['lookup_max']}, γ {r['gamma']}"
-        return f"suffix decoding, factor {r['suffix_factor']:g}, γ {r['gamma']}"
+            return f"prompt lookup, n-grams {r['lookup_min']}-{r['lookup_max']}{shape}"
+        return f"suffix decoding, factor {r['suffix_factor']:g}, min prob {r['suffix_min_prob']:g}{shape}"
 
     body = [[what(r) + (" (the run's own)" if r["own"] else ""), num(r["tokens_per_step"], 2),
              num(r["acceptance_rate"], 2), percent(r["proposing_share"]), num(r["predicted_decode_speedup"], 2) + "x"]
@@ -421,7 +436,8 @@ def bench_replay_qwen(root: Path) -> str:
              f"step from the target's forward over 1 to {max(map(int, data['cost_curve']))} tokens in the same "
              f"dtype. The run measured {num(measured['mean_accepted_tokens'], 2)} tokens/step (replayed: "
              f"{num(own['tokens_per_step'], 2)}) and {num(measured['decode_speedup'], 2)}x decoding alone (predicted: "
-             f"{num(own['predicted_decode_speedup'], 2)}x); it ranks {rank} of {len(rows)}. Predictions, not "
+             f"{num(own['predicted_decode_speedup'], 2)}x); it ranks {rank} of {len(rows)}.{_best_tree(rows, what)} "
+             "Predictions, not "
              f"measurements: a setting is measured by `specsweep run`. Replayed on {data['provenance']['date'][:10]}"
              f"{at}.")
     return "\n".join([table(["setting", "tokens/step", "acceptance", "steps proposing",

@@ -20,7 +20,7 @@ PROMPTS = ["the storm hit the city and the storm hit the", "police said the plan
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Greedy runs of the tiny GPT-2 target (float32): alone, with prompt lookup at γ 3 (n 1-2) and with suffix
-    decoding at γ 4, one row a batch (the replay's model)."""
+    decoding at γ 4, and each in a token tree (2,2 and 2,1,1), one row a batch (the replay's model)."""
     root = tmp_path_factory.mktemp("replay")
     load_saved_pair(root / "pair", kind="gpt2")
     data = root / "p.jsonl"
@@ -31,7 +31,9 @@ def runs(tmp_path_factory):
     out = {}
     for name, extra in (("ar", ["--gamma", "0"]),
                         ("lookup", ["--drafter", "prompt-lookup", "--gamma", "3", "--lookup-max", "2"]),
-                        ("suffix", ["--drafter", "suffix", "--gamma", "4"])):
+                        ("suffix", ["--drafter", "suffix", "--gamma", "4"]),
+                        ("lookup-tree", ["--drafter", "prompt-lookup", "--lookup-max", "2", "--draft-tree", "2,2"]),
+                        ("suffix-tree", ["--drafter", "suffix", "--suffix-factor", "2", "--draft-tree", "2,1,1"])):
         out[name] = root / f"{name}.json"
         assert main([*common, *extra, "--out", str(out[name])]) == 0
     return out
@@ -40,13 +42,17 @@ def runs(tmp_path_factory):
 def _per_sample(path, setting):
     result, texts, stops = replay.load_texts(path)
     steps = replay.replay(texts, replay.proposer_of(setting, stops), setting["gamma"],
-                          result["config"]["max_new_tokens"])
+                          result["config"]["max_new_tokens"], replay.tree_widths(setting))
     return result, steps
 
 
 @pytest.mark.parametrize("name,setting", [
     ("lookup", {"drafter": "prompt-lookup", "gamma": 3, "lookup_min": 1, "lookup_max": 2}),
-    ("suffix", {"drafter": "suffix", "gamma": 4, "suffix_depth": 24, "suffix_factor": 1.0, "suffix_min_prob": 0.1})])
+    ("suffix", {"drafter": "suffix", "gamma": 4, "suffix_depth": 24, "suffix_factor": 1.0, "suffix_min_prob": 0.1}),
+    # a tree's γ is its node count: 2 + 4 and 2 + 2 + 2
+    ("lookup-tree", {"drafter": "prompt-lookup", "gamma": 6, "lookup_min": 1, "lookup_max": 2, "draft_tree": "2,2"}),
+    ("suffix-tree", {"drafter": "suffix", "gamma": 6, "suffix_depth": 24, "suffix_factor": 2.0,
+                     "suffix_min_prob": 0.1, "draft_tree": "2,1,1"})])
 def test_replaying_a_runs_own_setting_gives_its_recorded_steps(runs, name, setting):
     result, steps = _per_sample(runs[name], setting)
     assert replay.own_setting(result["config"]) == setting
@@ -58,6 +64,29 @@ def test_replaying_a_runs_own_setting_gives_its_recorded_steps(runs, name, setti
     summary = replay.summarize(steps, None)
     assert summary["tokens_per_step"] == pytest.approx(result["metrics"]["mean_accepted_tokens"])
     assert sum(s["accepted"] for s in result["samples"]) > 0          # the check has something to match
+
+
+def test_a_tree_run_accepts_off_its_first_branch_and_a_one_wide_tree_replays_as_a_chain(runs):
+    """The tree runs' steps (matched above) take a second child somewhere, so the replay's tree match is tested
+    beyond the chain it starts with; a tree of width 1 at every depth is the chain of its depth, step for step."""
+    setting = {"drafter": "prompt-lookup", "gamma": 6, "lookup_min": 1, "lookup_max": 2, "draft_tree": "2,2"}
+    result, texts, stops = replay.load_texts(runs["lookup-tree"])
+    first_only = 0
+    for prompt, output in texts:           # the steps a tree that followed only first children would take
+        proposer = replay.proposer_of(setting, stops)()
+        proposer.start(prompt)
+        i = 0
+        while i < len(output):
+            paths = proposer.propose_many(min(2, 20 - i - 1), (2, 2))
+            a = replay._chain_match(paths[0] if paths else [], output, i)
+            proposer.extend(output[i:i + a + 1])
+            i += a + 1
+            first_only += 1
+    assert first_only > sum(s["verify_steps"] for s in result["samples"])
+    chain = {"drafter": "suffix", "gamma": 4, "suffix_depth": 24, "suffix_factor": 1.0, "suffix_min_prob": 0.1}
+    _, texts, stops = replay.load_texts(runs["suffix"])
+    assert replay.replay(texts, replay.proposer_of(chain, stops), 4, 20) == replay.replay(
+        texts, replay.proposer_of({**chain, "draft_tree": "1,1,1,1"}, stops), 4, 20, (1, 1, 1, 1))
 
 
 def test_the_target_alones_texts_replay_to_the_lookup_runs_steps(runs):
@@ -95,16 +124,21 @@ def test_the_benchmark_writes_a_table_and_json_and_refuses_bad_input_in_one_line
                                                for q in (1, 3, 5)]}))
     out = tmp_path / "replay.json"
     args = [str(runs["lookup"]), "--forward", str(forward), "--gamma", "2,4", "--lookup-min", "1",
-            "--lookup-max", "1,2", "--suffix-factor", "2", "--out", str(out)]
+            "--lookup-max", "1,2", "--suffix-factor", "2", "--draft-tree", "2,1", "--out", str(out)]
     assert replay.main(args) == 0
     printed = capsys.readouterr().out
     assert "the run's own setting" in printed and f"wrote {out}" in printed
     doc = json.loads(out.read_text())
     settings = [(r["drafter"], r["gamma"], r.get("lookup_max")) for r in doc["results"]]
-    # the run's own setting first (γ 3 is not in the grid), then prompt lookup's 4 and suffix decoding's 2
+    # the run's own setting first (γ 3 is not in the grid), then prompt lookup's 4 and suffix decoding's 2 chains,
+    # then each as the tree 2,1 once (its γ: its 4 nodes; prompt lookup's two n ranges, suffix decoding's one)
     assert settings[0] == ("prompt-lookup", 3, 2) and doc["results"][0]["own"]
-    assert len(settings) == 1 + 4 + 2 and all(r["predicted_decode_speedup"] > 0 for r in doc["results"])
+    assert len(settings) == 1 + 4 + 2 + 3 and all(r["predicted_decode_speedup"] > 0 for r in doc["results"])
+    trees = [r for r in doc["results"] if r.get("draft_tree")]
+    assert [(r["drafter"], r["gamma"], r["draft_tree"]) for r in trees] == [
+        ("prompt-lookup", 4, "2,1"), ("prompt-lookup", 4, "2,1"), ("suffix", 4, "2,1")]
     for bad, message in (([*args[:3], "--gamma", "5"], "measured up to 5"),
+                         ([*args[:3], "--gamma", "2", "--draft-tree", "3,3"], "γ [12] (a tree's: its node count)"),
                          ([str(runs["lookup"]), "--drafters", "model"], "--drafters must be of"),
                          ([str(tmp_path / "missing.json")], "missing.json")):
         with pytest.raises(SystemExit) as e:

@@ -5,7 +5,8 @@ Why. At T = 0 every lossless rule emits the target's greedy tokens, whatever the
 model (prompt lookup, suffix decoding: pipeline/decoding/drafters/lookup.py) proposes from the text alone, so its
 steps over a text already decoded can be replayed on the host in milliseconds: each step it proposes from the prompt
 and the tokens so far, the longest prefix equal to the next output tokens is accepted, and one more output token is
-emitted (the target's correction or bonus). These are the engine's own steps: the proposers are the engine's (the
+emitted (the target's correction or bonus); with a token tree (``--draft-tree``), the longest root path equal to the
+next output tokens. These are the engine's own steps: the proposers are the engine's (the
 same constructors and stop ids), and a step proposes at most γ and at most the room left before ``max_new_tokens``
 less one, as the engine's does. Replaying a run's own
 setting gives back its recorded steps exactly in float32; in bfloat16 up to the near ties that a forward of another
@@ -18,7 +19,8 @@ drafters used (``resolved.eos_token_ids``); results written before those fields 
 
 Predicted speed (optional, ``--forward FILE``: a ``python -m pipeline.benchmarks.forward --model ...`` result of the
 run's target and dtype, with 1 among its new tokens). A step that proposes k tokens costs one target forward over
-q = k + 1 tokens, r(q) = ms(q) / ms(1) one-token forwards (linear between the measured q; a grid's γ beyond the
+q = k + 1 tokens (a tree: k its nodes, taken to cost what a chain of k tokens costs: the curve is of chains),
+r(q) = ms(q) / ms(1) one-token forwards (linear between the measured q; a grid's γ beyond the
 largest measured q - 1 is refused). The predicted decoding speedup is the run's tokens after each sample's first
 step over the sum of its later steps' r(q): the target's forwards alone, the drafter's host time, the verify step
 and the loop's overhead left out, the prefill left out as the runs' "decoding alone" column leaves it out. It is a
@@ -43,6 +45,7 @@ from pipeline.env_info import provenance
 from pipeline.errors import OneLineParser, SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.result import read_result
+from pipeline.tree_shape import TokenTree, parse_widths, place_paths
 
 DRAFTERS = ("prompt-lookup", "suffix")
 
@@ -92,25 +95,53 @@ def verify_cost(curve: dict[int, float], q: int) -> float:
 
 
 def replay(texts: Sequence[tuple[list[int], list[int]]], make: Callable[[], Proposer], gamma: int,
-           max_new_tokens: int) -> list[list[tuple[int, int]]]:
+           max_new_tokens: int, widths: tuple[int, ...] | None = None) -> list[list[tuple[int, int]]]:
     """Greedy verify steps of ``make()``'s proposer over each (prompt, output) text, batch 1 (module docstring): per
-    sample, each step's (proposed, emitted) tokens, in order."""
+    sample, each step's (proposed, emitted) tokens, in order. With ``widths``, each step proposes a token tree as
+    the engine's tree drafter places it (pipeline/decoding/drafters/lookup.py: the proposer's branches merged by
+    place_paths, no deeper than the tree or the step's limit) and accepts the longest root path equal to the next
+    output tokens; ``proposed`` is then the tree's node count, what the target scores."""
+    shape = None if widths is None else TokenTree.from_widths(widths)
     out = []
     for prompt, output in texts:
         proposer = make()
         proposer.start(prompt)
         i, steps = 0, []
         while i < len(output):
-            proposal = proposer.propose(min(gamma, max_new_tokens - i - 1))
-            a = 0
-            while a < len(proposal) and i + a < len(output) and proposal[a] == output[i + a]:
-                a += 1
+            limit = min(gamma, max_new_tokens - i - 1)
+            if shape is None:
+                proposal = proposer.propose(limit)
+                proposed, a = len(proposal), _chain_match(proposal, output, i)
+            else:
+                placed = place_paths(proposer.propose_many(min(limit, shape.depth), widths), widths,
+                                     min(limit, shape.depth))
+                proposed, a = len(placed), _tree_match(placed, shape.parents, output, i)
             emitted = output[i:i + a + 1]
             proposer.extend(emitted)
             i += len(emitted)
-            steps.append((len(proposal), len(emitted)))
+            steps.append((proposed, len(emitted)))
         out.append(steps)
     return out
+
+
+def _chain_match(proposal: Sequence[int], output: Sequence[int], i: int) -> int:
+    """How many of ``proposal`` equal output[i:], from the first."""
+    a = 0
+    while a < len(proposal) and i + a < len(output) and proposal[a] == output[i + a]:
+        a += 1
+    return a
+
+
+def _tree_match(placed: dict[int, int], parents: Sequence[int], output: Sequence[int], i: int) -> int:
+    """The depth of the deepest node of the tree ``placed`` ({node: token}) whose root path equals output[i:]."""
+    children: dict[int, dict[int, int]] = {}
+    for node in sorted(placed):
+        children.setdefault(parents[node], {})[placed[node]] = node
+    node, a = -1, 0
+    while i + a < len(output) and output[i + a] in children.get(node, {}):
+        node = children[node][output[i + a]]
+        a += 1
+    return a
 
 
 def summarize(steps: list[list[tuple[int, int]]], curve: dict[int, float] | None) -> dict:
@@ -133,9 +164,9 @@ def summarize(steps: list[list[tuple[int, int]]], curve: dict[int, float] | None
 
 def settings_grid(drafters: Sequence[str], gammas: Sequence[int], lookup_min: Sequence[int],
                   lookup_max: Sequence[int], suffix_factor: Sequence[float], suffix_min_prob: Sequence[float],
-                  suffix_depth: int) -> list[dict]:
+                  suffix_depth: int, trees: Sequence[str] = ()) -> list[dict]:
     """Every setting to replay: prompt lookup over γ x lookup_min x lookup_max (min <= max), suffix decoding over
-    γ x factor x min_prob."""
+    γ x factor x min_prob; each as a chain, and once as each token tree of ``trees`` (widths such as "2,1,1")."""
     grid = []
     if "prompt-lookup" in drafters:
         grid += [{"drafter": "prompt-lookup", "gamma": g, "lookup_min": lo, "lookup_max": hi}
@@ -143,33 +174,54 @@ def settings_grid(drafters: Sequence[str], gammas: Sequence[int], lookup_min: Se
     if "suffix" in drafters:
         grid += [{"drafter": "suffix", "gamma": g, "suffix_depth": suffix_depth, "suffix_factor": f,
                   "suffix_min_prob": p} for g, f, p in itertools.product(gammas, suffix_factor, suffix_min_prob)]
-    return grid
+    # a tree's γ is its node count, as the run's (pipeline/config.py), so the grid's γ values give one tree setting
+    shapes = {",".join(map(str, parse_widths(t))): TokenTree.from_widths(parse_widths(t)).n_nodes for t in trees}
+    tree_settings = [{**s, "gamma": n, "draft_tree": t} for t, n in shapes.items() for s in grid]
+    return grid + [s for i, s in enumerate(tree_settings) if s not in tree_settings[:i]]
 
 
 def proposer_of(setting: dict, stop_ids: Sequence[int]) -> Callable[[], Proposer]:
-    """The engine's proposer for a setting (a chain; suffix decoding without earlier outputs)."""
+    """The engine's proposer for a setting (a chain, or the tree of its ``draft_tree``; suffix decoding without
+    earlier outputs)."""
+    widths = tree_widths(setting)
     if setting["drafter"] == "prompt-lookup":
-        drafter = prompt_lookup(setting["lookup_min"], setting["lookup_max"], stop_ids)
+        drafter = prompt_lookup(setting["lookup_min"], setting["lookup_max"], stop_ids, widths)
     else:
         drafter = suffix_decoding(setting["suffix_depth"], setting["suffix_factor"], setting["suffix_min_prob"],
-                                  keep_outputs=False)
+                                  keep_outputs=False, widths=widths)
     return lambda: drafter.make(None)
 
 
+def tree_widths(setting: dict) -> tuple[int, ...] | None:
+    """A setting's token tree as widths per depth; None for a chain."""
+    return parse_widths(setting["draft_tree"]) if setting.get("draft_tree") else None
+
+
 def own_setting(config: dict) -> dict | None:
-    """The run's own drafter setting, as the grid writes settings; None for a run of another drafter (or γ = 0)."""
-    if config.get("drafter") == "prompt-lookup" and config.get("gamma") and not config.get("draft_tree"):
-        return {"drafter": "prompt-lookup", "gamma": int(config["gamma"]), "lookup_min": int(config["lookup_min"]),
-                "lookup_max": int(config["lookup_max"])}
-    if config.get("drafter") == "suffix" and config.get("gamma") and not config.get("draft_tree") \
-            and not config.get("suffix_outputs"):
-        return {"drafter": "suffix", "gamma": int(config["gamma"]), "suffix_depth": int(config["suffix_depth"]),
-                "suffix_factor": float(config["suffix_factor"]), "suffix_min_prob": float(config["suffix_min_prob"])}
-    return None
+    """The run's own drafter setting, as the grid writes settings; None for a run of another drafter, γ = 0, or a
+    tree given other than as widths."""
+    if not config.get("gamma") or config.get("drafter") not in DRAFTERS:
+        return None
+    if config["drafter"] == "prompt-lookup":
+        own = {"drafter": "prompt-lookup", "gamma": int(config["gamma"]), "lookup_min": int(config["lookup_min"]),
+               "lookup_max": int(config["lookup_max"])}
+    elif config.get("suffix_outputs"):
+        return None
+    else:
+        own = {"drafter": "suffix", "gamma": int(config["gamma"]), "suffix_depth": int(config["suffix_depth"]),
+               "suffix_factor": float(config["suffix_factor"]), "suffix_min_prob": float(config["suffix_min_prob"])}
+    tree = config.get("draft_tree")
+    if tree:
+        try:
+            own["draft_tree"] = ",".join(map(str, parse_widths(",".join(map(str, tree)) if isinstance(tree, list)
+                                                               else tree)))
+        except SpecsweepError:
+            return None
+    return own
 
 
 def run(path: Path, grid: list[dict], forward: Path | None = None) -> dict:
-    """Replay every setting of ``grid`` (and the run's own, first, where it is a model-free chain) on the run's
+    """Replay every setting of ``grid`` (and the run's own, first, where its drafter is model-free) on the run's
     texts; returns the JSON document."""
     result, texts, stops = load_texts(path)
     config = result["config"]
@@ -181,11 +233,13 @@ def run(path: Path, grid: list[dict], forward: Path | None = None) -> dict:
         top = max(curve) - 1
         beyond = sorted({s["gamma"] for s in grid if s["gamma"] > top})
         if beyond:
-            raise SpecsweepError(f"γ {beyond} needs the forward over up to {max(beyond) + 1} tokens, and --forward "
-                                 f"{forward} measured up to {top + 1}: measure more --new-tokens, or drop those γ")
+            raise SpecsweepError(f"γ {beyond} (a tree's: its node count) needs the forward over up to "
+                                 f"{max(beyond) + 1} tokens, and --forward {forward} measured up to {top + 1}: "
+                                 "measure more --new-tokens, or drop those γ")
     rows = []
     for setting in grid:
-        steps = replay(texts, proposer_of(setting, stops), setting["gamma"], int(config["max_new_tokens"]))
+        steps = replay(texts, proposer_of(setting, stops), setting["gamma"], int(config["max_new_tokens"]),
+                       tree_widths(setting))
         rows.append({**setting, **summarize(steps, curve), "own": setting == own})
     measured = result.get("metrics", {})
     return {"benchmark": "replay", "run": str(path), "provenance": provenance("cpu"),
@@ -199,9 +253,10 @@ def run(path: Path, grid: list[dict], forward: Path | None = None) -> dict:
 
 
 def _label(s: dict) -> str:
+    tree = f", tree {s['draft_tree']}" if s.get("draft_tree") else ""
     if s["drafter"] == "prompt-lookup":
-        return f"prompt lookup, n {s['lookup_min']}-{s['lookup_max']}"
-    return f"suffix, factor {s['suffix_factor']:g}, min prob {s['suffix_min_prob']:g}"
+        return f"prompt lookup, n {s['lookup_min']}-{s['lookup_max']}{tree}"
+    return f"suffix, factor {s['suffix_factor']:g}, min prob {s['suffix_min_prob']:g}{tree}"
 
 
 def print_table(doc: dict, top: int) -> None:
@@ -246,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suffix-factor", type=_floats, default=[1.0, 2.0, 4.0])
     p.add_argument("--suffix-min-prob", type=_floats, default=[0.1])
     p.add_argument("--suffix-depth", type=int, default=24)
+    p.add_argument("--draft-tree", action="append", default=[], metavar="WIDTHS",
+                   help="also replay each setting as this token tree (children per depth, e.g. 2,1,1; repeatable)")
     p.add_argument("--top", type=int, default=15, help="rows printed (the JSON has every setting)")
     p.add_argument("--out", type=Path, help="default: results/bench/replay-<run file's name>.json")
     args = p.parse_args(argv)
@@ -255,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SpecsweepError(f"--drafters must be of {list(DRAFTERS)} and every --gamma >= 1; got "
                                  f"{args.drafters}, {args.gamma}")
         grid = settings_grid(drafters, args.gamma, args.lookup_min, args.lookup_max, args.suffix_factor,
-                             args.suffix_min_prob, args.suffix_depth)
+                             args.suffix_min_prob, args.suffix_depth, args.draft_tree)
         doc = run(args.run, grid, args.forward)
     except SpecsweepError as e:
         p.error(str(e))
