@@ -198,8 +198,8 @@ def tree_widths(setting: dict) -> tuple[int, ...] | None:
 
 
 def own_setting(config: dict) -> dict | None:
-    """The run's own drafter setting, as the grid writes settings; None for a run of another drafter, γ = 0, or a
-    tree given other than as widths."""
+    """The run's own drafter setting, as the grid writes settings; None for a run of another drafter or γ = 0. (A
+    model-free drafter's --draft-tree is always widths: pipeline/config.py refuses the other forms.)"""
     if not config.get("gamma") or config.get("drafter") not in DRAFTERS:
         return None
     if config["drafter"] == "prompt-lookup":
@@ -210,13 +210,8 @@ def own_setting(config: dict) -> dict | None:
     else:
         own = {"drafter": "suffix", "gamma": int(config["gamma"]), "suffix_depth": int(config["suffix_depth"]),
                "suffix_factor": float(config["suffix_factor"]), "suffix_min_prob": float(config["suffix_min_prob"])}
-    tree = config.get("draft_tree")
-    if tree:
-        try:
-            own["draft_tree"] = ",".join(map(str, parse_widths(",".join(map(str, tree)) if isinstance(tree, list)
-                                                               else tree)))
-        except SpecsweepError:
-            return None
+    if config.get("draft_tree"):
+        own["draft_tree"] = ",".join(map(str, parse_widths(config["draft_tree"])))
     return own
 
 
