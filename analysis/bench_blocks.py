@@ -305,6 +305,31 @@ def bench_forward_dtypes(root: Path) -> str:
                   "r bfloat16", "threads, context, date"], rows)
 
 
+FORWARD_PACKED = FORWARD_DTYPES[:3]
+"""The models of FORWARD_DTYPES whose static forward packs its weights (the Llama family's)."""
+
+
+def bench_forward_packed(root: Path) -> str:
+    """docs/benchmarks.md: our static forward of each Llama-family model over its own weights ("plain") and over
+    packed copies (the engine's default on a CPU), timed in the same rounds: ms, packed over plain with its interval,
+    the verify cost r = ms(q) / ms(1) of each, and the largest logit difference between the two."""
+    rows = []
+    for label, path in FORWARD_PACKED:
+        data = read_source(root, path, FORWARD_DTYPES_WRITER)
+        settings = data["settings"]
+        for r in data["results"]:
+            if "plain_ms" not in r:
+                raise ValueError(f"{path} has no plain-weights timings: rerun {FORWARD_DTYPES_WRITER}")
+            first = r["new_tokens"] == settings["new_tokens"][0]
+            rows.append([label if first and r["dtype"] == settings["dtypes"][0] else "",
+                         r["dtype"] if first else "", str(r["new_tokens"]), num(r["plain_ms"], 1),
+                         num(r["static_ms"], 1), ci(r["packed_speedup"]), ci(r["plain_verify_cost"]),
+                         ci(r["verify_cost"]), f"{r['plain_max_abs_logit_diff']:.1g}",
+                         f"{settings['threads']}, {settings['context']}, {data['provenance']['date'][:10]}"])
+    return table(["model", "dtype", "new tokens", "plain ms", "packed ms", "packed over plain", "r plain",
+                  "r packed", "max logit diff", "threads, context, date"], rows)
+
+
 HOST_BEFORE, HOST_AFTER = "results/bench/host-cpu-before.json", "results/bench/host-cpu.json"
 HOST_WRITER = "specsweep bench host --device cpu [--out results/bench/host-cpu-before.json] (docs/benchmarks.md)"
 DTYPE_SHORT = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}

@@ -48,6 +48,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-forward-qwen-cuda": gpu_blocks.bench_forward_qwen_cuda,
     "bench-forward-whisper-cpu": bench_blocks.bench_forward_whisper_cpu,
     "bench-forward-dtypes": bench_blocks.bench_forward_dtypes,
+    "bench-forward-packed": bench_blocks.bench_forward_packed,
     "bench-host": bench_blocks.bench_host,
     "bench-host-gpu": gpu_blocks.bench_host_gpu,
     "bench-block-gain": bench_blocks.bench_block_gain,

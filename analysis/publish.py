@@ -90,6 +90,7 @@ def record(result: dict) -> dict:
            for key in ("by_group", "by_category") if result["metrics"].get(key)}
     params = rule.effective({k: config.get(k) for k in rule.param_names}, config.get("preset")) if rule else {}
     return {"config": {k: config.get(k) for k in RECORD_CONFIG}, "params": params,
+            "packed_weights": packed_target(result),
             "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS}, **per,
             "greedy_agreement": {k: v for k, v in agreement.items() if k != "per_sample"} or None,
             "tokens_sha256": hashlib.sha256(tokens.encode()).hexdigest(),
@@ -105,6 +106,19 @@ def record(result: dict) -> dict:
                     "device": device_label(provenance.get("device"), (result.get("resolved") or {}).get("device")),
                     # the code that ran it (None in results files written before runs recorded it)
                     **{k: (provenance.get("commit") or {}).get(k) for k in ("commit", "dirty")}}}
+
+
+def packed_target(result: dict) -> bool | None:
+    """Whether the run's target multiplied packed weights (pipeline/decoding/static/packed.py): what the run resolved,
+    or for a run that recorded only its settings, --packed-weights with our engine on a CPU; None before the
+    setting existed."""
+    resolved = (result.get("resolved") or {}).get("packed_weights")
+    if resolved is not None:
+        return bool(resolved.get("target"))
+    config = result["config"]
+    if "packed_weights" not in config:
+        return None
+    return bool(config["packed_weights"]) and config.get("engine") == "specsweep" and config.get("device") == "cpu"
 
 
 def summary(profile: str, root: Path, keep: bool = False) -> dict:

@@ -214,6 +214,13 @@ def setting(key: str) -> Callable[[dict], str]:
     return lambda r: str(r["config"][key])
 
 
+def dtype_weights(r: dict) -> str:
+    """The run's dtype, and "packed weights" where its target multiplied packed copies of them
+    (pipeline/decoding/static/packed.py: on by default on a CPU since 2026-11-28; earlier runs, transformers'
+    assisted generation and runs with --no-packed-weights multiplied the models' own)."""
+    return f"{r['config']['dtype']}, packed weights" if r.get("packed_weights") else str(r["config"]["dtype"])
+
+
 def agreement(r: dict) -> str:
     """"3 of 3": the samples whose greedy tokens are the target alone's, token for token."""
     a = r.get("greedy_agreement")
@@ -346,7 +353,7 @@ TABLES = (
     # README.md and docs/results.md, "A real draft that pays": the Qwen2.5-Coder pair (make pair)
     RunTable("readme-pair", "pair", "Qwen2.5-Coder-1.5B-Instruct with",
              tuple(Row(label, {"run": run}) for label, run in PAIR_RUNS),
-             (Column("dtype", "{run}", setting("dtype")), Column("articles", "{run}", setting("limit")),
+             (Column("dtype", "{run}", dtype_weights), Column("articles", "{run}", setting("limit")),
               Column("new tokens", "{run}", setting("max_new_tokens")),
               Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
               Column("Leviathan's theory", "{run}", _draft_model_theory),

@@ -194,6 +194,11 @@ class RunConfig:
                                        "engine's static-cache forward for the model families that have one: GPT-2, "
                                        "Llama, Mistral, Qwen2 and Whisper; "
                                        "same tokens, less overhead)", flag="--no-static-cache")
+    packed_weights: bool = setting(True, "multiply the models' own weights as they are stored (default: the "
+                                         "static forward of a Llama, Mistral or Qwen2 on a CPU multiplies packed "
+                                         "copies of them, pipeline/decoding/static/packed.py: bfloat16 bit for bit "
+                                         "the same, float32 summed in another order; faster, for a second copy "
+                                         "of the weights in memory)", flag="--no-packed-weights")
     baseline: str | None = setting(None, "results JSON of a γ = 0 run with the same settings: its quality is the "
                                          "reference, and it adds `unpaired_speedup` (the speedup itself is always "
                                          "paired: measured against this run's own γ = 0 loop)")

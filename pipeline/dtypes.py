@@ -4,8 +4,8 @@ Names are what the CLI, params.yaml and results files carry; :func:`torch_dtype`
 ``auto`` (:func:`resolve_dtype`) is the fastest dtype the device computes natively for the model: on a CPU that
 multiplies bfloat16 in hardware (x86 with AVX-512 BF16 or AMX, Arm with its BF16 extension), bfloat16 for a target
 of at least :data:`AUTO_BF16_MIN_PARAMETERS` parameters, whose forward reads its weights from memory and in
-bfloat16 reads half the bytes of float32's and, over a few tokens, costs about what one token's does
-(docs/benchmarks.md: Qwen2.5-Coder-1.5B's one-token forward 1.7x faster, a 5-token one 3.6x); float32 for a smaller
+bfloat16 reads half the bytes of float32's (docs/benchmarks.md, over packed weights: Qwen2.5-Coder-1.5B's forward
+about 1.8-1.9x faster than in float32 at 1 to 17 tokens); float32 for a smaller
 one, whose weights sit in the caches and whose forward is mostly per-operation cost, which bfloat16 raises (the toy
 pairs), and on other CPUs (where bfloat16 is emulated); bfloat16 on a GPU that has it, else float16.
 This module imports torch only inside functions, so ``specsweep --help`` stays light.

@@ -171,7 +171,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     resolved = {"device": device, "dtype_choice": dtype_choice, "samples": len(samples),
                 "baseline": baseline["path"] if baseline else None,
                 "baseline_quality": baseline["quality"] if baseline else None,
-                "forward": stack.forwards_used(engine), **encode.record(totals["cuts"]),
+                **stack.forwards_record(engine), **encode.record(totals["cuts"]),
                 "eos_token_ids": [] if config.ignore_eos else eos_token_ids(target, tokenizer),   # benchmarks/replay.py
                 "processes": 1 if world is None else world.size, "seed_per_example": decoding.per_example,
                 "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer),

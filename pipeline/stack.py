@@ -174,7 +174,7 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
                              suppress_tokens=getattr(gc, "suppress_tokens", None) or (),
                              begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
                              static_cache=config.static_cache, draft_policy=DraftPolicy.of(config),
-                             draft_quant=config.draft_quant,
+                             draft_quant=config.draft_quant, packed_weights=config.packed_weights,
                              char_lengths=token_text(config.target, tokenizer).char_lengths(
                                  target.get_output_embeddings().weight.shape[0], device))
 
@@ -258,14 +258,30 @@ def draft_tokenizer_mode(config: RunConfig, sampler, draft, tokenizer) -> str:
                         sampler.verifies_by_argmax)
 
 
-def forwards_used(engine) -> dict:
-    """Which forward each model ran: "static" (pipeline/decoding/static/) or "transformers"."""
+def _models(engine) -> dict:
+    """The engine's models by role (target, draft), those it has."""
     models = {"target": getattr(engine, "target", None), "draft": getattr(engine, "draft", None)}
     drafter = getattr(engine, "drafter", None)
     if drafter is not None:
         models["draft"] = drafter.model
+    return {name: m for name, m in models.items() if m is not None}
+
+
+def forwards_used(engine) -> dict:
+    """Which forward each model ran: "static" (pipeline/decoding/static/) or "transformers"."""
     return {name: ("static" if getattr(m, "static", None) is not None else "transformers")
-            for name, m in models.items() if m is not None}
+            for name, m in _models(engine).items()}
+
+
+def packed_used(engine) -> dict:
+    """Whether each model's static forward multiplied packed weights (pipeline/decoding/static/packed.py)."""
+    return {name: bool(getattr(getattr(m, "static", None), "packed", False)) for name, m in _models(engine).items()}
+
+
+def forwards_record(engine) -> dict:
+    """A result's ``resolved`` entries on the forwards: ``forward`` (:func:`forwards_used`) and ``packed_weights``
+    (:func:`packed_used`), each by model role."""
+    return {"forward": forwards_used(engine), "packed_weights": packed_used(engine)}
 
 
 @functools.lru_cache(maxsize=8)

@@ -161,7 +161,7 @@ def test_publish_writes_one_small_summary_with_what_it_is_the_machine_the_date_a
     assert record["metrics"]["speedup"] == pytest.approx(1.02) and record["measurement"]["coverage"] == 0.97
     assert record["quality"] == {"rouge1": 1.0, "rouge2": 0.5, "rougeL": 1.0, "rougeLsum": 1.0}
     assert all(set(r) == {"config", "params", "metrics", "greedy_agreement", "tokens_sha256", "quality", "measurement",
-                          "ran"} for r in summary["runs"].values())
+                          "ran", "packed_weights"} for r in summary["runs"].values())
     assert record["params"] == {}       # exact has no parameters (a sigmoid run's: the sigmoid table's test)
 
 
@@ -566,3 +566,20 @@ def test_the_forward_roofline_counts_what_a_forward_reads_and_wants_the_kernels_
     path.write_text(json.dumps(data))
     with pytest.raises(SpecsweepError, match=r"measured on an NVIDIA A100.*the copy bandwidth of the same card"):
         gpu_blocks.bench_forward_qwen_cuda(root)
+
+
+def test_a_record_says_whether_the_target_ran_packed_weights():
+    """What the run resolved; else, for a run that recorded only its settings, --packed-weights with our engine on a
+    CPU; None for a run from before the setting (README's pair table writes "packed weights" after the dtype)."""
+    from pipeline.analysis.publish import packed_target
+    from pipeline.analysis.run_tables import dtype_weights
+
+    settings = {"packed_weights": True, "engine": "specsweep", "device": "cpu", "dtype": "bfloat16"}
+    assert packed_target({"config": settings, "resolved": {"packed_weights": {"target": False}}}) is False
+    assert packed_target({"config": settings, "resolved": {"packed_weights": {"target": True, "draft": False}}})
+    assert packed_target({"config": settings, "resolved": {}}) is True
+    assert packed_target({"config": {**settings, "engine": "hf"}}) is False
+    assert packed_target({"config": {**settings, "device": "cuda"}}) is False
+    assert packed_target({"config": {"engine": "specsweep", "device": "cpu"}}) is None
+    assert dtype_weights({"config": settings, "packed_weights": True}) == "bfloat16, packed weights"
+    assert dtype_weights({"config": settings, "packed_weights": None}) == "bfloat16"

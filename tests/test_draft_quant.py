@@ -190,6 +190,15 @@ def test_a_run_with_a_quantised_draft_records_it_and_the_target_alones_tokens(sa
     assert result["config"]["draft_quant"] == "int8" and result["resolved"]["forward"]["draft"] == "static"
     agreement = result["metrics"]["greedy_agreement"]
     assert agreement["samples"] == 2 and agreement["identical"] == 2
+    # the target multiplies packed weights (the default on a CPU); a quantised draft its own kernels
+    from pipeline.decoding.static.packed import available
+
+    assert result["resolved"]["packed_weights"] == {"target": available("cpu", torch.float32), "draft": False}
+    out = root / "plain.json"
+    assert main(_args(saved, out, "--dtype", "float32", "--draft-quant", "int8", "--no-packed-weights")) == 0
+    plain = json.loads(out.read_text())
+    assert plain["config"]["packed_weights"] is False
+    assert plain["resolved"]["packed_weights"] == {"target": False, "draft": False}
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -5,7 +5,9 @@ Tiny random configurations cover what SmolLM2, Llama 3, Mistral and Qwen2 checkp
 hidden_size / heads, RoPE scaling types, attention and MLP biases. Each is compared with transformers' own forward
 (through CachedModel, as the engine drives both) over a prompt and appends, rollbacks and re-appends, a ragged
 batch with left padding and holes, dropped rows and a grown buffer; and with a full forward without a cache. A seeded
-generation emits the same tokens with and without it, and what it does not implement goes to transformers.
+generation emits the same tokens with and without it, and what it does not implement goes to transformers. The
+forward over packed weights (pipeline/decoding/static/packed.py, the engine's default on a CPU) is held to the same
+tests.
 """
 
 from __future__ import annotations
@@ -60,9 +62,15 @@ def model(request):
     return build(**CONFIGS[request.param])
 
 
-def _both(model):
-    static, dynamic = CachedModel(model, static=True), CachedModel(model, static=False)
+@pytest.fixture(params=[False, True], ids=["plain", "packed"])
+def packed(request):
+    return request.param
+
+
+def _both(model, packed: bool = False):
+    static, dynamic = CachedModel(model, static=True, packed=packed), CachedModel(model, static=False)
     assert isinstance(static.static, LlamaStaticForward) and dynamic.static is None
+    assert static.static.packed is packed       # float32 on a CPU: packed wherever torch has oneDNN
     return static, dynamic
 
 
@@ -73,8 +81,8 @@ def _agree(models, *args, **kwargs):
 
 
 @torch.inference_mode()
-def test_a_prompt_appends_rollbacks_and_re_appends_agree(model):
-    models = _both(model)
+def test_a_prompt_appends_rollbacks_and_re_appends_agree(model, packed):
+    models = _both(model, packed)
     g = torch.Generator().manual_seed(0)
     for m in models:
         m.reset(1, torch.device("cpu"), capacity=64)
@@ -96,8 +104,8 @@ def test_a_prompt_appends_rollbacks_and_re_appends_agree(model):
 
 
 @torch.inference_mode()
-def test_a_ragged_batch_with_padding_holes_dropped_rows_and_growth_agrees(model):
-    models = _both(model)
+def test_a_ragged_batch_with_padding_holes_dropped_rows_and_growth_agrees(model, packed):
+    models = _both(model, packed)
     g = torch.Generator().manual_seed(1)
     B, L = 4, 7
     prompt = torch.randint(3, V, (B, L), generator=g)
@@ -128,17 +136,21 @@ def llama_pair(tmp_path_factory):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("gamma", [0, 3])
 def test_a_seeded_generation_emits_the_same_tokens_with_and_without_it(llama_pair, gamma, temperature):
+    """transformers' forward, ours over the model's weights, ours over packed copies (the engine's default)."""
     target, draft, tok = llama_pair
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     results = []
-    for static in (True, False):
+    for static, packed in ((False, False), (True, False), (True, True)):
         engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=temperature), gamma=gamma,
-                                   device="cpu", eos_token_ids=[EOS], pad_token_id=0, static_cache=static)
+                                   device="cpu", eos_token_ids=[EOS], pad_token_id=0, static_cache=static,
+                                   packed_weights=packed)
         assert isinstance(engine.target.static, LlamaStaticForward) is static
+        assert static is False or engine.target.static.packed is packed
         results.append(engine.generate(enc.input_ids, enc.attention_mask, 24,
                                        generator=torch.Generator().manual_seed(7)))
-    assert results[0].tokens == results[1].tokens
-    assert [r["accepted"] for r in results[0].row_stats] == [r["accepted"] for r in results[1].row_stats]
+    assert results[0].tokens == results[1].tokens == results[2].tokens
+    assert ([r["accepted"] for r in results[0].row_stats] == [r["accepted"] for r in results[1].row_stats]
+            == [r["accepted"] for r in results[2].row_stats])
 
 
 def test_what_it_does_not_implement_goes_to_transformers():
@@ -210,3 +222,15 @@ def test_bench_forward_times_each_dtype_in_the_same_rounds(tmp_path):
     assert [(r["over"], r["dtype"], r["new_tokens"]) for r in result["dtypes"]] == [
         ("float32", "bfloat16", 1), ("float32", "bfloat16", 3)]
     assert all(r["max_abs_logit_diff"] < 0.05 for r in result["results"])  # ours computes transformers' operations
+    # where our forward packs its weights, ours over the model's own is timed in the same rounds and compared:
+    # bit for bit in bfloat16, to float32 rounding in float32
+    from pipeline.decoding.static.packed import available
+
+    for r in result["results"]:
+        if not available("cpu", getattr(torch, r["dtype"])):
+            assert "plain_ms" not in r
+            continue
+        assert len(r["rounds_ms"]["plain"]) == 3 and r["plain_ms"] > 0
+        assert r["packed_speedup"]["ci_low"] <= r["packed_speedup"]["median"] <= r["packed_speedup"]["ci_high"]
+        bound = 0.0 if r["dtype"] == "bfloat16" else 1e-4
+        assert r["plain_max_abs_logit_diff"] <= bound

@@ -20,6 +20,8 @@ needs the ``gguf`` package; or a folder holding only a config.json: random weigh
 not depend on the values). For each number of new tokens per forward (1: a draft step or autoregressive decoding;
 γ + 1: a target's verify forward), transformers' forward and ours, both through CachedModel as the engine calls
 them, append that many tokens after ``context`` cached ones, with every position's logits, and roll them back.
+Where our forward multiplies packed weights (pipeline/decoding/static/packed.py), ours over the model's own
+weights ("plain") is timed in the same rounds too, and each row gives the packed weights' gain over it.
 The two alternate in paired rounds; each round's ratio (transformers' median time over ours) gives the speedup as
 the median over rounds with its order-statistic interval (pipeline/measure.py). The first forward's logits of
 the two are compared as well. Writes results/bench/forward-<model>-<device>.json.
@@ -148,6 +150,11 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     return model.to(device).eval()
 
 
+FORWARDS = ("transformers", "static", "plain")
+"""transformers' forward; ours over the model's own weights; ours as the engine runs it (packed weights where the
+family, device and dtype allow: pipeline/decoding/static/packed.py; "plain" is left out where nothing is packed)."""
+
+
 def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5, 11), rounds: int = 10,
               calls: int = 10, threads: int = 1, device: str = "cpu", dtypes: tuple[str, ...] = ("float32",),
               out: Path | None = None) -> dict:
@@ -197,10 +204,12 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
         hidden = torch.randn(1, first.config.max_source_positions, first.config.d_model, generator=g).to(dev)
     cached, logits = {}, {}
     for dtype, model in models.items():
-        for forward in ("transformers", "static"):
-            c = CachedModel(model, kind, static=forward == "static")
-            if forward == "static" and c.static is None:
+        for forward in FORWARDS:
+            c = CachedModel(model, kind, static=forward != "transformers", packed=forward == "static")
+            if forward != "transformers" and c.static is None:
                 raise SystemExit(f"{type(model).__name__} has no static forward here (pipeline/decoding/static/)")
+            if forward == "plain" and not getattr(cached["static", dtype].static, "packed", False):
+                continue                                    # nothing packed: the plain forward is the static one
             c.reset(1, dev, None if hidden is None else hidden.to(model.dtype), capacity=context + max(new_tokens) + 8)
             c.forward(prompt, last=1)
             for q in new_tokens:
@@ -214,7 +223,7 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
             c.retain(q, keep_none, 0, 0)
         return call
 
-    ways = [(f, d, q) for d in models for f in ("transformers", "static") for q in new_tokens]
+    ways = [(f, d, q) for d in models for f in FORWARDS if (f, d) in cached for q in new_tokens]
     times: dict[tuple, list[float]] = {w: [] for w in ways}
     for r in tqdm(range(rounds), desc="rounds", leave=False):
         shift = r % len(ways)
@@ -231,6 +240,14 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
                    "max_abs_logit_diff": float((logits["static", d, q] - logits["transformers", d, q]).abs().max())}
             if 1 in new_tokens:
                 row["verify_cost"] = median_ci([a / b for a, b in zip(s, times["static", d, 1])]).to_dict()
+            if ("plain", d) in cached:                  # the packed weights' gain, paired by round
+                p = times["plain", d, q]
+                row.update(plain_ms=statistics.median(p) * 1e3,
+                           packed_speedup=median_ci([a / b for a, b in zip(p, s)]).to_dict(),
+                           plain_max_abs_logit_diff=float((logits["static", d, q] - logits["plain", d, q]).abs().max()))
+                row["rounds_ms"]["plain"] = [x * 1e3 for x in p]
+                if 1 in new_tokens:
+                    row["plain_verify_cost"] = median_ci([a / b for a, b in zip(p, times["plain", d, 1])]).to_dict()
             rows.append(row)
     base, *others = list(models)
     dtype_rows = [{"new_tokens": q, "over": base, "dtype": d,
@@ -246,7 +263,10 @@ def print_model_table(result: dict) -> None:
     table = [{"dtype": r["dtype"], "new tokens": r["new_tokens"], "transformers ms": f"{r['transformers_ms']:.2f}",
               "static ms": f"{r['static_ms']:.2f}", "static over transformers": ci(r["speedup"]),
               "r = ms(q) / ms(1)": ci(r["verify_cost"]) if "verify_cost" in r else "",
-              "max |logit diff|": f"{r['max_abs_logit_diff']:.1e}"} for r in result["results"]]
+              "max |logit diff|": f"{r['max_abs_logit_diff']:.1e}",
+              **({"plain-weights ms": f"{r['plain_ms']:.2f}", "packed over plain": ci(r["packed_speedup"]),
+                  "plain r": ci(r["plain_verify_cost"]) if "plain_verify_cost" in r else ""}
+                 if "plain_ms" in r else {})} for r in result["results"]]
     print(format_table(table, list(table[0])))
     if result["dtypes"]:
         table = [{"new tokens": r["new_tokens"], "static": f"{r['dtype']} over {r['over']}",

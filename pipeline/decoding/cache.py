@@ -69,7 +69,8 @@ class CachedModel:
 
     static    the static-cache forward (pipeline/decoding/static/) when ``static`` is asked for and the model's
               family has one (a Whisper decoder's holds its cross-attention keys and values too), with its weights
-              quantised as ``quant`` says (pipeline/decoding/static/quant.py; "none": the model's own); None:
+              quantised as ``quant`` says (pipeline/decoding/static/quant.py; "none": the model's own), or
+              with ``packed`` multiplying packed copies of them where it can (pipeline/decoding/static/packed.py); None:
               transformers' forward with a DynamicCache (an EncoderDecoderCache for a decoder)
 
     length    int                host: cache positions (common to all rows)
@@ -80,10 +81,11 @@ class CachedModel:
     encoder   (hidden [B, S, D],) encoder outputs the decoder attends to (kinds seq2seq, decoder_with_encoder)
     """
 
-    def __init__(self, model, kind: str = "causal", static: bool = False, quant: str = "none") -> None:
+    def __init__(self, model, kind: str = "causal", static: bool = False, quant: str = "none",
+                 packed: bool = False) -> None:
         self.model = model
         self.kind = kind
-        self.static = static_forward_for(model, quant) if static else None
+        self.static = static_forward_for(model, quant, packed) if static else None
         if quant != "none" and self.static is None:
             raise SpecsweepError(f"--draft-quant {quant} quantises the engine's static-cache forward, which this draft "
                                  f"({type(model).__name__}) does not run: drop --draft-quant or --no-static-cache")

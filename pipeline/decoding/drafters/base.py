@@ -49,6 +49,7 @@ class DraftSetup:
     target_vocab       V_t, the target's output rows
     quant              the draft model's weights in its static forward: none, int8 or int4
                        (pipeline/decoding/static/quant.py)
+    packed             its unquantised weights packed where they can be (pipeline/decoding/static/packed.py)
     """
 
     device: torch.device
@@ -62,6 +63,7 @@ class DraftSetup:
     static: bool
     target_vocab: int
     quant: str = "none"
+    packed: bool = False
 
 
 @dataclass

@@ -28,6 +28,8 @@ next append overwrites them. No allocation, no copy, no host sync per forward.
     whisper.py the decoder of WhisperForConditionalGeneration and WhisperForCausalLM, with the cross-attention
                keys and values of the encoder output computed once per generate call
     quant.py   weight-only int8 and int4 projections for the Llama family's forward (a draft's ``--draft-quant``)
+    packed.py  the Llama family's projections from packed copies of their weights on a CPU (``--no-packed-weights``
+               turns them off): the same products, read faster
 
 :func:`static_forward_for` picks the implementation for a model, or None when the model's family (or one of
 its options) has none; the engine then uses transformers' forward with a DynamicCache.
@@ -47,17 +49,20 @@ QUANTIZED_FORWARDS = (LlamaStaticForward,)
 """The static forwards that take quantised projections (quant.py)."""
 QUANTIZED_FAMILIES = LLAMA_FAMILIES
 """The model classes (a config's ``architectures``) whose static forward takes quantised projections."""
+PACKED_FORWARDS = (LlamaStaticForward,)
+"""The static forwards whose projections can multiply packed weights (packed.py); the others ignore ``packed``."""
 
 
-def static_forward_for(model, quant: str = "none"):
+def static_forward_for(model, quant: str = "none", packed: bool = False):
     """The static forward for ``model``, or None when its family or configuration has none. ``quant`` int8 or int4:
     its projections quantised (quant.py), for a family of QUANTIZED_FORWARDS only (one-line SpecsweepError for
-    another family)."""
+    another family). ``packed``: unquantised projections multiply packed weights where the family, device and
+    dtype allow (packed.py)."""
     for impl in STATIC_FORWARDS:
         if not impl.supports(model):
             continue
         if quant == "none":
-            return impl(model)
+            return impl(model, packed=packed) if impl in PACKED_FORWARDS else impl(model)
         if impl not in QUANTIZED_FORWARDS:
             raise SpecsweepError(f"--draft-quant {quant} quantises the static forward of a Llama, Mistral or Qwen2 "
                                  f"draft; this draft is a {type(model).__name__}: drop --draft-quant")

@@ -16,7 +16,9 @@ copies of their weights (quant.py), and the forward computes that quantised mode
 anyway, so q, k and v share one weight [(H + 2 H_kv) D, d], and gate and up one [2 I, d], as gpt-fast fuses them:
 three kernel calls a layer instead of five, each reading a longer weight. Both quantisations work per output row
 (and int4 per group of inputs along a row), so a fused weight's rows are quantised as each projection's own would
-be. Without ``quant`` each projection keeps the model's own weight, in place (fusing would copy them).
+be. Without ``quant`` each projection keeps the model's own weight, in place (fusing would copy them), unless
+``packed``: then every projection and the head multiply a packed copy (packed.py), q, k and v (and gate and up)
+stacked into one as above, since the copy is made anyway.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decoding.static.base import StaticForward
+from pipeline.decoding.static.packed import PackedLinear, available
 from pipeline.decoding.static.quant import Projection, projection
 
 # models whose forward is Llama's, given the checks of LlamaStaticForward.supports
@@ -65,6 +68,14 @@ def _fused(modules, quant: str) -> Callable:
     return lambda h: both(h).split(sizes, dim=-1)
 
 
+def _packed(modules) -> Callable:
+    """h -> the outputs of ``modules`` (nn.Linear), from one packed copy of their weights stacked along the output
+    rows (packed.py)."""
+    both = PackedLinear([m.weight for m in modules], [m.bias for m in modules])
+    sizes = [m.out_features for m in modules]
+    return lambda h: both(h).split(sizes, dim=-1)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm, operation for operation."""
     h = x.to(torch.float32)
@@ -87,17 +98,25 @@ class LlamaStaticForward(StaticForward):
     model    a model of FAMILIES in eval mode (see :meth:`supports`); its parameters are used in place
     quant    how the projections and the head store their weights (quant.py): "none" (the model's own, in place),
              "int8" or "int4" (quantised copies; the model is left as it is)
+    packed   with quant "none": multiply packed copies of the weights where the model's device and dtype allow
+             (packed.py; ``self.packed`` says whether they do)
     """
 
-    def __init__(self, model, quant: str = "none") -> None:
+    def __init__(self, model, quant: str = "none", packed: bool = False) -> None:
         config = model.config
         base = model.model
         attn = base.layers[0].self_attn
+        weight = base.embed_tokens.weight
+        self.packed = packed and quant == "none" and available(weight.device, weight.dtype)
 
         def linear(module) -> Projection:
+            if self.packed:
+                return PackedLinear([module.weight], [module.bias])
             return projection(module.weight, module.bias, quant)
 
         def group(*modules) -> Callable:
+            if self.packed:
+                return _packed(modules)
             return _separate(*map(linear, modules)) if quant == "none" else _fused(modules, quant)
 
         self.model = model

@@ -1,0 +1,77 @@
+"""Packed weights for the static forward's projections on a CPU (on by default; ``--no-packed-weights`` turns them
+off).
+
+Why. On a CPU, F.linear over a weight W [N, K] as a model stores it (row-major) hands oneDNN (bfloat16) or MKL
+(float32) a plain matrix on every call, and over the few rows of a decode or verify forward neither reaches the
+machine's memory bandwidth: on the project's 2-core CPU the Qwen2.5-Coder-1.5B target's projections stream their
+weights at about 30 GB/s in bfloat16, and MKL's float32 path costs twice as much over 2-17 rows as over one (the
+"float32 doubles a verify forward" of the docs' history). Reordered once into oneDNN's blocked layout, the same
+products read the weights at 40-45 GB/s in either dtype, and a multi-row forward costs little more than a one-row
+one (``python -m pipeline.benchmarks.forward --model ...``, docs/benchmarks.md, "packed" columns).
+
+What. ``torch.ops.mkldnn._reorder_linear_weight(W)`` makes the packed copy once;
+``torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")`` computes x @ W.T + b from it: the pair of
+operators torch's own compiler (inductor's CPU weight prepacking) emits for a frozen nn.Linear. What comes out:
+  bfloat16  bit for bit F.linear's result (both are oneDNN's bfloat16 kernel, reading the weight in two layouts),
+            over any number of rows and with q, k, v (or gate, up) stacked into one weight: tests/test_packed.py
+  float32   float32 arithmetic summed in another order than MKL's (a few 1e-6 of a logit's scale, as two BLAS
+            libraries differ): greedy tokens equal transformers' except at near ties, as across machines
+
+Cost. A copy of every packed projection's weight (the model's own weights stay in place for transformers'
+forward and everything else that reads them): a static forward's projections in twice their memory. A packed copy
+is made once per weight tensor and kept while the tensor lives (:func:`packed`), so the speculative and the
+autoregressive engines of one run, and every trial of a study, share it; a weight changed in place (its version
+moves on) is packed again (not an inference tensor's, which keeps no version: a model loaded under
+``torch.inference_mode`` is taken as fixed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+DTYPES = (torch.float32, torch.bfloat16)
+"""The dtypes oneDNN's packed product takes here (bfloat16 where the CPU multiplies it natively: :func:`available`)."""
+
+_COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""first weight -> {ids of the stacked weights: (their versions, packed copy)}; dropped with the weight."""
+
+
+def available(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether projections on ``device`` in ``dtype`` can be packed: a CPU, torch built with oneDNN (and its packing
+    operators), and for bfloat16 a CPU that oneDNN multiplies bfloat16 on natively (AVX-512 BF16 or AMX)."""
+    if torch.device(device).type != "cpu" or dtype not in DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    if not (hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def packed(weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The packed copy of ``weights`` [N_i, K] stacked along their rows ([sum N_i, K]), made once and kept while the
+    first of them lives (see the module docstring)."""
+    key = tuple(id(w) for w in weights)
+    versions = tuple(-1 if w.is_inference() else w._version for w in weights)   # inference tensors keep no version
+    held = _COPIES.setdefault(weights[0], {})
+    if key not in held or held[key][0] != versions:
+        with torch.no_grad():
+            stacked = torch.cat(list(weights)) if len(weights) > 1 else weights[0]
+            held[key] = (versions, torch.ops.mkldnn._reorder_linear_weight(stacked.detach(), None))
+    return held[key][1]
+
+
+class PackedLinear:
+    """x [..., K] -> x @ W.T + b [..., sum N_i] for W the ``weights`` [N_i, K] stacked along their rows and b their
+    ``biases`` [N_i] (None: zeros; all None: no bias), from one packed copy (:func:`packed`, held as ``weight``)."""
+
+    def __init__(self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> None:
+        self.weight = packed(weights)
+        self.bias = None
+        if any(b is not None for b in biases):
+            self.bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
+                                   for w, b in zip(weights, biases)]).detach()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")

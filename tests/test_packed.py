@@ -1,0 +1,112 @@
+"""Packed weights (pipeline/decoding/static/packed.py): the products F.linear computes, from one packed copy per
+weight.
+
+bfloat16 bit for bit F.linear's (the module's claim, on which "same tokens as before" rests), float32 to float32
+rounding; the static Llama forward over packed weights gives the plain forward's logits bit for bit in bfloat16;
+copies are shared between forwards of one model and remade when a weight changes in place; where packing cannot
+run (another device, float16, --no-packed-weights) the plain projections run instead. The forward's agreement with
+transformers', packed or not, is tests/test_static_llama.py's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_static_llama import CONFIGS, build
+
+from pipeline.config import RunConfig
+from pipeline.decoding.cache import CachedModel
+from pipeline.decoding.static.packed import PackedLinear, available, packed
+
+needs_bf16 = pytest.mark.skipif(not available("cpu", torch.bfloat16),
+                                reason="this CPU does not multiply bfloat16 natively (or torch lacks oneDNN)")
+needs_fp32 = pytest.mark.skipif(not available("cpu", torch.float32), reason="torch was built without oneDNN")
+
+
+def _weights(dtype, g, sizes=(37, 8, 19), k=48):
+    ws = [torch.randn(n, k, generator=g).to(dtype) for n in sizes]
+    bs = [torch.randn(sizes[0], generator=g).to(dtype), None, torch.randn(sizes[2], generator=g).to(dtype)]
+    return ws, bs
+
+
+def _reference(x, ws, bs):
+    return torch.cat([F.linear(x, w, b) for w, b in zip(ws, bs)], dim=-1)
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 3, 17, 70])
+def test_bfloat16_products_are_f_linear_bit_for_bit_one_weight_or_stacked(rows):
+    g = torch.Generator().manual_seed(rows)
+    ws, bs = _weights(torch.bfloat16, g)
+    x = torch.randn(2, rows, 48, generator=g).to(torch.bfloat16)
+    assert torch.equal(PackedLinear(ws, bs)(x), _reference(x, ws, bs))               # q, k, v stacked, biases mixed
+    assert torch.equal(PackedLinear(ws[1:2], bs[1:2])(x), F.linear(x, ws[1]))         # one weight, no bias
+    assert torch.equal(PackedLinear(ws[:1], bs[:1])(x[:, :, ::1]), F.linear(x, ws[0], bs[0]))
+
+
+@needs_fp32
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_float32_products_agree_to_float32_rounding(rows):
+    g = torch.Generator().manual_seed(rows)
+    ws, bs = _weights(torch.float32, g)
+    x = torch.randn(1, rows, 48, generator=g)
+    exact = _reference(x.double(), [w.double() for w in ws], [None if b is None else b.double() for b in bs])
+    got = PackedLinear(ws, bs)(x)
+    assert got.dtype == torch.float32 and got.shape == (1, rows, 64)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+@needs_fp32
+def test_a_copy_is_made_once_per_weight_and_again_after_an_in_place_change():
+    g = torch.Generator().manual_seed(0)
+    ws, _ = _weights(torch.float32, g)
+    first = packed(ws)
+    assert packed(ws) is first                              # shared: one copy, however many forwards use it
+    assert packed(ws[:1]) is not first                      # another stacking is another copy
+    x = torch.randn(3, 48, generator=g)
+    with torch.no_grad():
+        ws[1].mul_(2.0)                                     # in place: the version moves on
+    again = PackedLinear(ws, [None] * 3)(x)
+    assert packed(ws) is not first
+    torch.testing.assert_close(again, _reference(x, ws, [None] * 3), rtol=1e-5, atol=1e-5)
+
+
+@needs_bf16
+@torch.inference_mode()
+@pytest.mark.parametrize("name", ["gqa-3to1-tied", "llama3-rope-biases", "qwen2"])
+def test_the_bfloat16_forward_over_packed_weights_gives_the_plain_forwards_logits_bit_for_bit(name):
+    model = build(**CONFIGS[name]).to(torch.bfloat16)
+    plain, fast = CachedModel(model, static=True), CachedModel(model, static=True, packed=True)
+    assert not plain.static.packed and fast.static.packed
+    assert fast.static.layers[0].qkv is not plain.static.layers[0].qkv
+    g = torch.Generator().manual_seed(3)
+    for m in (plain, fast):
+        m.reset(2, torch.device("cpu"), capacity=8)         # small: the cache grows on the way
+    for k, keep in ((9, 9), (1, 1), (5, 2), (17, 3), (1, 1)):
+        ids = torch.randint(3, 97, (2, k), generator=g)
+        a, b = plain.forward(ids), fast.forward(ids)
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+        for m in (plain, fast):
+            m.retain(k, torch.tensor([keep, keep]), keep, keep)
+    # the same model's second forward (the autoregressive loop of a run) shares the copies
+    again = CachedModel(model, static=True, packed=True)
+    assert again.static.head.weight is fast.static.head.weight is packed([model.lm_head.weight])
+
+
+def test_where_packing_cannot_run_the_plain_projections_do():
+    assert not available("meta", torch.float32)
+    assert not available("cpu", torch.float16)
+    half = build().to(torch.float16)
+    assert CachedModel(half, static=True, packed=True).static.packed is False
+    assert CachedModel(build(), static=True, packed=False).static.packed is False
+    model = build()                                          # quantised projections have kernels of their own
+    assert CachedModel(model, static=True, quant="int8", packed=True).static.packed is False
+
+
+def test_packed_weights_is_on_by_default_and_no_packed_weights_turns_it_off():
+    assert RunConfig(target="t", data="d").packed_weights is True
+    from pipeline.cli import build_parser
+
+    args = build_parser().parse_args(["run", "--target", "t", "--data", "d", "--no-packed-weights"])
+    assert args.packed_weights is False
