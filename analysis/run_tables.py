@@ -340,7 +340,7 @@ TABLES = (
     RunTable("readme-real", "real", "target, drafter",
              tuple(Row(label, {"run": run, "pair": pair}, empty=() if pair else ("target alone (bfloat16)",))
                    for label, run, pair in REAL_RUNS),
-             (Column("dtype", "{run}", setting("dtype")), Column("γ", "{run}", setting("gamma")),
+             (Column("dtype", "{run}", dtype_weights), Column("γ", "{run}", setting("gamma")),
               Column("samples", "{run}", setting("limit")), Column("new tokens", "{run}", setting("max_new_tokens")),
               Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
               Column("acceptance", "{run}", metric("acceptance_rate")),
