@@ -131,7 +131,7 @@ def test_fused_projections_compute_what_each_projection_quantised_alone_does(mod
     with torch.inference_mode():
         fused = llama.LlamaStaticForward(model, mode)
         assert [len(layer.qkv(torch.zeros(1, 1, 256, dtype=torch.bfloat16))) for layer in fused.layers] == [3, 3]
-        monkeypatch.setattr(llama, "_fused", lambda modules, q: llama._separate(
+        monkeypatch.setattr(llama, "_stacked", lambda modules, q, packed: llama._separate(
             *(projection(m.weight, m.bias, q) for m in modules)))
         separate = llama.LlamaStaticForward(model, mode)
         torch.testing.assert_close(logits(fused), logits(separate), rtol=0, atol=0)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decoding.static.base import StaticForward
-from pipeline.decoding.static.packed import PackedLinear, available
+from pipeline.decoding.static.packed import PackedLinear, available, stack_biases
 from pipeline.decoding.static.quant import Projection, projection
 
 # models whose forward is Llama's, given the checks of LlamaStaticForward.supports
@@ -56,22 +56,14 @@ def _separate(*projections: Projection) -> Callable:
     return lambda h: tuple(p(h) for p in projections)
 
 
-def _fused(modules, quant: str) -> Callable:
-    """h -> the outputs of ``modules`` (nn.Linear), from one quantised projection over their weights stacked along
-    the output rows (and their biases, where any has one: zeros for the others)."""
-    weight = torch.cat([m.weight for m in modules])
-    biases = [m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=m.weight.dtype,
-                                                             device=m.weight.device) for m in modules]
-    bias = torch.cat(biases) if any(m.bias is not None for m in modules) else None
-    both = projection(weight, bias, quant)
-    sizes = [m.out_features for m in modules]
-    return lambda h: both(h).split(sizes, dim=-1)
-
-
-def _packed(modules) -> Callable:
-    """h -> the outputs of ``modules`` (nn.Linear), from one packed copy of their weights stacked along the output
-    rows (packed.py)."""
-    both = PackedLinear([m.weight for m in modules], [m.bias for m in modules])
+def _stacked(modules, quant: str, packed: bool) -> Callable:
+    """h -> the outputs of ``modules`` (nn.Linear), from one projection over their weights stacked along the output
+    rows (and their biases, where any has one: zeros for the others): a packed copy (packed.py) or a quantised one."""
+    weights, biases = [m.weight for m in modules], [m.bias for m in modules]
+    if packed:
+        both = PackedLinear(weights, biases)
+    else:
+        both = projection(torch.cat(weights), stack_biases(weights, biases), quant)
     sizes = [m.out_features for m in modules]
     return lambda h: both(h).split(sizes, dim=-1)
 
@@ -115,9 +107,9 @@ class LlamaStaticForward(StaticForward):
             return projection(module.weight, module.bias, quant)
 
         def group(*modules) -> Callable:
-            if self.packed:
-                return _packed(modules)
-            return _separate(*map(linear, modules)) if quant == "none" else _fused(modules, quant)
+            if quant == "none" and not self.packed:
+                return _separate(*map(linear, modules))
+            return _stacked(modules, quant, self.packed)
 
         self.model = model
         self.quant = quant

@@ -12,10 +12,12 @@ one (``python -m pipeline.benchmarks.forward --model ...``, docs/benchmarks.md, 
 What. ``torch.ops.mkldnn._reorder_linear_weight(W)`` makes the packed copy once;
 ``torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")`` computes x @ W.T + b from it: the pair of
 operators torch's own compiler (inductor's CPU weight prepacking) emits for a frozen nn.Linear. What comes out:
-  bfloat16  bit for bit F.linear's result (both are oneDNN's bfloat16 kernel, reading the weight in two layouts),
-            over any number of rows and with q, k, v (or gate, up) stacked into one weight: tests/test_packed.py
-  float32   float32 arithmetic summed in another order than MKL's (a few 1e-6 of a logit's scale, as two BLAS
-            libraries differ): greedy tokens equal transformers' except at near ties, as across machines
+  bfloat16  bit for bit F.linear's result over a contiguous input (both are oneDNN's bfloat16 kernel, reading the
+            weight in two layouts), over any number of rows and with q, k, v (or gate, up) stacked into one weight:
+            tests/test_packed.py. Every input the Llama forward passes is contiguous; a strided one gives its
+            contiguous copy's result here, where F.linear itself rounds it differently
+  float32   float32 arithmetic summed in another order than MKL's (Qwen2.5-Coder-1.5B's logits within 1.3e-4 of the
+            plain forward's, as two BLAS libraries differ): greedy tokens equal transformers' except at near ties
 
 Cost. A copy of every packed projection's weight (the model's own weights stay in place for transformers'
 forward and everything else that reads them): a static forward's projections in twice their memory. A packed copy
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-DTYPES = (torch.float32, torch.bfloat16)
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 """The dtypes oneDNN's packed product takes here (bfloat16 where the CPU multiplies it natively: :func:`available`)."""
 
 _COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -42,7 +44,7 @@ _COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()
 def available(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether projections on ``device`` in ``dtype`` can be packed: a CPU, torch built with oneDNN (and its packing
     operators), and for bfloat16 a CPU that oneDNN multiplies bfloat16 on natively (AVX-512 BF16 or AMX)."""
-    if torch.device(device).type != "cpu" or dtype not in DTYPES or not torch.backends.mkldnn.is_available():
+    if torch.device(device).type != "cpu" or dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
         return False
     if not (hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
@@ -62,16 +64,21 @@ def packed(weights: Sequence[torch.Tensor]) -> torch.Tensor:
     return held[key][1]
 
 
+def stack_biases(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """The ``biases`` [N_i] of ``weights`` [N_i, K] stacked as the weights are ([sum N_i], zeros for a None), or None
+    where none has one."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)]).detach()
+
+
 class PackedLinear:
     """x [..., K] -> x @ W.T + b [..., sum N_i] for W the ``weights`` [N_i, K] stacked along their rows and b their
     ``biases`` [N_i] (None: zeros; all None: no bias), from one packed copy (:func:`packed`, held as ``weight``)."""
 
     def __init__(self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> None:
         self.weight = packed(weights)
-        self.bias = None
-        if any(b is not None for b in biases):
-            self.bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
-                                   for w, b in zip(weights, biases)]).detach()
+        self.bias = stack_biases(weights, biases)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
