@@ -174,23 +174,32 @@ def bench_lossless_cpu(root: Path) -> str:
 
 
 def bench_quant_linear(root: Path, path: str = QUANT_LINEAR) -> str:
-    """One projection in bfloat16 against torch's int8 and int4 CPU kernels and the int8-by-int8 product (a8, where
-    the file has it): µs per call and the speedups."""
+    """One projection in bfloat16 against the ways the file has (packed bfloat16, torch's int8 and int4 kernels, our
+    int4_linear, the int8-by-int8 product a8): µs per call with the speedup over bfloat16, ours over torch's int4, and
+    the errors. A way that did not run at a row count leaves its cell empty."""
     data = read_source(root, path, "python -m pipeline.benchmarks.quant_linear")
-    ways = [w for w in ("int8", "int4", "a8") if f"{w}_us" in data["results"][0]]
-    body = [[r["shape"] if i == 0 or r["shape"] != data["results"][i - 1]["shape"] else "", str(r["rows"]),
-             f"{r['bfloat16_us']:.0f}", *(f"{r[f'{w}_us']:.0f}" for w in ways),
-             *(interval(r[f"{w}_speedup"], *r[f"{w}_speedup_ci"]) for w in ways),
-             " / ".join(f"{r[f'{w}_error']:.3f}" for w in ways)]
-            for i, r in enumerate(data["results"])]
+    results = data["results"]
+    ways = [w for w in ("packed", "int8", "int4", "int4_linear", "a8") if any(f"{w}_us" in r for r in results)]
+    ours = any("int4_linear_over_int4" in r for r in results)
+
+    def cell(r: dict, w: str) -> str:
+        return f"{r[f'{w}_us']:.0f}: {interval(r[f'{w}_speedup'], *r[f'{w}_speedup_ci'])}" if f"{w}_us" in r else ""
+
+    body = [[r["shape"] if i == 0 or r["shape"] != results[i - 1]["shape"] else "", str(r["rows"]),
+             f"{r['bfloat16_us']:.0f}", *(cell(r, w) for w in ways),
+             *([interval(r["int4_linear_over_int4"], *r["int4_linear_over_int4_ci"])
+                if "int4_linear_over_int4" in r else ""] if ours else []),
+             " / ".join(f"{r[f'{w}_error']:.3f}" if f"{w}_error" in r else "-" for w in ways)]
+            for i, r in enumerate(results)]
     s, load = data["settings"], data["load_average"]
     low, high = sorted((load["before"][0], load["after"][0]))
-    header = ["N x K", "rows", "bf16 µs", *(f"{w} µs" for w in ways), *(f"{w} speedup" for w in ways),
-              f"relative error {' / '.join(ways)}"]
-    coverage = data["results"][0].get("ci_coverage")
+    header = ["N x K", "rows", "bf16 µs", *(f"{w}: µs, speedup" for w in ways),
+              *(["int4_linear over int4"] if ours else []), f"relative error {' / '.join(ways)}"]
+    coverage = results[0].get("ci_coverage")
     note = (f"{s['threads']} threads, median of {s['rounds']} rounds of {s['calls']} calls each, speedup = bfloat16's "
             f"time over the other way's per round (median over rounds"
             + (f" with its {percent(coverage)} interval" if coverage else " and interval") +
+            (", and torch's int4 time over int4_linear's the same way" if ours else "") +
             f"); load average {low:.1f}-{high:.1f}, {data['provenance']['date'][:10]}.")
     return table(header, body) + "\n\n" + prose(note)
 

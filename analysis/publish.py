@@ -91,6 +91,9 @@ def record(result: dict) -> dict:
     params = rule.effective({k: config.get(k) for k in rule.param_names}, config.get("preset")) if rule else {}
     return {"config": {k: config.get(k) for k in RECORD_CONFIG}, "params": params,
             "packed_weights": packed_target(result),
+            # which weight-only kernel a quantised draft ran ("int4_linear": ours; "torch"); None: none, or a run from
+            # before runs recorded it (torch's)
+            "quant_kernel": ((result.get("resolved") or {}).get("quant_kernel") or {}).get("draft"),
             "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS}, **per,
             "greedy_agreement": {k: v for k, v in agreement.items() if k != "per_sample"} or None,
             "tokens_sha256": hashlib.sha256(tokens.encode()).hexdigest(),

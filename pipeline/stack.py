@@ -278,10 +278,22 @@ def packed_used(engine) -> dict:
     return {name: bool(getattr(getattr(m, "static", None), "packed", False)) for name, m in _models(engine).items()}
 
 
+def quant_kernels_used(engine) -> dict:
+    """Which weight-only kernel each quantised model's projections ran (pipeline/decoding/static/quant.py's
+    ``kernel_name``: "int4_linear", ours, or "torch"); models that are not quantised are left out."""
+    kernels = {}
+    for name, m in _models(engine).items():
+        head = getattr(getattr(m, "static", None), "head", None)
+        if getattr(head, "kernel_name", None) is not None:
+            kernels[name] = head.kernel_name
+    return kernels
+
+
 def forwards_record(engine) -> dict:
-    """A result's ``resolved`` entries on the forwards: ``forward`` (:func:`forwards_used`) and ``packed_weights``
-    (:func:`packed_used`), each by model role."""
-    return {"forward": forwards_used(engine), "packed_weights": packed_used(engine)}
+    """A result's ``resolved`` entries on the forwards: ``forward`` (:func:`forwards_used`), ``packed_weights``
+    (:func:`packed_used`) and ``quant_kernel`` (:func:`quant_kernels_used`), each by model role."""
+    return {"forward": forwards_used(engine), "packed_weights": packed_used(engine),
+            "quant_kernel": quant_kernels_used(engine)}
 
 
 @functools.lru_cache(maxsize=8)

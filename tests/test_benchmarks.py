@@ -146,11 +146,16 @@ def test_bench_drafters_smoke_every_loop_emits_the_targets_tokens(tmp_path, caps
     assert main(["bench", "drafters", "--target", str(target), "--data", str(data), "--repeats", "2"]) == 2
 
 
-def test_bench_quant_linear_smoke_times_the_four_ways_and_writes_json(tmp_path, capsys):
-    """Every (shape, rows) timed bfloat16, int8, int4 and a8 (int8 by int8), each way's error against the float32
-    product within its quantisation's, the table printed and the JSON written."""
-    from pipeline.benchmarks.quant_linear import FASTER, WAYS
+def test_bench_quant_linear_smoke_times_every_way_that_runs_and_writes_json(tmp_path, capsys):
+    """Every (shape, rows) timed bfloat16, packed (where bfloat16 packs), int8, int4, int4_linear (ours, up to 4 rows,
+    where it runs) and a8 (int8 by int8), each way's error against the float32 product within its quantisation's,
+    the table printed and the JSON written."""
+    import torch
+
+    from pipeline.benchmarks.quant_linear import WAYS
     from pipeline.benchmarks.quant_linear import main as quant_linear
+    from pipeline.decoding.static.packed import available
+    from pipeline.kernels import cpu
 
     out = tmp_path / "quant.json"
     quant_linear(["--shapes", "64x128", "--rows", "1,64", "--rounds", "1", "--calls", "1", "--threads", "1",
@@ -158,7 +163,13 @@ def test_bench_quant_linear_smoke_times_the_four_ways_and_writes_json(tmp_path, 
     result = json.loads(out.read_text())
     assert [r["rows"] for r in result["results"]] == [1, 64] and WAYS[-1] == "a8"
     for row in result["results"]:
-        assert all(row[f"{w}_us"] > 0 for w in WAYS) and all(f"{w}_speedup" in row for w in FASTER)
+        expected = {"bfloat16", "int8", "int4", "a8"}
+        expected |= {"packed"} if available("cpu", torch.bfloat16) else set()
+        expected |= {"int4_linear"} if cpu.int4_available() and row["rows"] <= cpu.MAX_ROWS else set()
+        assert {w for w in WAYS if f"{w}_us" in row} == expected
+        assert all(row[f"{w}_us"] > 0 for w in expected) and all(f"{w}_speedup" in row for w in expected - {"bfloat16"})
         assert row["bfloat16_error"] < 0.01 and row["int8_error"] < 0.02 and row["a8_error"] < 0.03
-        assert row["int4_error"] < 0.15
-    assert "a8 x" in capsys.readouterr().out
+        assert row["int4_error"] < 0.15 and row.get("int4_linear_error", 0) < 0.15
+        assert row.get("packed_error", 0) == row["bfloat16_error"]             # the same bfloat16 product
+        assert ("int4_linear_over_int4" in row) == ("int4_linear" in expected)
+    assert "ours / torch int4" in capsys.readouterr().out

@@ -161,7 +161,7 @@ def test_publish_writes_one_small_summary_with_what_it_is_the_machine_the_date_a
     assert record["metrics"]["speedup"] == pytest.approx(1.02) and record["measurement"]["coverage"] == 0.97
     assert record["quality"] == {"rouge1": 1.0, "rouge2": 0.5, "rougeL": 1.0, "rougeLsum": 1.0}
     assert all(set(r) == {"config", "params", "metrics", "greedy_agreement", "tokens_sha256", "quality", "measurement",
-                          "ran", "packed_weights"} for r in summary["runs"].values())
+                          "ran", "packed_weights", "quant_kernel"} for r in summary["runs"].values())
     assert record["params"] == {}       # exact has no parameters (a sigmoid run's: the sigmoid table's test)
 
 
@@ -583,3 +583,7 @@ def test_a_record_says_whether_the_target_ran_packed_weights():
     assert packed_target({"config": {"engine": "specsweep", "device": "cpu"}}) is None
     assert dtype_weights({"config": settings, "packed_weights": True}) == "bfloat16, packed weights"
     assert dtype_weights({"config": settings, "packed_weights": None}) == "bfloat16"
+    assert dtype_weights({"config": settings, "packed_weights": True, "quant_kernel": "int4_linear"}) == \
+        "bfloat16, packed weights, int4_linear"
+    assert dtype_weights({"config": settings, "packed_weights": True, "quant_kernel": "torch"}) == \
+        "bfloat16, packed weights"

@@ -25,6 +25,7 @@ from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.static import quant
 from pipeline.decoding.static.quant import Int4Linear, Int8Linear, check_supported, projection
 from pipeline.errors import SpecsweepError
+from pipeline.kernels import cpu
 from pipeline.samplers import get_sampler
 
 EOS = 1
@@ -36,16 +37,21 @@ def test_the_settings_name_the_modes_the_module_has():
     assert DRAFT_QUANTS == quant.MODES
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-@pytest.mark.parametrize("n,k", [(64, 128), (100, 256)])      # N = 100: int4 pads the kernel's rows to 112
-def test_a_quantised_projection_is_the_float_product_within_its_tolerance(mode, n, k):
+@pytest.mark.parametrize("mode,kernel", [("int8", "torch"), ("int4", "torch"), ("int4", "int4_linear")])
+@pytest.mark.parametrize("n,k", [(64, 128), (100, 256)])      # N = 100: torch's int4 pads the rows to 112, ours to 100
+def test_a_quantised_projection_is_the_float_product_within_its_tolerance(mode, kernel, n, k):
+    if kernel == "int4_linear" and not cpu.int4_available():
+        pytest.skip(f"int4_linear: {cpu.unavailable_reason()}")
     g = torch.Generator().manual_seed(n + k)
     weight = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
     bias = (torch.randn(n, generator=g) * 0.05).to(torch.bfloat16)
-    proj = projection(weight, bias, mode)
-    stored = proj.q if mode == "int8" else proj.packed
+    proj = projection(weight, bias, mode) if mode == "int8" else Int4Linear(weight, bias, ours=kernel != "torch")
+    assert proj.kernel_name == kernel
+    stored = {"int8": lambda: proj.q, "torch": lambda: proj.packed, "int4_linear": lambda: proj.weight.packed}
+    stored = stored["int8" if mode == "int8" else kernel]()
     assert stored.dtype == (torch.int8 if mode == "int8" else torch.uint8)
-    assert stored.numel() == (n * k if mode == "int8" else (n + -n % quant.INT4_ROWS) * k // 2)
+    rows = {"int8": n, "torch": n + -n % quant.INT4_ROWS, "int4_linear": n + -n % cpu.BLOCK}
+    assert stored.numel() == rows["int8" if mode == "int8" else kernel] * k // (1 if mode == "int8" else 2)
     x = torch.randn(2, quant.KERNEL_ROWS + 3, k, generator=g).to(torch.bfloat16)
     for rows in (1, quant.KERNEL_ROWS, quant.KERNEL_ROWS + 3):       # the kernel's path, then the dequantised weight's
         part = x[:1, :rows] if rows <= quant.KERNEL_ROWS else x[:, :rows]
@@ -101,6 +107,8 @@ def test_unsupported_devices_dtypes_and_shapes_are_one_line_errors():
             check_supported(mode, device, dtype)
     with pytest.raises(SpecsweepError, match="groups a projection's inputs by 128, and one has 96"):
         Int4Linear(torch.zeros(16, 96, dtype=torch.bfloat16), None)
+    with pytest.raises(SpecsweepError, match=r"inputs in multiples of 16 .*, and one has 24: drop --draft-quant"):
+        Int8Linear(torch.zeros(16, 24, dtype=torch.bfloat16), None)      # torch's kernel would crash the process
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -190,15 +198,27 @@ def test_a_run_with_a_quantised_draft_records_it_and_the_target_alones_tokens(sa
     assert result["config"]["draft_quant"] == "int8" and result["resolved"]["forward"]["draft"] == "static"
     agreement = result["metrics"]["greedy_agreement"]
     assert agreement["samples"] == 2 and agreement["identical"] == 2
-    # the target multiplies packed weights (the default on a CPU); a quantised draft its own kernels
+    # packed weights (the default on a CPU): the target's, and the quantised draft's dequantised prefill weights; the
+    # draft's steps run its int8 kernel (torch's)
     from pipeline.decoding.static.packed import available
 
-    assert result["resolved"]["packed_weights"] == {"target": available("cpu", torch.float32), "draft": False}
+    packs = available("cpu", torch.float32)
+    assert result["resolved"]["packed_weights"] == {"target": packs, "draft": packs}
+    assert result["resolved"]["quant_kernel"] == {"draft": "torch"}
     out = root / "plain.json"
     assert main(_args(saved, out, "--dtype", "float32", "--draft-quant", "int8", "--no-packed-weights")) == 0
     plain = json.loads(out.read_text())
     assert plain["config"]["packed_weights"] is False
     assert plain["resolved"]["packed_weights"] == {"target": False, "draft": False}
+
+
+def test_an_int4_run_records_the_kernel_its_draft_ran(saved):
+    out = saved[0] / "int4.json"
+    assert main(_args(saved, out, "--dtype", "bfloat16", "--draft-quant", "int4")) == 0
+    result = json.loads(out.read_text())
+    expected = "int4_linear" if cpu.int4_available() else "torch"
+    assert result["resolved"]["quant_kernel"] == {"draft": expected}
+    assert result["metrics"]["greedy_agreement"]["samples"] == 2
 
 
 @pytest.mark.parametrize("extra,message", [

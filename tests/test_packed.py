@@ -106,8 +106,25 @@ def test_where_packing_cannot_run_the_plain_projections_do():
     half = build().to(torch.float16)
     assert CachedModel(half, static=True, packed=True).static.packed is False
     assert CachedModel(build(), static=True, packed=False).static.packed is False
-    model = build()                                          # quantised projections have kernels of their own
-    assert CachedModel(model, static=True, quant="int8", packed=True).static.packed is False
+
+
+
+@pytest.mark.skipif(not available("cpu", torch.bfloat16), reason="this CPU does not multiply bfloat16 natively")
+def test_a_quantised_forward_packs_only_the_dequantised_weights_of_its_prefill():
+    """A quantised draft keeps its kernels over a few rows; past quant.KERNEL_ROWS (a prefill) it multiplies a packed
+    copy of each dequantised weight: bit for bit the same bfloat16 logits as F.linear over it."""
+    model = build(hidden_size=32, intermediate_size=48).to(torch.bfloat16)   # int8: in-features a multiple of 16
+    fast = CachedModel(model, static=True, quant="int8", packed=True)
+    plain = CachedModel(model, static=True, quant="int8", packed=False)
+    assert fast.static.packed is True and plain.static.packed is False
+    assert isinstance(fast.static.head.wide, PackedLinear) and not isinstance(plain.static.head.wide, PackedLinear)
+    assert type(fast.static.head).__name__ == "Int8Linear"
+    g = torch.Generator().manual_seed(3)
+    for m in (plain, fast):
+        m.reset(1, torch.device("cpu"), capacity=32)
+    for k in (9, 1, 2, 7):                                  # the wide path, then the kernel's, then the wide again
+        ids = torch.randint(3, 97, (1, k), generator=g)
+        assert torch.equal(plain.forward(ids), fast.forward(ids)), k
 
 
 def test_packed_weights_is_on_by_default_and_no_packed_weights_turns_it_off():

@@ -1,21 +1,24 @@
-"""One projection y = x @ W.T of a draft's shapes, bfloat16 F.linear against torch's int8 and int4 CPU kernels and
-the int8-by-int8 product (pipeline/decoding/static/quant.py, ``--draft-quant``, ``+a8``): whether each pays, and at
-how many rows.
+"""One projection y = x @ W.T of a draft's shapes, bfloat16 (as the model stores it, and packed) against the int8 and
+int4 weight-only kernels and the int8-by-int8 product (pipeline/decoding/static/quant.py, ``--draft-quant``, ``+a8``):
+whether each pays, and at how many rows.
 
-    python -m pipeline.benchmarks.quant_linear [--shapes 896x896,128x896,4864x896,896x4864,32768x896]
+    python -m pipeline.benchmarks.quant_linear [--shapes 1152x896,896x896,9728x896,896x4864,151936x896,32768x896]
         [--rows 1,2,3,4,5,16] [--threads 2] [--rounds 9] [--calls 15] [--out results/bench/quant-linear-cpu.json]
 
-Shapes are N x K (out x in features; the defaults are Qwen2.5-Coder-0.5B's: q and o, k and v, gate and up, down,
-and the head cut to 32768 tokens by --draft-vocab); rows M are the tokens times batch rows of one forward (a draft
-step reads 1 or 2; a prompt's prefill hundreds: ``--rows 64,128,440``). W is random normal (timings do not depend
-on the values), x too. The ways: bfloat16 F.linear; the int8 and int4 weight-only kernels; a8, the input quantised
-per row and multiplied int8 by int8 with the int8 weight (``int8_product``, rescaling included). In each round every
-(shape, M) is timed the four ways, in an order that rotates from round to round, each as the median of ``calls`` calls
-after warm-up; a round's ratio (bfloat16's time over the kernel's) gives the speedup as the median over rounds with
-its order-statistic interval (pipeline/measure.py). The kernels are timed alone (``kernel()``: no switch to the
-dequantised weight past KERNEL_ROWS). Each row also gives the kernel's relative error against the float32 product
-over the bfloat16 weight, ||y - y_ref|| / ||y_ref||, and bfloat16 F.linear's own for scale. Writes the table's rows,
-the settings, the machine's load before and after and the provenance to ``--out``.
+Shapes are N x K (out x in features; the defaults are what Qwen2.5-Coder-0.5B's static forward multiplies: q, k and v
+stacked, o, gate and up stacked, down, the whole head and the head cut to 32768 tokens by --draft-vocab); rows M are the
+tokens times batch rows of one forward (a draft step reads 1 or 2; a prompt's prefill hundreds: ``--rows 64,128,440``).
+W is random normal (timings do not depend on the values), x too. The ways: bfloat16 F.linear over W as stored;
+``packed``, the same product from a packed copy (pipeline/decoding/static/packed.py: what the target and a quantised
+draft's prefill multiply); torch's int8 and int4 weight-only kernels; ``int4_linear``, our int4 kernel
+(kernels/int4_linear.cpp; up to 4 rows, where it runs); a8, the input quantised per row and multiplied int8 by int8 with
+the int8 weight (``int8_product``, rescaling included). In each round every (shape, M) is timed every way, in an order
+that rotates from round to round, each as the median of ``calls`` calls after warm-up; a round's ratio (bfloat16's time
+over the way's) gives the speedup as the median over rounds with its order-statistic interval (pipeline/measure.py), and
+``int4_linear_over_int4`` is torch's int4 time over ours the same way. The kernels are timed alone (``kernel()``: no
+switch to the dequantised weight past KERNEL_ROWS). Each row also gives each way's relative error against the float32
+product over the bfloat16 weight, ||y - y_ref|| / ||y_ref||. Writes the table's rows, the settings, the machine's load
+before and after and the provenance to ``--out``.
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.benchmarks.timing import format_table, time_calls
+from pipeline.decoding.static.packed import PackedLinear, available
 from pipeline.decoding.static.quant import Int4Linear, Int8Linear, int8_product
 from pipeline.env_info import provenance
 from pipeline.errors import OneLineParser
 from pipeline.io import write_json_atomic
+from pipeline.kernels import cpu
 from pipeline.measure import median_ci
 
-SHAPES = ((896, 896), (128, 896), (4864, 896), (896, 4864), (32768, 896))
-WAYS = ("bfloat16", "int8", "int4", "a8")
+SHAPES = ((1152, 896), (896, 896), (9728, 896), (896, 4864), (151936, 896), (32768, 896))
+WAYS = ("bfloat16", "packed", "int8", "int4", "int4_linear", "a8")
 FASTER = WAYS[1:]
-"""The ways timed against bfloat16's F.linear."""
+"""The ways timed against bfloat16's F.linear (a way that cannot run here, or at a row count, is left out of a row)."""
 
 
 def run(shapes=SHAPES, rows=(1, 2, 3, 4, 5, 16), threads: int = 2, rounds: int = 9, calls: int = 15,
@@ -61,41 +66,58 @@ def run(shapes=SHAPES, rows=(1, 2, 3, 4, 5, 16), threads: int = 2, rounds: int =
     return result
 
 
+def _ways(weight: torch.Tensor, x: torch.Tensor, quantized: dict) -> dict:
+    """name -> fn(_) for every way that runs here at x's rows."""
+    q8 = quantized["int8"]
+    ways = {"bfloat16": lambda _: F.linear(x, weight)}
+    if available(weight.device, weight.dtype):
+        packed = PackedLinear([weight], [None])
+        ways["packed"] = lambda _: packed(x)
+    ways.update({"int8": lambda _: q8.kernel(x), "int4": lambda _: quantized["int4"].kernel(x)})
+    if "int4_linear" in quantized and x.shape[0] <= cpu.MAX_ROWS:
+        ways["int4_linear"] = lambda _: quantized["int4_linear"].kernel(x)
+    ways["a8"] = lambda _: int8_product(x, q8.q, q8.scales)
+    return ways
+
+
 def _measure(shapes, rows, rounds: int, calls: int) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     cases = []
     for n, k in shapes:
         weight = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
-        quantized = {"int8": Int8Linear(weight, None), "int4": Int4Linear(weight, None)}
+        quantized = {"int8": Int8Linear(weight, None), "int4": Int4Linear(weight, None, ours=False)}
+        if cpu.int4_available():
+            quantized["int4_linear"] = Int4Linear(weight, None, ours=True)
         for m in rows:
             x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-            q8 = quantized["int8"]
-            ways = {"bfloat16": lambda _, x=x, w=weight: F.linear(x, w),
-                    **{name: lambda _, x=x, q=q: q.kernel(x) for name, q in quantized.items()},
-                    "a8": lambda _, x=x, q8=q8: int8_product(x, q8.q, q8.scales)}
+            ways = _ways(weight, x, quantized)
             reference = x.float() @ weight.float().T
             errors = {name: _relative_error(fn(0), reference) for name, fn in ways.items()}
             cases.append({"n": n, "k": k, "m": m, "ways": ways, "errors": errors,
-                          "times": {name: [] for name in WAYS}})
+                          "times": {name: [] for name in ways}})
     for r in range(rounds):
         for case in cases:
-            order = WAYS[r % len(WAYS):] + WAYS[: r % len(WAYS)]
-            for name in order:
+            names = list(case["ways"])
+            for name in names[r % len(names):] + names[: r % len(names)]:
                 case["times"][name].append(statistics.median(time_calls(case["ways"][name], "cpu", calls, warmup=2)))
-    table = []
-    for case in cases:
-        t = case["times"]
-        row = {"shape": f"{case['n']}x{case['k']}", "rows": case["m"],
-               **{f"{name}_us": statistics.median(t[name]) * 1e6 for name in WAYS}}
-        for name in FASTER:
-            ci = median_ci([a / b for a, b in zip(t["bfloat16"], t[name])])
-            row[f"{name}_speedup"] = ci.median
-            row[f"{name}_speedup_ci"] = [ci.low, ci.high]
-            row["ci_coverage"] = ci.coverage
-        row.update({f"{name}_error": case["errors"][name] for name in WAYS})
-        row["rounds_us"] = {name: [v * 1e6 for v in t[name]] for name in WAYS}
-        table.append(row)
-    return table
+    return [_row(case) for case in cases]
+
+
+def _row(case: dict) -> dict:
+    """One (shape, rows) of the table: µs per way, speedups over bfloat16 (and ours over torch's int4) with their
+    intervals, errors, and every round's µs."""
+    t = case["times"]
+    row = {"shape": f"{case['n']}x{case['k']}", "rows": case["m"],
+           **{f"{name}_us": statistics.median(t[name]) * 1e6 for name in t}}
+    ratios = {f"{name}_speedup": ("bfloat16", name) for name in FASTER if name in t}
+    if "int4_linear" in t:
+        ratios["int4_linear_over_int4"] = ("int4", "int4_linear")
+    for key, (slow, fast) in ratios.items():
+        ci = median_ci([a / b for a, b in zip(t[slow], t[fast])])
+        row[key], row[f"{key}_ci"], row["ci_coverage"] = ci.median, [ci.low, ci.high], ci.coverage
+    row.update({f"{name}_error": case["errors"][name] for name in t})
+    row["rounds_us"] = {name: [v * 1e6 for v in t[name]] for name in t}
+    return row
 
 
 def _relative_error(y: torch.Tensor, reference: torch.Tensor) -> float:
@@ -103,20 +125,25 @@ def _relative_error(y: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def _print(result: dict) -> None:
-    rows = [{"N x K": r["shape"], "M": r["rows"], "bf16 µs": f"{r['bfloat16_us']:.0f}",
-             "int8 µs": f"{r['int8_us']:.0f}", "int4 µs": f"{r['int4_us']:.0f}",
-             "int8 x": f"{r['int8_speedup']:.2f} [{r['int8_speedup_ci'][0]:.2f}, {r['int8_speedup_ci'][1]:.2f}]",
-             "int4 x": f"{r['int4_speedup']:.2f} [{r['int4_speedup_ci'][0]:.2f}, {r['int4_speedup_ci'][1]:.2f}]",
-             "a8 µs": f"{r['a8_us']:.0f}",
-             "a8 x": f"{r['a8_speedup']:.2f} [{r['a8_speedup_ci'][0]:.2f}, {r['a8_speedup_ci'][1]:.2f}]",
-             "err bf16/int8/int4/a8": f"{r['bfloat16_error']:.4f}/{r['int8_error']:.4f}/{r['int4_error']:.3f}/"
-                                      f"{r['a8_error']:.4f}"}
+    def cell(r: dict, w: str) -> str:
+        if f"{w}_speedup" not in r:
+            return ""
+        low, high = r[f"{w}_speedup_ci"]
+        return f"{r[f'{w}_us']:.0f} µs, {r[f'{w}_speedup']:.2f} [{low:.2f}, {high:.2f}]"
+
+    ways = [w for w in FASTER if any(f"{w}_us" in r for r in result["results"])]
+    rows = [{"N x K": r["shape"], "M": r["rows"], "bf16 µs": f"{r['bfloat16_us']:.0f}", **{w: cell(r, w) for w in ways},
+             "ours / torch int4": (f"{r['int4_linear_over_int4']:.2f}" if "int4_linear_over_int4" in r else ""),
+             "errors": "/".join(f"{r[f'{w}_error']:.3f}" for w in ("bfloat16", *ways) if f"{w}_error" in r)}
             for r in result["results"]]
     print(format_table(rows, list(rows[0])))
     s = result["settings"]
     print(f"\nbfloat16 x on one CPU, {s['threads']} threads, median of {s['rounds']} rounds of {s['calls']} calls; "
-          f"x: bfloat16's time over the kernel's (> 1: the kernel is faster), with its interval; load average "
+          f"x: bfloat16's time over the way's (> 1: faster), with its interval; errors in the order "
+          f"{'/'.join(('bfloat16', *ways))}; load average "
           f"{result['load_average']['before'][0]:.2f} -> {result['load_average']['after'][0]:.2f}")
+    if not cpu.int4_available():
+        print(f"int4_linear not timed: {cpu.unavailable_reason()}")
 
 
 def main(argv: list[str] | None = None) -> None:

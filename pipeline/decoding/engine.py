@@ -96,8 +96,9 @@ class SpeculativeEngine:
                       False: transformers' forward for every model
     draft_quant       the draft model's weights in its static forward: none, int8 or int4
                       (pipeline/decoding/static/quant.py; the target's are never quantised)
-    packed_weights    static forwards multiply packed copies of their (unquantised) weights where the family,
-                      device and dtype allow (pipeline/decoding/static/packed.py): the same products, faster on a CPU
+    packed_weights    static forwards multiply packed copies of their weights where the family, device and dtype
+                      allow (pipeline/decoding/static/packed.py): the same products, faster on a CPU (a quantised
+                      draft: the dequantised weights of its prefill)
     draft_policy      an adaptive draft length (pipeline/decoding/draft_policy.py), or None: a fixed γ
     char_lengths      int64 [V_t]: characters each target token adds; with it the statistics count accepted and
                       drafted characters too, comparable across tokenizers (None: tokens only)

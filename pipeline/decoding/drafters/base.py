@@ -49,7 +49,8 @@ class DraftSetup:
     target_vocab       V_t, the target's output rows
     quant              the draft model's weights in its static forward: none, int8 or int4
                        (pipeline/decoding/static/quant.py)
-    packed             its unquantised weights packed where they can be (pipeline/decoding/static/packed.py)
+    packed             its weights packed where they can be (pipeline/decoding/static/packed.py; quantised: the
+                       dequantised weights its prefill multiplies)
     """
 
     device: torch.device

@@ -56,8 +56,8 @@ PACKED_FORWARDS = (LlamaStaticForward,)
 def static_forward_for(model, quant: str = "none", packed: bool = False):
     """The static forward for ``model``, or None when its family or configuration has none. ``quant`` int8 or int4:
     its projections quantised (quant.py), for a family of QUANTIZED_FORWARDS only (one-line SpecsweepError for
-    another family). ``packed``: unquantised projections multiply packed weights where the family, device and
-    dtype allow (packed.py)."""
+    another family). ``packed``: projections multiply packed weights where the family, device and dtype allow
+    (packed.py; a quantised forward's prefill products)."""
     for impl in STATIC_FORWARDS:
         if not impl.supports(model):
             continue
@@ -66,5 +66,5 @@ def static_forward_for(model, quant: str = "none", packed: bool = False):
         if impl not in QUANTIZED_FORWARDS:
             raise SpecsweepError(f"--draft-quant {quant} quantises the static forward of a Llama, Mistral or Qwen2 "
                                  f"draft; this draft is a {type(model).__name__}: drop --draft-quant")
-        return impl(model, quant)
+        return impl(model, quant, packed=packed)
     return None

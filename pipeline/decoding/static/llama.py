@@ -18,7 +18,8 @@ three kernel calls a layer instead of five, each reading a longer weight. Both q
 (and int4 per group of inputs along a row), so a fused weight's rows are quantised as each projection's own would
 be. Without ``quant`` each projection keeps the model's own weight, in place (fusing would copy them), unless
 ``packed``: then every projection and the head multiply a packed copy (packed.py), q, k and v (and gate and up)
-stacked into one as above, since the copy is made anyway.
+stacked into one as above, since the copy is made anyway; with ``quant`` and ``packed``, the dequantised weights
+that a prefill multiplies are packed.
 """
 
 from __future__ import annotations
@@ -60,10 +61,10 @@ def _stacked(modules, quant: str, packed: bool) -> Callable:
     """h -> the outputs of ``modules`` (nn.Linear), from one projection over their weights stacked along the output
     rows (and their biases, where any has one: zeros for the others): a packed copy (packed.py) or a quantised one."""
     weights, biases = [m.weight for m in modules], [m.bias for m in modules]
-    if packed:
+    if packed and quant == "none":
         both = PackedLinear(weights, biases)
     else:
-        both = projection(torch.cat(weights), stack_biases(weights, biases), quant)
+        both = projection(torch.cat(weights), stack_biases(weights, biases), quant, packed)
     sizes = [m.out_features for m in modules]
     return lambda h: both(h).split(sizes, dim=-1)
 
@@ -90,8 +91,9 @@ class LlamaStaticForward(StaticForward):
     model    a model of FAMILIES in eval mode (see :meth:`supports`); its parameters are used in place
     quant    how the projections and the head store their weights (quant.py): "none" (the model's own, in place),
              "int8" or "int4" (quantised copies; the model is left as it is)
-    packed   with quant "none": multiply packed copies of the weights where the model's device and dtype allow
-             (packed.py; ``self.packed`` says whether they do)
+    packed   multiply packed copies of the weights where the model's device and dtype allow (packed.py;
+             ``self.packed`` says whether they do): with quant "none" every projection and the head; quantised, the
+             dequantised weights that rows past quant.KERNEL_ROWS multiply (a prompt's prefill)
     """
 
     def __init__(self, model, quant: str = "none", packed: bool = False) -> None:
@@ -99,12 +101,12 @@ class LlamaStaticForward(StaticForward):
         base = model.model
         attn = base.layers[0].self_attn
         weight = base.embed_tokens.weight
-        self.packed = packed and quant == "none" and available(weight.device, weight.dtype)
+        self.packed = packed and available(weight.device, weight.dtype)
 
         def linear(module) -> Projection:
-            if self.packed:
+            if self.packed and quant == "none":
                 return PackedLinear([module.weight], [module.bias])
-            return projection(module.weight, module.bias, quant)
+            return projection(module.weight, module.bias, quant, self.packed)
 
         def group(*modules) -> Callable:
             if quant == "none" and not self.packed:

@@ -1,12 +1,12 @@
 """Quantised projections of the static forward (``--draft-quant int8|int4[+a8]``, for a draft model).
 
-Why. On a CPU a forward over one or two tokens is bound by the weights it reads: every projection streams its
-whole weight matrix from memory for a handful of rows. Stored in fewer bytes (int8: one byte per weight; int4: half
-a byte) and multiplied by torch's own CPU kernels, which read the small weights and widen them in registers
-(``torch.ops.aten._weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``, the kernels gpt-fast and torchao use), a
-draft forward costs less. Only a draft is quantised: the verify step compares the draft's proposals with the
-unchanged target's law, so the output stays exactly the target's (lossless); a coarser draft can only propose
-worse, which lowers acceptance.
+Why. On a CPU a forward over one or two tokens is bound by the weights it reads: every projection streams its whole
+weight matrix from memory for a handful of rows. Stored in fewer bytes (int8: one byte per weight; int4: half a byte)
+and multiplied by kernels that read the small weights and widen them in registers (int8: torch's
+``torch.ops.aten._weight_int8pack_mm``, as gpt-fast and torchao use it; int4: ours, kernels/int4_linear.cpp, where it
+runs, else torch's ``_weight_int4pack_mm_for_cpu``), a draft forward costs less. Only a draft is quantised: the verify
+step compares the draft's proposals with the unchanged target's law, so the output stays exactly the target's
+(lossless); a coarser draft can only propose worse, which lowers acceptance.
 
 What each projection y = x @ W.T + b (W [N, K], x [..., K]) becomes:
 
@@ -14,10 +14,12 @@ What each projection y = x @ W.T + b (W [N, K], x [..., K]) becomes:
   int8  per output row n a scale s_n = max_k |W[n, k]| / 127 and int8 q = round(W / s) in [-127, 127]:
         W ≈ q * s; the kernel computes (x @ q.T) * s in x's dtype (bfloat16 or float32)
   int4  per output row n and group of GROUP inputs a scale s = (max - min) / 15 and the group's minimum: q =
-        round((W - min) / s) in [0, 15], W ≈ q * s + min. The kernel stores q packed two to a byte in a layout of
-        its own (``_convert_weight_to_int4pack_for_cpu``) and reads scales_and_zeros bfloat16 [K / GROUP, N, 2] of
-        (s, z) with W ≈ (q - 8) * s + z, so z = min + 8 s. Its vectorised path is bfloat16 only, and it needs N a
-        multiple of 16: W gets zero rows up to one, and the output is cut back to N columns
+        round((W - min) / s) in [0, 15], W ≈ q * s + min. Ours (Int4Linear) keeps q two to a byte, s and
+        min - 128 s in float32, in the layout kernels/int4_linear.cpp gives, and sums in float32 with one rounding to
+        bfloat16. torch's stores q in a layout of its own (``_convert_weight_to_int4pack_for_cpu``) and reads
+        scales_and_zeros bfloat16 [K / GROUP, N, 2] of (s, z) with W ≈ (q - 8) * s + z, so z = min + 8 s; its
+        vectorised path is bfloat16 only, and it needs N a multiple of 16: W gets zero rows up to one, and the
+        output is cut back to N columns
 
 The kernels' cost grows with the rows far faster than a bfloat16 matmul's (they widen the weights again for each
 block of 4 rows, and spend arithmetic per row that a matmul does not): past KERNEL_ROWS rows (a prompt's prefill, a
@@ -48,7 +50,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from pipeline.decoding.static.packed import PackedLinear, available
 from pipeline.errors import SpecsweepError
+from pipeline.kernels import cpu
 
 MODES = ("none", "int8", "int4", "int8+a8", "int4+a8")
 GROUP = 128
@@ -62,6 +66,9 @@ A8_ROWS = 64
 """With a "+a8" mode, a projection over at least this many rows multiplies int8 by int8 (docstring above); between
 KERNEL_ROWS and this, F.linear over the dequantised weight (a few rows of a tree or a batch: the int8 product's
 per-call costs, the input's quantisation and the int32 result's rescaling, are not paid back there)."""
+INT8_INPUTS = 16
+"""int8: torch's kernel (``_weight_int8pack_mm``) reads a row's inputs K in blocks of this many; with K not a multiple
+it returns garbage or crashes the process (torch 2.13, K = 8, 24, 136), so such a weight is refused."""
 INT4_ROWS = 16
 """int4 pads the output rows N of W to a multiple of this (the kernel's block)."""
 
@@ -93,14 +100,17 @@ def weight_mode(mode: str) -> str:
     return mode.removesuffix("+a8")
 
 
-def projection(weight: torch.Tensor, bias: torch.Tensor | None, mode: str = "none") -> Projection:
+def projection(weight: torch.Tensor, bias: torch.Tensor | None, mode: str = "none", packed: bool = False) -> Projection:
     """The projection x [..., K] -> x @ weight.T + bias [..., N] for weight [N, K], bias [N] or None, with the weight
-    stored as ``mode`` says (see the module docstring; "none": F.linear over ``weight`` itself, no copy)."""
+    stored as ``mode`` says (see the module docstring; "none": F.linear over ``weight`` itself, no copy). ``packed``:
+    a quantised projection's product past KERNEL_ROWS multiplies a packed copy of its dequantised weight
+    (QuantLinear's ``wide``)."""
     if mode == "none":
         return functools.partial(F.linear, weight=weight, bias=bias)
     check_supported(mode, weight.device, weight.dtype)
     a8 = mode.endswith("+a8")
-    return Int8Linear(weight, bias, a8) if weight_mode(mode) == "int8" else Int4Linear(weight, bias, a8=a8)
+    kind = Int8Linear if weight_mode(mode) == "int8" else Int4Linear
+    return kind(weight, bias, a8=a8, packed=packed)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,21 +152,31 @@ class QuantLinear:
     F.linear over the dequantised weight. A subclass sets the attributes below and defines ``kernel``.
 
     n        the output rows N;  bias [N] or None
-    dense    the dequantised weight [N, K] (the model's dtype)
+    wide     x -> x @ dense.T + bias for the dequantised weight dense [N, K] (the model's dtype): F.linear, or with
+             ``packed`` where packed.py's product runs, a packed copy of it (the same bfloat16 results, faster)
     q8, s8   int8 [N, K] and [N] (the model's dtype), W ≈ q8 * s8[:, None], with +a8; else None
+    kernel_name  which weight-only kernel ``kernel`` runs: "int4_linear" (kernels/int4_linear.cpp) or "torch"
     """
 
     n: int
     bias: torch.Tensor | None
-    dense: torch.Tensor
+    wide: Projection
     q8: torch.Tensor | None = None
     s8: torch.Tensor | None = None
+    kernel_name = "torch"
+
+    def _wide(self, dense: torch.Tensor, packed: bool) -> None:
+        """The product past KERNEL_ROWS over ``dense`` (QuantLinear's ``wide``); the dense copy is kept only by it."""
+        if packed and available(dense.device, dense.dtype):
+            self.wide = PackedLinear([dense], [self.bias])
+        else:
+            self.wide = functools.partial(F.linear, weight=dense, bias=self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N]."""
         rows = x.numel() // x.shape[-1]
         if rows > KERNEL_ROWS and (self.q8 is None or rows < A8_ROWS):
-            return F.linear(x, self.dense, self.bias)
+            return self.wide(x)
         flat = x.reshape(rows, -1)
         y = self.kernel(flat) if rows <= KERNEL_ROWS else int8_product(flat, self.q8, self.s8)
         y = y.reshape(*x.shape[:-1], self.n)
@@ -173,10 +193,15 @@ class Int8Linear(QuantLinear):
     q       int8 [N, K];  scales [N] (the model's dtype): with +a8 they are q8 and s8 themselves
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, a8: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, a8: bool = False,
+                 packed: bool = False) -> None:
+        if weight.shape[1] % INT8_INPUTS:
+            raise SpecsweepError(f"--draft-quant int8 needs a projection's inputs in multiples of {INT8_INPUTS} "
+                                 f"(torch's kernel reads them so), and one has {weight.shape[1]}: drop --draft-quant "
+                                 "for this draft")
         self.q, self.scales = quantize_int8(weight)
-        self.dense = self.q.to(weight.dtype) * self.scales[:, None]
         self.n, self.bias = weight.shape[0], bias
+        self._wide(self.q.to(weight.dtype) * self.scales[:, None], packed)
         if a8:
             self.q8, self.s8 = self.q, self.scales
 
@@ -188,30 +213,49 @@ class Int8Linear(QuantLinear):
 class Int4Linear(QuantLinear):
     """A projection with a group-wise int4 weight (see the module docstring and QuantLinear), bfloat16.
 
-    packed           uint8: q in the kernel's layout for N' rows (N rounded up to INT4_ROWS; rows past N are zero)
-    scales_and_zeros bfloat16 [K / GROUP, N', 2]: (s, z) with W ≈ (q - 8) * s + z
-    dense            the dequantised weight q * s + min [N, K]; with +a8, q8 and s8 quantise it again per output row
+    Its kernel is ours, kernels/int4_linear.cpp (``kernel_name`` "int4_linear", 1.6-2.7x torch's over one row)
+    where kernels/cpu.py can build and run it (AVX-512 BF16, a C++ compiler), else torch's (``ours``: None, where
+    available; False: torch's; True: ours or an error). The weights in the kernel's layout:
+      int4_linear  weight  kernels/cpu.py's Int4Weight (N padded to a multiple of 4)
+      torch        packed  uint8: q in torch's layout for N' rows (N rounded up to INT4_ROWS; rows past N are zero);
+                   scales_and_zeros bfloat16 [K / GROUP, N', 2]: (s, z) with W ≈ (q - 8) * s + z
+    The dequantised weight q * s + min [N, K] serves rows past KERNEL_ROWS (``wide``); with +a8, q8 and s8 quantise
+    it again per output row.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP, a8: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP, a8: bool = False,
+                 packed: bool = False, ours: bool | None = None) -> None:
         N, K = weight.shape
         if K % group:
             raise SpecsweepError(f"--draft-quant int4 groups a projection's inputs by {group}, and one has {K}: use "
                                  "--draft-quant int8 for this draft")
         q, scales, lo = quantize_int4(weight, group)
-        self.dense = (q.view(N, K // group, group) * scales[..., None] + lo[..., None]).view(N, K).to(weight.dtype)
-        pad = -N % INT4_ROWS
-        q = F.pad(q, (0, 0, 0, pad))                                      # rows past N: q, s and z all 0
-        pair = torch.stack([scales, lo + 8 * scales], dim=2)              # [N, K / group, 2]
-        pair = F.pad(pair, (0, 0, 0, 0, 0, pad))
-        self.scales_and_zeros = pair.transpose(0, 1).contiguous().to(torch.bfloat16)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        dense = (q.view(N, K // group, group) * scales[..., None] + lo[..., None]).view(N, K).to(weight.dtype)
         self.group, self.n, self.bias = group, N, bias
+        fits = group == cpu.GROUP and K // group <= cpu.MAX_GROUPS and weight.device.type == "cpu"
+        if ours and not (fits and cpu.int4_available()):
+            why = cpu.unavailable_reason() or "the weight does not fit"
+            raise SpecsweepError(f"int4_linear cannot run here: {why}")
+        if ours is None:
+            ours = fits and cpu.int4_available()
+        if ours:
+            self.kernel_name = "int4_linear"
+            self.weight = cpu.pack_int4(q, scales, lo)
+        else:
+            pad = -N % INT4_ROWS
+            q = F.pad(q, (0, 0, 0, pad))                                      # rows past N: q, s and z all 0
+            pair = torch.stack([scales, lo + 8 * scales], dim=2)              # [N, K / group, 2]
+            pair = F.pad(pair, (0, 0, 0, 0, 0, pad))
+            self.scales_and_zeros = pair.transpose(0, 1).contiguous().to(torch.bfloat16)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        self._wide(dense, packed)
         if a8:
-            self.q8, self.s8 = quantize_int8(self.dense)
+            self.q8, self.s8 = quantize_int8(dense)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
-        """The int4 kernel alone, whatever the rows: x [M, K] -> x @ W.T [M, N] (cut back from the padded N'), no
-        bias."""
+        """The int4 kernel alone: x [M, K] -> x @ W.T [M, N], no bias (ours: up to cpu.MAX_ROWS rows; torch's:
+        any)."""
+        if self.kernel_name == "int4_linear":
+            return cpu.int4_linear(x, self.weight)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
         return y[:, : self.n]

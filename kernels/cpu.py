@@ -1,0 +1,182 @@
+"""CPU kernels: C++ sources compiled at first use with the machine's C++ compiler, loaded with ctypes.
+
+    int4_linear.cpp   y = x @ W.T for a group-wise int4 weight W [N, K] and 1-4 bfloat16 rows x [M, K], with
+                      AVX-512 BF16: a quantised draft's projections (pipeline/decoding/static/quant.py, Int4Linear)
+
+    int4_available()         whether int4_linear runs here (the CPU's instructions, a compiler, one OpenMP runtime)
+    unavailable_reason()     why not, in one line ("" where it runs)
+    pack_int4(q, s, lo)      quant.py's int4 weight (q in 0..15, scales and minima per group of 128) in the kernel's
+                             layout (int4_linear.cpp says which): an Int4Weight
+    int4_linear(x, weight)   x bfloat16 [M, K] (M <= MAX_ROWS) -> x @ W.T bfloat16 [M, N]
+
+Why our own. torch's int4 CPU kernel (``_weight_int4pack_mm_for_cpu``) widens the nibbles to float32 and spends more
+time on that than on reading them; int4_linear turns each nibble into a bfloat16 with one OR and multiplies with
+vdpbf16ps. On this project's CPU it is 1.6-2.7x torch's kernel over one row (the 0.5B draft's whole head, 68 MB of int4
+that no cache holds: 40 GB/s against 25), 1.3-1.9x over three or four (``python -m pipeline.benchmarks.quant_linear``,
+docs/benchmarks.md). No library on PyPI ships such a kernel for this torch on x86 (torchao's wheels carry CUDA kernels
+only; llama.cpp's are built from source), and the kernel is 100 lines.
+
+Build. ``$CXX`` (else ``c++``) with -O3 -fopenmp and the AVX-512 flags, into ``kernels/`` under the cache directory
+(pipeline/roofline.py's :func:`cache_dir`), named by a hash of the source, the flags and the compiler's version: a
+second process loads the same file; a failed compile leaves nothing behind and makes the kernel unavailable. It runs
+only where /proc/cpuinfo lists avx512f, avx512bw, avx512vl and avx512_bf16. The library links OpenMP by its usual name,
+libgomp.so.1: torch's Linux wheels load a libgomp.so.1 first, so the kernel runs on torch's OpenMP threads, as many as
+``torch.get_num_threads()`` says at each call. Where a second OpenMP runtime shows up in the process after loading, the
+kernel is refused (two thread pools would spin against each other on the same cores). ``SPECSWEEP_CPU_KERNELS=0`` turns
+it off (quant.py then uses torch's kernel), to compare the two.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+SOURCE_PATH = Path(__file__).with_name("int4_linear.cpp")
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+"""What /proc/cpuinfo must list for int4_linear to run."""
+GROUP = 128
+"""Inputs per scale and minimum (quant.py's GROUP; the kernel's groups are 128 wide)."""
+MAX_ROWS = 4
+"""The most rows x [M, K] one call takes."""
+MAX_GROUPS = 512
+"""K / GROUP at most (int4_linear.cpp's MAX_GROUPS)."""
+BLOCK = 4
+"""Rows of W per block of the layout (N is padded to a multiple)."""
+
+
+class Int4Weight(NamedTuple):
+    """W [N, K] ≈ q * s + min in int4_linear.cpp's layout (N padded to N' = a multiple of BLOCK with zero rows).
+
+    packed  uint8 [N' / 4, K / 128, 4, 64];  scales, zeros float32 [N' / 4, K / 128, 4] (s, and min - 128 s)
+    n       the rows N;  k  the inputs K
+    """
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    n: int
+    k: int
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def _openmp_runtimes() -> set[str]:
+    """The OpenMP runtime files mapped into this process (Linux)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return set()
+    names = ("libgomp", "libiomp", "libomp")
+    return {line.split()[-1] for line in maps.splitlines() if any(n in line.rsplit("/", 1)[-1] for n in names)}
+
+
+def _compile(compiler: str, out: Path) -> str:
+    """Compile the source into ``out`` (atomically); returns "" or the compiler's first error line."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE_PATH), "-o", tmp], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode:
+            lines = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or [""]
+            return f"{compiler} failed: {lines[0].strip()[:200]}"
+        os.replace(tmp, out)
+        return ""
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{compiler} failed: {e}"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why not): built and loaded once per process."""
+    if os.environ.get("SPECSWEEP_CPU_KERNELS", "1") == "0":
+        return None, "turned off by SPECSWEEP_CPU_KERNELS=0"
+    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        return None, f"this CPU lacks {', '.join(missing)}"
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        return None, "no C++ compiler (set CXX or install g++)"
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"cannot run {compiler}: {e}"
+    from pipeline.roofline import cache_dir  # kept local: quant.py imports this module, and `--help` need not load it
+
+    digest = hashlib.sha256(SOURCE_PATH.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"int4_linear-{digest}.so"
+    if not path.exists() and (error := _compile(compiler, path)):
+        return None, error
+    before = _openmp_runtimes()
+    lib = ctypes.CDLL(str(path))
+    if len(_openmp_runtimes()) > max(1, len(before)):
+        return None, f"loading it brought a second OpenMP runtime ({sorted(_openmp_runtimes())})"
+    lib.int4_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    lib.int4_linear.restype = ctypes.c_int
+    return lib, ""
+
+
+def int4_available() -> bool:
+    return _library()[0] is not None
+
+
+def unavailable_reason() -> str:
+    return _library()[1]
+
+
+def pack_int4(q: torch.Tensor, scales: torch.Tensor, minima: torch.Tensor) -> Int4Weight:
+    """q int [N, K] in 0..15, scales and minima [N, K / GROUP] (W ≈ q * scales + minima per group, quant.py's
+    quantize_int4) -> the kernel's layout (Int4Weight)."""
+    N, K = q.shape
+    groups = K // GROUP
+    pad = -N % BLOCK
+    q = torch.nn.functional.pad(q.to(torch.int32), (0, 0, 0, pad))
+    s = torch.nn.functional.pad(scales.float(), (0, 0, 0, pad))
+    lo = torch.nn.functional.pad(minima.float(), (0, 0, 0, pad))
+    blocks = (N + pad) // BLOCK
+    q = q.view(blocks, BLOCK, groups, 4, 32)                      # [block, row, group, t, lane]
+    lanes = q[:, :, :, 0] | q[:, :, :, 1] << 4 | q[:, :, :, 2] << 8 | q[:, :, :, 3] << 12
+    lanes = lanes.permute(0, 2, 1, 3).to(torch.int16)            # [block, group, row, lane]: 16-bit lanes
+    packed = lanes.contiguous().view(torch.uint8).view(blocks, groups, BLOCK, 64)
+    per_group = lambda t: t.view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()  # noqa: E731
+    return Int4Weight(packed, per_group(s), per_group(lo - 128 * s), N, K)
+
+
+def int4_linear(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+    """x bfloat16 [M, K] on the CPU, 1 <= M <= MAX_ROWS -> x @ W.T bfloat16 [M, N] (int4_linear.cpp)."""
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"int4_linear is unavailable: {unavailable_reason()}")
+    x = x.contiguous()
+    M, K = x.shape
+    if x.dtype != torch.bfloat16 or K != weight.k or not 1 <= M <= MAX_ROWS:
+        raise ValueError(f"int4_linear takes bfloat16 [1..{MAX_ROWS}, {weight.k}], got {x.dtype} {list(x.shape)}")
+    y = torch.empty(M, weight.n, dtype=torch.bfloat16)
+    if lib.int4_linear(x.data_ptr(), M, K, weight.packed.data_ptr(), weight.scales.data_ptr(), weight.zeros.data_ptr(),
+                       weight.n, y.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"int4_linear refused [{M}, {K}] x [{weight.n}, {K}]")
+    return y

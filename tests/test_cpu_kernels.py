@@ -1,0 +1,129 @@
+"""The CPU kernel of an int4 draft's projections: kernels/int4_linear.cpp, built, packed for and called by
+kernels/cpu.py, run by quant.py's Int4Linear where it can.
+
+int4_linear computes quant.py's int4 weight (q * s + min per group of 128 inputs) times 1-4 bfloat16 rows: the float32
+product over the dequantised weight, rounded to bfloat16 once (bfloat16 products are exact in float32; only the order
+of the float32 sums differs), for 1-4 rows, output rows not a multiple of the layout's block of 4, one group or 38;
+a row's result does not depend on the other rows of the call. The layout puts every nibble, scale and zero where
+the kernel's docstring says. Shapes it cannot take are refused; SPECSWEEP_CPU_KERNELS=0 or a compiler that fails
+leaves it unavailable, with the reason, and Int4Linear then runs torch's kernel. The kernel tests skip where the CPU
+lacks AVX-512 BF16 or no C++ compiler runs (the layout and fallback tests run everywhere).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.decoding.static import quant
+from pipeline.decoding.static.quant import Int4Linear, quantize_int4
+from pipeline.errors import SpecsweepError
+from pipeline.kernels import cpu
+
+needs_kernel = pytest.mark.skipif(not cpu.int4_available(), reason=f"int4_linear: {cpu.unavailable_reason()}")
+
+
+@pytest.fixture
+def fresh_library(monkeypatch):
+    """The kernel's build state forgotten before and after the test (the environment is the test's to change)."""
+    cpu._library.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    cpu._library.cache_clear()
+
+
+def _weight(n: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
+
+
+def test_the_layout_puts_each_nibble_scale_and_zero_where_the_kernel_reads_them():
+    n, k = 6, 256                                                         # 6 rows: two blocks, the second padded
+    q, s, lo = quantize_int4(_weight(n, k, 0))
+    w = cpu.pack_int4(q, s, lo)
+    assert (w.n, w.k) == (n, k) and w.packed.dtype == torch.uint8 and w.packed.shape == (2, 2, 4, 64)
+    lanes = w.packed.view(torch.int16).to(torch.int32) & 0xFFFF          # [block, group, row, 32 lanes]
+    for row in range(8):
+        b, r = divmod(row, 4)
+        for g in range(2):
+            for t in range(4):
+                nibbles = (lanes[b, g, r] >> (4 * t)) & 0xF
+                expected = q[row, g * 128 + t * 32: g * 128 + (t + 1) * 32] if row < n else torch.zeros(32)
+                assert torch.equal(nibbles, expected.to(torch.int32)), (row, g, t)
+            expected_s = s[row, g] if row < n else 0.0
+            assert w.scales[b, g, r] == expected_s
+            assert w.zeros[b, g, r] == (lo[row, g] - 128 * s[row, g] if row < n else 0.0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(5, 128), (100, 256), (896, 896), (64, 4864)])
+def test_int4_linear_is_the_product_over_the_dequantised_weight(n, k):
+    weight = _weight(n, k, n + k)
+    q, s, lo = quantize_int4(weight)
+    dense = (q.view(n, k // 128, 128) * s[..., None] + lo[..., None]).view(n, k)     # float32
+    w = cpu.pack_int4(q, s, lo)
+    x = torch.randn(cpu.MAX_ROWS, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    for m in range(1, cpu.MAX_ROWS + 1):
+        y = cpu.int4_linear(x[:m], w)
+        assert y.shape == (m, n) and y.dtype == torch.bfloat16
+        reference = x[:m].float() @ dense.T
+        # one bfloat16 rounding of a float32 sum: within bfloat16's half ulp of the result, plus the sums' order
+        torch.testing.assert_close(y.float(), reference, rtol=2 ** -8, atol=1e-5 * k ** 0.5)
+        for i in range(m):                                             # a row is the same alone and among others
+            assert torch.equal(y[i], cpu.int4_linear(x[i: i + 1], w)[0])
+
+
+@needs_kernel
+def test_int4_linear_refuses_what_it_cannot_take():
+    w = cpu.pack_int4(*quantize_int4(_weight(8, 128, 0)))
+    for x in (torch.zeros(cpu.MAX_ROWS + 1, 128, dtype=torch.bfloat16), torch.zeros(1, 256, dtype=torch.bfloat16),
+              torch.zeros(1, 128, dtype=torch.float32), torch.zeros(0, 128, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match=r"int4_linear takes bfloat16 \[1..4, 128\]"):
+            cpu.int4_linear(x, w)
+
+
+@needs_kernel
+def test_an_int4_projection_runs_ours_where_it_can_and_torchs_when_asked():
+    weight, bias = _weight(100, 256, 3), _weight(1, 100, 4)[0]
+    ours, theirs = Int4Linear(weight, bias), Int4Linear(weight, bias, ours=False)
+    assert (ours.kernel_name, theirs.kernel_name) == ("int4_linear", "torch")
+    x = torch.randn(1, 3, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    # the same quantised weight, two kernels: equal to bfloat16 rounding
+    torch.testing.assert_close(ours(x).float(), theirs(x).float(), rtol=2e-2, atol=2e-2)
+    assert quant.KERNEL_ROWS <= cpu.MAX_ROWS                 # every call quant.py makes is one the kernel takes
+
+
+def test_turned_off_the_kernel_is_unavailable_and_int4_runs_torchs(fresh_library):
+    fresh_library.setenv("SPECSWEEP_CPU_KERNELS", "0")
+    assert not cpu.int4_available() and cpu.unavailable_reason() == "turned off by SPECSWEEP_CPU_KERNELS=0"
+    assert Int4Linear(_weight(16, 128, 0), None).kernel_name == "torch"
+    with pytest.raises(SpecsweepError, match="int4_linear cannot run here: turned off"):
+        Int4Linear(_weight(16, 128, 0), None, ours=True)
+    with pytest.raises(RuntimeError, match="int4_linear is unavailable: turned off"):
+        cpu.int4_linear(torch.zeros(1, 128, dtype=torch.bfloat16), cpu.pack_int4(*quantize_int4(_weight(4, 128, 0))))
+
+
+@pytest.mark.skipif(not set(cpu.CPU_FLAGS) <= cpu._cpu_flags(), reason="this CPU lacks AVX-512 BF16")
+def test_a_compiler_that_fails_leaves_no_library_and_says_why(fresh_library, tmp_path):
+    fresh_library.setenv("SPECSWEEP_CACHE_DIR", str(tmp_path))
+    fresh_library.setenv("CXX", "false")                          # runs, prints nothing, exits 1
+    assert not cpu.int4_available()
+    assert cpu.unavailable_reason().startswith("false failed")
+    assert list((tmp_path / "kernels").iterdir()) == []            # no half-written library left for the next process
+
+
+@needs_kernel
+def test_int4_linear_gives_the_same_bits_on_any_number_of_threads():
+    """Each output row is one thread's sum in one order: torch's thread count (passed at each call) changes who
+    computes it, not what."""
+    w = cpu.pack_int4(*quantize_int4(_weight(96, 384, 7)))
+    x = torch.randn(2, 384, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    previous = torch.get_num_threads()
+    try:
+        outputs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outputs.append(cpu.int4_linear(x, w))
+    finally:
+        torch.set_num_threads(previous)
+    assert all(torch.equal(outputs[0], y) for y in outputs[1:])
