@@ -300,7 +300,8 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
               "qwen-lookup-model-k32768-g4-bfloat16-128"),
              ("prompt lookup's match, then the int4 draft (head: 32768 tokens), γ 4",
               "qwen-lookup-model-k32768-int4-g4-bfloat16-128"),
-             ("draft in int4, whole head, γ 5, on 24 articles", "qwen-model-kall-int4-g5-bfloat16-128-a24"),
+             *((f"draft in int4, whole head, γ {g}, on 24 articles", f"qwen-model-kall-int4-g{g}-bfloat16-128-a24")
+               for g in (5, 6)),
              ("prompt lookup, γ 12, on 24 articles", "qwen-lookup-g12-bfloat16-128-a24"),
              ("suffix decoding, factor 4, γ 16, on 24 articles", "qwen-suffix-f4-g16-bfloat16-128-a24"),
              ("draft, γ 4, our loop", "qwen-model-g4-float32-24"),
