@@ -162,7 +162,10 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, minima: torch.Tensor) -> In
     lanes = q[:, :, :, 0] | q[:, :, :, 1] << 4 | q[:, :, :, 2] << 8 | q[:, :, :, 3] << 12
     lanes = lanes.permute(0, 2, 1, 3).to(torch.int16)            # [block, group, row, lane]: 16-bit lanes
     packed = lanes.contiguous().view(torch.uint8).view(blocks, groups, BLOCK, 64)
-    per_group = lambda t: t.view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()  # noqa: E731
+
+    def per_group(t: torch.Tensor) -> torch.Tensor:          # [N', groups] -> [block, group, row]
+        return t.view(blocks, BLOCK, groups).permute(0, 2, 1).contiguous()
+
     return Int4Weight(packed, per_group(s), per_group(lo - 128 * s), N, K)
 
 

@@ -21,12 +21,12 @@ What each projection y = x @ W.T + b (W [N, K], x [..., K]) becomes:
         vectorised path is bfloat16 only, and it needs N a multiple of 16: W gets zero rows up to one, and the
         output is cut back to N columns
 
-The kernels' cost grows with the rows far faster than a bfloat16 matmul's (they widen the weights again for each
-block of 4 rows, and spend arithmetic per row that a matmul does not): past KERNEL_ROWS rows (a prompt's prefill, a
-wide batch) a projection multiplies the dequantised weight (q * s, or q * s + min), computed once and kept in the
-model's dtype, with F.linear: the same weights at a matmul's speed, for the memory of one more copy of the draft's
-projections. Measured per shape, rows and thread count by ``python -m pipeline.benchmarks.quant_linear``
-(docs/benchmarks.md).
+The kernels' cost grows with the rows far faster than a bfloat16 matmul's (they widen the weights again for each block
+of rows, and spend arithmetic per row that a matmul does not): past KERNEL_ROWS rows (a prompt's prefill, a wide batch)
+a projection multiplies the dequantised weight (q * s, or q * s + min), computed once in the model's dtype, with
+F.linear or, with ``packed``, from a packed copy of it (packed.py; the copy replaces the dequantised weight): the same
+weights at a matmul's speed, for the memory of one more copy of the draft's projections. Measured per shape, rows and
+thread count by ``python -m pipeline.benchmarks.quant_linear`` (docs/benchmarks.md).
 
 With ``+a8`` (``int8+a8``, ``int4+a8``) a projection over A8_ROWS rows or more (a prompt's prefill) multiplies
 int8 by int8 instead: its input is quantised per row (a scale t_m = max_k |x[m, k]| / 127, p = round(x / t)), and
