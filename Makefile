@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 
 # The main job: the default DVC pipeline (offline, CPU): toy data and pairs, runs, Optuna, report.
 all: setup
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro $(if $(FORCE),--force)
 
 setup: $(VENV)/.installed
 
@@ -34,12 +34,14 @@ define workspace
 		$(abspath $(BIN))/dvc config cache.type reflink,hardlink,copy)
 endef
 
-# $(call repro,FOLDER): `dvc repro` in FOLDER, its data from the fixtures when they are there.
+# $(call repro,FOLDER): `dvc repro` in FOLDER, its data from the fixtures when they are there. FORCE=1 runs every
+# stage again: the stages depend on data, models and settings, not on specsweep's code, so after a change of code
+# (a faster kernel) `make real FORCE=1` measures it where `make real` would find nothing to do.
 define repro
 	@if [ -d "$(SPECSWEEP_FIXTURES)" ]; then echo "make: data from the fixtures in $(SPECSWEEP_FIXTURES)"; \
 	else echo "make: no fixtures in $(SPECSWEEP_FIXTURES): data from the Hugging Face Hub"; fi
 	cd $(1) && SPECSWEEP_FIXTURES="$(abspath $(SPECSWEEP_FIXTURES))" PATH="$(abspath $(BIN)):$$PATH" \
-		$(abspath $(BIN))/dvc repro
+		$(abspath $(BIN))/dvc repro $(if $(FORCE),--force)
 	@echo "make: the report is $(1)/reports/report.md (and report.html); what the profile does not run yet is its first section"
 endef
 
