@@ -37,6 +37,7 @@ OMP_WAIT = "results/bench/omp-wait-cpu.json"
 PROCESSES = "results/bench/processes-cpu.json"
 QUANT_LINEAR = "results/bench/quant-linear-cpu.json"
 QUANT_LINEAR_PREFILL = "results/bench/quant-linear-prefill-cpu.json"
+QUANT_FORWARD = "results/bench/quant-forward-qwen2.5-coder-0.5b-instruct-cpu.json"
 SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
 SERVE_SMOLLM2 = "results/bench/serve-cpu-smollm2-prompt-lookup.json"
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -201,6 +202,24 @@ def bench_quant_linear(root: Path, path: str = QUANT_LINEAR) -> str:
             + (f" with its {percent(coverage)} interval" if coverage else " and interval") +
             (", and torch's int4 time over int4_linear's the same way" if ours else "") +
             f"); load average {low:.1f}-{high:.1f}, {data['provenance']['date'][:10]}.")
+    return table(header, body) + "\n\n" + prose(note)
+
+
+def bench_quant_forward(root: Path) -> str:
+    """The 0.5B draft's whole forward: bfloat16 (packed), int4 with torch's kernel, int4 with ours, paired by round."""
+    data = read_source(root, QUANT_FORWARD, "python -m pipeline.benchmarks.quant_linear --model ...")
+    results = data["results"]
+    pairs = [k for k in ("int4_over_bfloat16", "int4_linear_over_bfloat16", "int4_linear_over_int4") if k in results[0]]
+    ways = [w for w in ("bfloat16", "int4", "int4_linear") if f"{w}_ms" in results[0]]
+    body = [[str(r["new_tokens"]), *(f"{r[f'{w}_ms']:.2f}" for w in ways),
+             *(interval(r[k], *r[f"{k}_ci"]) for k in pairs)] for r in results]
+    header = ["new tokens", *(f"{w} ms" for w in ways), *(k.replace("_over_", " over ") for k in pairs)]
+    s, load = data["settings"], data["load_average"]
+    low, high = sorted((load["before"][0], load["after"][0]))
+    note = (f"{data['model']}, one forward after {s['context']} cached tokens, {s['threads']} threads, median of "
+            f"{s['rounds']} rounds of {s['calls']} calls; a over b: b's time over a's per round, the median over "
+            f"rounds with its {percent(results[0]['ci_coverage'])} interval; load average {low:.1f}-{high:.1f}, "
+            f"{data['provenance']['date'][:10]}.")
     return table(header, body) + "\n\n" + prose(note)
 
 

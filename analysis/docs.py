@@ -62,6 +62,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-omp-wait": bench_blocks.bench_omp_wait,
     "bench-quant-linear": bench_blocks.bench_quant_linear,
     "bench-quant-linear-prefill": bench_blocks.bench_quant_linear_prefill,
+    "bench-quant-forward": bench_blocks.bench_quant_forward,
     # docs/serve.md
     "serve-toy": bench_blocks.serve_toy,
     "serve-smollm2": bench_blocks.serve_smollm2,

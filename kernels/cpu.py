@@ -4,6 +4,7 @@
                       AVX-512 BF16: a quantised draft's projections (pipeline/decoding/static/quant.py, Int4Linear)
 
     int4_available()         whether int4_linear runs here (the CPU's instructions, a compiler, one OpenMP runtime)
+    turned_off()             a block within which it does not (projections built there run torch's kernel)
     unavailable_reason()     why not, in one line ("" where it runs)
     pack_int4(q, s, lo)      quant.py's int4 weight (q in 0..15, scales and minima per group of 128) in the kernel's
                              layout (int4_linear.cpp says which): an Int4Weight
@@ -28,6 +29,7 @@ it off (quant.py then uses torch's kernel), to compare the two.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -140,8 +142,23 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     return lib, ""
 
 
+_TURNED_OFF = [0]
+"""How many :func:`turned_off` blocks are open."""
+
+
+@contextlib.contextmanager
+def turned_off():
+    """Within it, :func:`int4_available` says False, so the int4 projections built there run torch's kernel (and keep
+    running it after): both kernels in one process, to time them paired (pipeline/benchmarks/quant_linear.py)."""
+    _TURNED_OFF[0] += 1
+    try:
+        yield
+    finally:
+        _TURNED_OFF[0] -= 1
+
+
 def int4_available() -> bool:
-    return _library()[0] is not None
+    return not _TURNED_OFF[0] and _library()[0] is not None
 
 
 def unavailable_reason() -> str:

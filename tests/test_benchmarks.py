@@ -173,3 +173,29 @@ def test_bench_quant_linear_smoke_times_every_way_that_runs_and_writes_json(tmp_
         assert row.get("packed_error", 0) == row["bfloat16_error"]             # the same bfloat16 product
         assert ("int4_linear_over_int4" in row) == ("int4_linear" in expected)
     assert "ours / torch int4" in capsys.readouterr().out
+
+
+def test_bench_quant_forward_times_a_whole_draft_forward_three_ways(tmp_path, capsys):
+    """--model: a Llama-family model's whole forward in bfloat16 (packed), int4 with torch's kernel and int4 with ours
+    (where it runs), paired by round; the two int4 kernels' logits closer to each other than to bfloat16's (the same
+    quantised weights, scales rounded differently)."""
+    from pipeline.benchmarks.quant_linear import main as quant_linear
+    from pipeline.kernels import cpu
+    from pipeline.synthetic import save_pair
+
+    _, draft = save_pair(tmp_path / "pair", kind="llama", width=128)
+    out = tmp_path / "forward.json"
+    quant_linear(["--model", str(draft), "--context", "24", "--new-tokens", "1,2", "--rounds", "2", "--calls", "2",
+                  "--threads", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "quant_forward" and [r["new_tokens"] for r in result["results"]] == [1, 2]
+    ours = cpu.int4_available()
+    for row in result["results"]:
+        assert row["bfloat16_ms"] > 0 and row["int4_ms"] > 0 and row["int4_over_bfloat16"] > 0
+        assert ("int4_linear_over_int4" in row) == ours
+        if ours:
+            low, high = row["int4_linear_over_int4_ci"]
+            assert low <= row["int4_linear_over_int4"] <= high
+            # the kernels differ from each other by less than the quantisation differs from bfloat16
+            assert 0 <= row["kernels_max_abs_logit_diff"] < row["int4_max_abs_logit_diff"]
+    assert "int4 over bfloat16" in capsys.readouterr().out

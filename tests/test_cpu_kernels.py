@@ -83,6 +83,17 @@ def test_int4_linear_refuses_what_it_cannot_take():
 
 
 @needs_kernel
+def test_projections_built_while_turned_off_keep_torchs_kernel():
+    with cpu.turned_off():
+        assert not cpu.int4_available()
+        theirs = Int4Linear(_weight(16, 128, 0), None)
+    assert cpu.int4_available() and theirs.kernel_name == "torch"
+    assert Int4Linear(_weight(16, 128, 0), None).kernel_name == "int4_linear"
+    x = torch.randn(1, 128).to(torch.bfloat16)
+    assert theirs(x).shape == (1, 16)                        # still torch's, after the block
+
+
+@needs_kernel
 def test_an_int4_projection_runs_ours_where_it_can_and_torchs_when_asked():
     weight, bias = _weight(100, 256, 3), _weight(1, 100, 4)[0]
     ours, theirs = Int4Linear(weight, bias), Int4Linear(weight, bias, ours=False)

@@ -4,6 +4,13 @@ whether each pays, and at how many rows.
 
     python -m pipeline.benchmarks.quant_linear [--shapes 1152x896,896x896,9728x896,896x4864,151936x896,32768x896]
         [--rows 1,2,3,4,5,16] [--threads 2] [--rounds 9] [--calls 15] [--out results/bench/quant-linear-cpu.json]
+    python -m pipeline.benchmarks.quant_linear --model qwen2.5-coder-0.5b-instruct [--context 450 --new-tokens 1,2]
+
+With ``--model``: the model's whole static forward (a draft step: every projection, the head, attention, norms)
+in bfloat16 over packed weights, in int4 with torch's kernel and in int4 with ours (cpu.turned_off builds the first
+int4 forward with torch's), appending 1 or 2 tokens after ``--context`` cached ones, in rotating rounds; each pair
+of ways gives the slower one's time over the faster one's per round, with its interval. Writes
+results/bench/quant-forward-<model>-cpu.json.
 
 Shapes are N x K (out x in features; the defaults are what Qwen2.5-Coder-0.5B's static forward multiplies: q, k and v
 stacked, o, gate and up stacked, down, the whole head and the head cut to 32768 tokens by --draft-vocab); rows M are the
@@ -146,6 +153,92 @@ def _print(result: dict) -> None:
         print(f"int4_linear not timed: {cpu.unavailable_reason()}")
 
 
+FORWARD_WAYS = ("bfloat16", "int4", "int4_linear")
+"""A whole draft forward (``--model``): bfloat16 over packed weights, int4 with torch's kernel, int4 with ours."""
+
+
+def run_model(name: str, context: int = 450, new_tokens: tuple[int, ...] = (1, 2), threads: int = 2,
+              rounds: int = 9, calls: int = 10, out: Path | None = None) -> dict:
+    """A Llama-family model's whole static forward (``name``: a registry name or a local model) appending
+    ``new_tokens`` after ``context`` cached ones, FORWARD_WAYS in the same rotating rounds (int4_linear only where
+    it runs): what a draft step costs each way, paired by round."""
+    from pipeline.benchmarks.forward import load_model  # kept local: the projection benchmark loads no model
+    from pipeline.decoding.static.llama import LlamaStaticForward  # kept local: as above
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            model = load_model(name, "cpu", torch.bfloat16)
+            if not LlamaStaticForward.supports(model):
+                raise SystemExit(f"{name}: not a Llama-family model the static forward runs (quant.py)")
+            forwards = {"bfloat16": LlamaStaticForward(model, "none", packed=True)}
+            with cpu.turned_off():
+                forwards["int4"] = LlamaStaticForward(model, "int4", packed=True)
+            if cpu.int4_available():
+                forwards["int4_linear"] = LlamaStaticForward(model, "int4", packed=True)
+            load = os.getloadavg()
+            rows = _measure_forwards(forwards, model.config.vocab_size, context, new_tokens, rounds, calls)
+    finally:
+        torch.set_num_threads(previous)
+    result = {"benchmark": "quant_forward", "provenance": provenance("cpu"), "model": name,
+              "settings": {"context": context, "new_tokens": list(new_tokens), "threads": threads, "rounds": rounds,
+                           "calls": calls, "dtype": "bfloat16", "batch": 1},
+              "load_average": {"before": list(load), "after": list(os.getloadavg())}, "results": rows}
+    if out is not None:
+        write_json_atomic(out, result)
+    return result
+
+
+def _measure_forwards(forwards: dict, vocab: int, context: int, new_tokens, rounds: int, calls: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, context), generator=g)
+    tokens = {q: torch.randint(0, vocab, (1, q), generator=g) for q in new_tokens}
+    logits = {}
+    for name, f in forwards.items():
+        f.allocate(1, context + max(new_tokens) + 8, torch.device("cpu"))
+        f(prompt, 0, None, None, 1)
+        for q in new_tokens:
+            logits[name, q] = f(tokens[q], context, None, None, q).float()
+    ways = [(name, q) for name in forwards for q in new_tokens]
+    times: dict[tuple, list[float]] = {w: [] for w in ways}
+
+    def step(f, q: int):
+        return lambda _: f(tokens[q], context, None, None, q)      # the same cache positions each call
+
+    for r in range(rounds):
+        for name, q in ways[r % len(ways):] + ways[: r % len(ways)]:
+            times[name, q].append(statistics.median(time_calls(step(forwards[name], q), "cpu", calls, warmup=1)))
+    rows = []
+    for q in new_tokens:
+        row = {"new_tokens": q, **{f"{name}_ms": statistics.median(times[name, q]) * 1e3 for name in forwards}}
+        pairs = [("int4", "bfloat16"), ("int4_linear", "bfloat16"), ("int4_linear", "int4")]
+        for fast, slow in [p for p in pairs if p[0] in forwards]:
+            ci = median_ci([a / b for a, b in zip(times[slow, q], times[fast, q])])
+            row[f"{fast}_over_{slow}"], row[f"{fast}_over_{slow}_ci"] = ci.median, [ci.low, ci.high]
+            row["ci_coverage"] = ci.coverage
+        for name in forwards.keys() - {"bfloat16"}:      # the quantised forwards' logits against bfloat16's
+            row[f"{name}_max_abs_logit_diff"] = float((logits[name, q] - logits["bfloat16", q]).abs().max())
+        if "int4_linear" in forwards:
+            # the same int4 weights, two kernels (torch's rounds each group's scale and zero to bfloat16; ours keeps
+            # them in float32)
+            row["kernels_max_abs_logit_diff"] = float((logits["int4_linear", q] - logits["int4", q]).abs().max())
+        rows.append(row)
+    return rows
+
+
+def _print_model(result: dict) -> None:
+    rows = [{"new tokens": r["new_tokens"], **{f"{w} ms": f"{r[f'{w}_ms']:.2f}" for w in FORWARD_WAYS
+                                                 if f"{w}_ms" in r},
+             **{key.replace("_over_", " over "): f"{r[key]:.2f} [{r[key + '_ci'][0]:.2f}, {r[key + '_ci'][1]:.2f}]"
+                for key in r if key.endswith(("_over_int4", "_over_bfloat16"))}}
+            for r in result["results"]]
+    print(format_table(rows, list(rows[0])))
+    s = result["settings"]
+    print(f"\n{result['model']}, one forward after {s['context']} cached tokens, {s['threads']} threads, median of "
+          f"{s['rounds']} rounds of {s['calls']} calls; a over b: b's time over a's per round, with its interval")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(prog="python -m pipeline.benchmarks.quant_linear", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="N x K, comma-separated")
@@ -153,8 +246,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--calls", type=int, default=15)
-    p.add_argument("--out", type=Path, default=Path("results/bench/quant-linear-cpu.json"))
+    p.add_argument("--model", help="time a Llama-family model's whole forward instead (a registry name or a local "
+                                    "model): bfloat16 packed, int4 with torch's kernel, int4 with ours")
+    p.add_argument("--context", type=int, default=450, help="with --model: cached tokens")
+    p.add_argument("--new-tokens", default="1,2", help="with --model: tokens per forward, comma-separated")
+    p.add_argument("--out", type=Path, help="default: results/bench/quant-linear-cpu.json, with --model "
+                                            "results/bench/quant-forward-<model>-cpu.json")
     args = p.parse_args(argv)
+    if args.model:
+        out = args.out or Path(f"results/bench/quant-forward-{Path(args.model).name}-cpu.json")
+        new_tokens = tuple(int(v) for v in args.new_tokens.split(","))
+        _print_model(run_model(args.model, args.context, new_tokens, args.threads, args.rounds, args.calls, out))
+        print(f"wrote {out}")
+        return
+    args.out = args.out or Path("results/bench/quant-linear-cpu.json")
     shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
     rows = tuple(int(v) for v in args.rows.split(","))
     result = run(shapes, rows, args.threads, args.rounds, args.calls, args.out)
