@@ -162,7 +162,7 @@ def int4_available() -> bool:
 
 
 def unavailable_reason() -> str:
-    return _library()[1]
+    return "turned off by cpu.turned_off()" if _TURNED_OFF[0] else _library()[1]
 
 
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, minima: torch.Tensor) -> Int4Weight:

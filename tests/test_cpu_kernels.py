@@ -85,8 +85,10 @@ def test_int4_linear_refuses_what_it_cannot_take():
 @needs_kernel
 def test_projections_built_while_turned_off_keep_torchs_kernel():
     with cpu.turned_off():
-        assert not cpu.int4_available()
+        assert not cpu.int4_available() and cpu.unavailable_reason() == "turned off by cpu.turned_off()"
         theirs = Int4Linear(_weight(16, 128, 0), None)
+        with pytest.raises(SpecsweepError, match=r"int4_linear cannot run here: turned off by cpu\.turned_off"):
+            Int4Linear(_weight(16, 128, 0), None, ours=True)
     assert cpu.int4_available() and theirs.kernel_name == "torch"
     assert Int4Linear(_weight(16, 128, 0), None).kernel_name == "int4_linear"
     x = torch.randn(1, 128).to(torch.bfloat16)
@@ -138,3 +140,13 @@ def test_int4_linear_gives_the_same_bits_on_any_number_of_threads():
     finally:
         torch.set_num_threads(previous)
     assert all(torch.equal(outputs[0], y) for y in outputs[1:])
+
+
+def test_the_python_side_mirrors_the_kernels_limits():
+    """cpu.py's MAX_GROUPS, MAX_ROWS and GROUP are what int4_linear.cpp checks and assumes."""
+    import re
+
+    source = cpu.SOURCE_PATH.read_text()
+    assert int(re.search(r"MAX_GROUPS = (\d+);", source).group(1)) == cpu.MAX_GROUPS
+    assert f"M > {cpu.MAX_ROWS} ||" in source and f"K % {cpu.GROUP} ||" in source
+    assert cpu.GROUP == quant.GROUP

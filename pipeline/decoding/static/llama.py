@@ -104,8 +104,6 @@ class LlamaStaticForward(StaticForward):
         self.packed = packed and available(weight.device, weight.dtype)
 
         def linear(module) -> Projection:
-            if self.packed and quant == "none":
-                return PackedLinear([module.weight], [module.bias])
             return projection(module.weight, module.bias, quant, self.packed)
 
         def group(*modules) -> Callable:

@@ -102,10 +102,12 @@ def weight_mode(mode: str) -> str:
 
 def projection(weight: torch.Tensor, bias: torch.Tensor | None, mode: str = "none", packed: bool = False) -> Projection:
     """The projection x [..., K] -> x @ weight.T + bias [..., N] for weight [N, K], bias [N] or None, with the weight
-    stored as ``mode`` says (see the module docstring; "none": F.linear over ``weight`` itself, no copy). ``packed``:
-    a quantised projection's product past KERNEL_ROWS multiplies a packed copy of its dequantised weight
-    (QuantLinear's ``wide``)."""
+    stored as ``mode`` says (see the module docstring; "none": F.linear over ``weight`` itself, no copy). ``packed``,
+    where packed.py's product runs: "none" multiplies a packed copy of ``weight``; a quantised projection's product
+    past KERNEL_ROWS, a packed copy of its dequantised weight (QuantLinear's ``wide``)."""
     if mode == "none":
+        if packed and available(weight.device, weight.dtype):
+            return PackedLinear([weight], [bias])
         return functools.partial(F.linear, weight=weight, bias=bias)
     check_supported(mode, weight.device, weight.dtype)
     a8 = mode.endswith("+a8")
@@ -167,10 +169,7 @@ class QuantLinear:
 
     def _wide(self, dense: torch.Tensor, packed: bool) -> None:
         """The product past KERNEL_ROWS over ``dense`` (QuantLinear's ``wide``); the dense copy is kept only by it."""
-        if packed and available(dense.device, dense.dtype):
-            self.wide = PackedLinear([dense], [self.bias])
-        else:
-            self.wide = functools.partial(F.linear, weight=dense, bias=self.bias)
+        self.wide = projection(dense, self.bias, "none", packed)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N]."""
