@@ -38,6 +38,10 @@ PROCESSES = "results/bench/processes-cpu.json"
 QUANT_LINEAR = "results/bench/quant-linear-cpu.json"
 QUANT_LINEAR_PREFILL = "results/bench/quant-linear-prefill-cpu.json"
 QUANT_FORWARD = "results/bench/quant-forward-qwen2.5-coder-0.5b-instruct-cpu.json"
+BF16_LINEAR = "results/bench/bf16-linear-cpu.json"
+FORWARD_CURVE = "results/bench/forward-qwen2.5-coder-1.5b-instruct-curve-cpu.json"
+FORWARD_CURVE_WRITER = ("python -m pipeline.benchmarks.forward --model qwen2.5-coder-1.5b-instruct --dtypes bfloat16 "
+                        "--threads 2 --context 450 --new-tokens 1,2,3,5,7,9,11,13,17 --rounds 6 --calls 3 (make pair)")
 SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
 SERVE_SMOLLM2 = "results/bench/serve-cpu-smollm2-prompt-lookup.json"
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -174,35 +178,70 @@ def bench_lossless_cpu(root: Path) -> str:
     return table(header, body)
 
 
+OURS_OVER = {"int4_linear_over_int4": "int4_linear over int4", "bf16_linear_over_packed": "bf16_linear over packed"}
+"""A row's ratios of our kernels over torch's, and their column headers."""
+
+
 def bench_quant_linear(root: Path, path: str = QUANT_LINEAR) -> str:
-    """One projection in bfloat16 against the ways the file has (packed bfloat16, torch's int8 and int4 kernels, our
-    int4_linear, the int8-by-int8 product a8): µs per call with the speedup over bfloat16, ours over torch's int4, and
-    the errors. A way that did not run at a row count leaves its cell empty."""
+    """One projection in bfloat16 against the ways the file has (oneDNN's packed bfloat16, our bf16_linear, torch's
+    int8 and int4 kernels, our int4_linear, the int8-by-int8 product a8): µs per call with the speedup over bfloat16,
+    ours over torch's (int4) and oneDNN's (bf16_linear), and the errors. A way that did not run at a row count leaves
+    its cell empty."""
     data = read_source(root, path, "python -m pipeline.benchmarks.quant_linear")
     results = data["results"]
-    ways = [w for w in ("packed", "int8", "int4", "int4_linear", "a8") if any(f"{w}_us" in r for r in results)]
-    ours = any("int4_linear_over_int4" in r for r in results)
+    ways = [w for w in ("packed", "bf16_linear", "int8", "int4", "int4_linear", "a8")
+            if any(f"{w}_us" in r for r in results)]
+    ours = [k for k in OURS_OVER if any(k in r for r in results)]
 
     def cell(r: dict, w: str) -> str:
         return f"{r[f'{w}_us']:.0f}: {interval(r[f'{w}_speedup'], *r[f'{w}_speedup_ci'])}" if f"{w}_us" in r else ""
 
     body = [[r["shape"] if i == 0 or r["shape"] != results[i - 1]["shape"] else "", str(r["rows"]),
              f"{r['bfloat16_us']:.0f}", *(cell(r, w) for w in ways),
-             *([interval(r["int4_linear_over_int4"], *r["int4_linear_over_int4_ci"])
-                if "int4_linear_over_int4" in r else ""] if ours else []),
+             *(interval(r[k], *r[f"{k}_ci"]) if k in r else "" for k in ours),
              " / ".join(f"{r[f'{w}_error']:.3f}" if f"{w}_error" in r else "-" for w in ways)]
             for i, r in enumerate(results)]
     s, load = data["settings"], data["load_average"]
     low, high = sorted((load["before"][0], load["after"][0]))
-    header = ["N x K", "rows", "bf16 µs", *(f"{w}: µs, speedup" for w in ways),
-              *(["int4_linear over int4"] if ours else []), f"relative error {' / '.join(ways)}"]
+    header = ["N x K", "rows", "bf16 µs", *(f"{w}: µs, speedup" for w in ways), *(OURS_OVER[k] for k in ours),
+              f"relative error {' / '.join(ways)}"]
     coverage = results[0].get("ci_coverage")
+    theirs = {"int4_linear_over_int4": "torch's int4 time over int4_linear's",
+              "bf16_linear_over_packed": "oneDNN's packed time over bf16_linear's"}
     note = (f"{s['threads']} threads, median of {s['rounds']} rounds of {s['calls']} calls each, speedup = bfloat16's "
             f"time over the other way's per round (median over rounds"
             + (f" with its {percent(coverage)} interval" if coverage else " and interval") +
-            (", and torch's int4 time over int4_linear's the same way" if ours else "") +
+            "".join(f", and {theirs[k]} the same way" for k in ours) +
             f"); load average {low:.1f}-{high:.1f}, {data['provenance']['date'][:10]}.")
     return table(header, body) + "\n\n" + prose(note)
+
+
+def bench_bf16_linear(root: Path) -> str:
+    """The 1.5B target's projections over a decode's or a verify forward's rows: oneDNN's packed product against ours
+    (kernels/bf16_linear.cpp)."""
+    return bench_quant_linear(root, BF16_LINEAR)
+
+
+def bench_forward_few_rows(root: Path) -> str:
+    """The 1.5B target's whole forward over q new tokens, as the engine runs it (bf16_linear's product up to 12 rows)
+    and with oneDNN's packed product over every row count, paired by round: ms, ours over oneDNN's, the verify cost
+    r = ms(q) / ms(1) of each."""
+    data = read_source(root, FORWARD_CURVE, FORWARD_CURVE_WRITER)
+    rows = []
+    for r in data["results"]:
+        if "onednn_ms" not in r:
+            raise ValueError(f"{FORWARD_CURVE} has no oneDNN timings: rerun {FORWARD_CURVE_WRITER}")
+        rows.append([str(r["new_tokens"]), num(r["onednn_ms"], 1), num(r["static_ms"], 1), ci(r["few_rows_speedup"]),
+                     ci(r["onednn_verify_cost"]), ci(r["verify_cost"]), f"{r['onednn_max_abs_logit_diff']:.2g}"])
+    s, load = data["settings"], data["load_average"]
+    low, high = sorted((load["before"][0], load["after"][0]))
+    note = (f"Qwen2.5-Coder-1.5B-Instruct in bfloat16, one forward of q new tokens after {s['context']} cached ones, "
+            f"{s['threads']} threads, median of {s['rounds']} rounds of {s['calls']} calls; ours over oneDNN's: "
+            f"oneDNN's time over ours per round, the median over rounds with its interval; r: ms(q) over ms(1) per "
+            f"round. Past 12 new tokens both run oneDNN's product (a control). Load average {low:.1f}-{high:.1f}, "
+            f"{data['provenance']['date'][:10]}.")
+    return table(["new tokens", "oneDNN ms", "bf16_linear ms", "bf16_linear over oneDNN", "r oneDNN",
+                  "r bf16_linear", "max logit diff"], rows) + "\n\n" + prose(note)
 
 
 def bench_quant_forward(root: Path) -> str:

@@ -49,6 +49,8 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-forward-whisper-cpu": bench_blocks.bench_forward_whisper_cpu,
     "bench-forward-dtypes": bench_blocks.bench_forward_dtypes,
     "bench-forward-packed": bench_blocks.bench_forward_packed,
+    "bench-bf16-linear": bench_blocks.bench_bf16_linear,
+    "bench-forward-few-rows": bench_blocks.bench_forward_few_rows,
     "bench-host": bench_blocks.bench_host,
     "bench-host-gpu": gpu_blocks.bench_host_gpu,
     "bench-block-gain": bench_blocks.bench_block_gain,

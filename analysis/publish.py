@@ -94,6 +94,9 @@ def record(result: dict) -> dict:
             # which weight-only kernel a quantised draft ran ("int4_linear": ours; "torch"); None: none, or a run from
             # before runs recorded it (torch's)
             "quant_kernel": ((result.get("resolved") or {}).get("quant_kernel") or {}).get("draft"),
+            # which kernel the packed target ran over a few rows ("bf16_linear": ours; "onednn"); None: not packed,
+            # or a run from before runs recorded it (oneDNN's)
+            "few_rows_kernel": ((result.get("resolved") or {}).get("few_rows_kernel") or {}).get("target"),
             "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS}, **per,
             "greedy_agreement": {k: v for k, v in agreement.items() if k != "per_sample"} or None,
             "tokens_sha256": hashlib.sha256(tokens.encode()).hexdigest(),

@@ -2,29 +2,37 @@
 
     int4_linear.cpp   y = x @ W.T for a group-wise int4 weight W [N, K] and 1-4 bfloat16 rows x [M, K], with
                       AVX-512 BF16: a quantised draft's projections (pipeline/decoding/static/quant.py, Int4Linear)
+    bf16_linear.cpp   y = x @ W.T + b for a bfloat16 weight W [N, K] and 1-12 bfloat16 rows x [M, K], with AVX-512
+                      BF16: the packed projections of a decode or verify forward (pipeline/decoding/static/packed.py)
 
-    int4_available()         whether int4_linear runs here (the CPU's instructions, a compiler, one OpenMP runtime)
-    turned_off()             a block within which it does not (projections built there run torch's kernel)
-    unavailable_reason()     why not, in one line ("" where it runs)
-    pack_int4(q, s, lo)      quant.py's int4 weight (q in 0..15, scales and minima per group of 128) in the kernel's
+    available()              whether the kernels run here (the CPU's instructions, a compiler, one OpenMP runtime)
+    turned_off()             a block within which they do not (projections built there run torch's kernels)
+    unavailable_reason()     why not, in one line ("" where they run)
+    pack_int4(q, s, lo)      quant.py's int4 weight (q in 0..15, scales and minima per group of 128) in int4_linear's
                              layout (int4_linear.cpp says which): an Int4Weight
     int4_linear(x, weight)   x bfloat16 [M, K] (M <= MAX_ROWS) -> x @ W.T bfloat16 [M, N]
+    pack_bf16(w)             a bfloat16 weight [N, K] in bf16_linear's layout (bf16_linear.cpp): a Bf16Weight
+    bf16_linear(x, weight, bias)   x bfloat16 [M, K] (M <= BF16_ROWS) -> x @ W.T + bias bfloat16 [M, N]
 
 Why our own. torch's int4 CPU kernel (``_weight_int4pack_mm_for_cpu``) widens the nibbles to float32 and spends more
 time on that than on reading them; int4_linear turns each nibble into a bfloat16 with one OR and multiplies with
 vdpbf16ps. On this project's CPU it is 1.6-2.7x torch's kernel over one row (the 0.5B draft's whole head, 68 MB of int4
 that no cache holds: 40 GB/s against 25), 1.3-1.9x over three or four (``python -m pipeline.benchmarks.quant_linear``,
 docs/benchmarks.md). No library on PyPI ships such a kernel for this torch on x86 (torchao's wheels carry CUDA kernels
-only; llama.cpp's are built from source), and the kernel is 100 lines.
+only; llama.cpp's are built from source), and the kernel is 100 lines. oneDNN's packed bfloat16 product (packed.py)
+does not overlap its arithmetic with reading the weights over a few rows: each row past the first adds its own
+arithmetic time. bf16_linear feeds each load of W to every row's vdpbf16ps, so up to about 9 rows it costs little more
+than one (``python -m pipeline.benchmarks.quant_linear``, the ``bf16_linear`` way).
 
-Build. ``$CXX`` (else ``c++``) with -O3 -fopenmp and the AVX-512 flags, into ``kernels/`` under the cache directory
-(pipeline/roofline.py's :func:`cache_dir`), named by a hash of the source, the flags and the compiler's version: a
-second process loads the same file; a failed compile leaves nothing behind and makes the kernel unavailable. It runs
-only where /proc/cpuinfo lists avx512f, avx512bw, avx512vl and avx512_bf16. The library links OpenMP by its usual name,
-libgomp.so.1: torch's Linux wheels load a libgomp.so.1 first, so the kernel runs on torch's OpenMP threads, as many as
-``torch.get_num_threads()`` says at each call. Where a second OpenMP runtime shows up in the process after loading, the
-kernel is refused (two thread pools would spin against each other on the same cores). ``SPECSWEEP_CPU_KERNELS=0`` turns
-it off (quant.py then uses torch's kernel), to compare the two.
+Build. ``$CXX`` (else ``c++``) with -O3 -fopenmp and the AVX-512 flags, both sources into one library under
+``kernels/`` in the cache directory (pipeline/roofline.py's :func:`cache_dir`), named by a hash of the sources, the
+flags and the compiler's version: a second process loads the same file; a failed compile leaves nothing behind and
+makes the kernels unavailable. They run only where /proc/cpuinfo lists avx512f, avx512bw, avx512vl and avx512_bf16.
+The library links OpenMP by its usual name, libgomp.so.1: torch's Linux wheels load a libgomp.so.1 first, so the
+kernels run on torch's OpenMP threads, as many as ``torch.get_num_threads()`` says at each call. Where a second OpenMP
+runtime shows up in the process after loading, the kernels are refused (two thread pools would spin against each other
+on the same cores). ``SPECSWEEP_CPU_KERNELS=0`` turns them off (quant.py and packed.py then use torch's kernels), to
+compare.
 """
 
 from __future__ import annotations
@@ -42,18 +50,22 @@ from typing import NamedTuple
 
 import torch
 
-SOURCE_PATH = Path(__file__).with_name("int4_linear.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("int4_linear.cpp", "bf16_linear.cpp"))
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
-"""What /proc/cpuinfo must list for int4_linear to run."""
+"""What /proc/cpuinfo must list for the kernels to run."""
 GROUP = 128
 """Inputs per scale and minimum (quant.py's GROUP; the kernel's groups are 128 wide)."""
 MAX_ROWS = 4
-"""The most rows x [M, K] one call takes."""
+"""The most rows x [M, K] one int4_linear call takes."""
+BF16_ROWS = 12
+"""The most rows x [M, K] one bf16_linear call takes (bf16_linear.cpp)."""
+BF16_BLOCK = 16
+"""Rows of W per block of bf16_linear's layout (N is padded to a multiple)."""
 MAX_GROUPS = 512
 """K / GROUP at most (int4_linear.cpp's MAX_GROUPS)."""
 BLOCK = 4
-"""Rows of W per block of the layout (N is padded to a multiple)."""
+"""Rows of W per block of int4_linear's layout (N is padded to a multiple)."""
 
 
 class Int4Weight(NamedTuple):
@@ -66,6 +78,18 @@ class Int4Weight(NamedTuple):
     packed: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
+    n: int
+    k: int
+
+
+class Bf16Weight(NamedTuple):
+    """W [N, K] bfloat16 in bf16_linear.cpp's layout (N padded to N' = a multiple of BF16_BLOCK with zero rows).
+
+    packed  bfloat16 [N' / 16, K / 2, 16, 2]: packed[j, p, l, e] = W[16 j + l, 2 p + e]
+    n       the rows N;  k  the inputs K
+    """
+
+    packed: torch.Tensor
     n: int
     k: int
 
@@ -97,7 +121,7 @@ def _compile(compiler: str, out: Path) -> str:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE_PATH), "-o", tmp], capture_output=True, text=True,
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
                               timeout=120)
         if done.returncode:
             lines = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or [""]
@@ -128,8 +152,9 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot run {compiler}: {e}"
     from pipeline.roofline import cache_dir  # kept local: quant.py imports this module, and `--help` need not load it
 
-    digest = hashlib.sha256(SOURCE_PATH.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    path = cache_dir() / "kernels" / f"int4_linear-{digest}.so"
+    sources = b"".join(p.read_bytes() for p in SOURCES)
+    digest = hashlib.sha256(sources + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"cpu_kernels-{digest}.so"
     if not path.exists() and (error := _compile(compiler, path)):
         return None, error
     before = _openmp_runtimes()
@@ -139,6 +164,9 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.int4_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     lib.int4_linear.restype = ctypes.c_int
+    lib.bf16_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    lib.bf16_linear.restype = ctypes.c_int
     return lib, ""
 
 
@@ -148,8 +176,8 @@ _TURNED_OFF = [0]
 
 @contextlib.contextmanager
 def turned_off():
-    """Within it, :func:`int4_available` says False, so the int4 projections built there run torch's kernel (and keep
-    running it after): both kernels in one process, to time them paired (pipeline/benchmarks/quant_linear.py)."""
+    """Within it, :func:`available` says False, so the projections built there run torch's kernels (and keep running
+    them after): both kinds in one process, to time them paired (pipeline/benchmarks/quant_linear.py, forward.py)."""
     _TURNED_OFF[0] += 1
     try:
         yield
@@ -157,7 +185,7 @@ def turned_off():
         _TURNED_OFF[0] -= 1
 
 
-def int4_available() -> bool:
+def available() -> bool:
     return not _TURNED_OFF[0] and _library()[0] is not None
 
 
@@ -186,17 +214,50 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, minima: torch.Tensor) -> In
     return Int4Weight(packed, per_group(s), per_group(lo - 128 * s), N, K)
 
 
-def int4_linear(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
-    """x bfloat16 [M, K] on the CPU, 1 <= M <= MAX_ROWS -> x @ W.T bfloat16 [M, N] (int4_linear.cpp)."""
+def _call_args(kernel: str, x: torch.Tensor, k: int, n: int, rows: int):
+    """(the library, x contiguous, an empty y bfloat16 [M, n]) for a call of ``kernel`` on x bfloat16 [M, k], M in
+    1..rows; RuntimeError where the kernels do not run, ValueError for another x."""
     lib = _library()[0]
     if lib is None:
-        raise RuntimeError(f"int4_linear is unavailable: {unavailable_reason()}")
+        raise RuntimeError(f"{kernel} is unavailable: {unavailable_reason()}")
     x = x.contiguous()
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= rows:
+        raise ValueError(f"{kernel} takes bfloat16 [1..{rows}, {k}], got {x.dtype} {list(x.shape)}")
+    return lib, x, torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+
+
+def int4_linear(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+    """x bfloat16 [M, K] on the CPU, 1 <= M <= MAX_ROWS -> x @ W.T bfloat16 [M, N] (int4_linear.cpp)."""
+    lib, x, y = _call_args("int4_linear", x, weight.k, weight.n, MAX_ROWS)
     M, K = x.shape
-    if x.dtype != torch.bfloat16 or K != weight.k or not 1 <= M <= MAX_ROWS:
-        raise ValueError(f"int4_linear takes bfloat16 [1..{MAX_ROWS}, {weight.k}], got {x.dtype} {list(x.shape)}")
-    y = torch.empty(M, weight.n, dtype=torch.bfloat16)
     if lib.int4_linear(x.data_ptr(), M, K, weight.packed.data_ptr(), weight.scales.data_ptr(), weight.zeros.data_ptr(),
                        weight.n, y.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"int4_linear refused [{M}, {K}] x [{weight.n}, {K}]")
+    return y
+
+
+def pack_bf16(weight: torch.Tensor) -> Bf16Weight:
+    """weight bfloat16 [N, K] (K even) -> bf16_linear's layout (Bf16Weight): a copy, the weight itself untouched."""
+    N, K = weight.shape
+    if weight.dtype != torch.bfloat16 or K % 2:
+        raise ValueError(f"bf16_linear packs a bfloat16 [N, K] weight with K even, got {weight.dtype} {[N, K]}")
+    pad = -N % BF16_BLOCK
+    w = torch.nn.functional.pad(weight.detach(), (0, 0, 0, pad))
+    blocks = (N + pad) // BF16_BLOCK
+    packed = w.view(blocks, BF16_BLOCK, K // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return Bf16Weight(packed, N, K)
+
+
+def bf16_linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x bfloat16 [M, K] on the CPU, 1 <= M <= BF16_ROWS, bias float32 [N] or None -> x @ W.T + bias bfloat16 [M, N]
+    (bf16_linear.cpp: float32 sums, the bias added in float32, rounded once; a row's result does not depend on the
+    others)."""
+    lib, x, y = _call_args("bf16_linear", x, weight.k, weight.n, BF16_ROWS)
+    M, K = x.shape
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.n,) or not bias.is_contiguous()):
+        raise ValueError(f"bf16_linear takes a contiguous float32 bias [{weight.n}], got {bias.dtype} "
+                         f"{list(bias.shape)}")
+    if lib.bf16_linear(x.data_ptr(), M, K, weight.packed.data_ptr(), None if bias is None else bias.data_ptr(),
+                       weight.n, y.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"bf16_linear refused [{M}, {K}] x [{weight.n}, {K}]")
     return y

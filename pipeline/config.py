@@ -196,9 +196,10 @@ class RunConfig:
                                        "same tokens, less overhead)", flag="--no-static-cache")
     packed_weights: bool = setting(True, "multiply the models' own weights as they are stored (default: the "
                                          "static forward of a Llama, Mistral or Qwen2 on a CPU multiplies packed "
-                                         "copies of them, pipeline/decoding/static/packed.py: bfloat16 bit for bit "
-                                         "the same, float32 summed in another order; faster, for a second copy "
-                                         "of the weights in memory)", flag="--no-packed-weights")
+                                         "copies of them, pipeline/decoding/static/packed.py: float32 summed in "
+                                         "another order, bfloat16 bit for bit the same with oneDNN's product and to "
+                                         "rounding with ours over up to 12 rows; faster, for copies of the weights "
+                                         "in memory)", flag="--no-packed-weights")
     baseline: str | None = setting(None, "results JSON of a γ = 0 run with the same settings: its quality is the "
                                          "reference, and it adds `unpaired_speedup` (the speedup itself is always "
                                          "paired: measured against this run's own γ = 0 loop)")

@@ -278,22 +278,35 @@ def packed_used(engine) -> dict:
     return {name: bool(getattr(getattr(m, "static", None), "packed", False)) for name, m in _models(engine).items()}
 
 
-def quant_kernels_used(engine) -> dict:
-    """Which weight-only kernel each quantised model's projections ran (pipeline/decoding/static/quant.py's
-    ``kernel_name``: "int4_linear", ours, or "torch"); models that are not quantised are left out."""
+def _head_kernels(engine, attribute: str) -> dict:
+    """Each model's static forward's head's ``attribute`` (a kernel's name), for the models whose head has one."""
     kernels = {}
     for name, m in _models(engine).items():
         head = getattr(getattr(m, "static", None), "head", None)
-        if getattr(head, "kernel_name", None) is not None:
-            kernels[name] = head.kernel_name
+        if getattr(head, attribute, None) is not None:
+            kernels[name] = getattr(head, attribute)
     return kernels
+
+
+def quant_kernels_used(engine) -> dict:
+    """Which weight-only kernel each quantised model's projections ran (pipeline/decoding/static/quant.py's
+    ``kernel_name``: "int4_linear", ours, or "torch"); models that are not quantised are left out."""
+    return _head_kernels(engine, "kernel_name")
+
+
+def few_rows_kernels_used(engine) -> dict:
+    """Which kernel each packed model's projections ran over a few rows (pipeline/decoding/static/packed.py's
+    ``few_rows_kernel``: "bf16_linear", ours, or "onednn"); models whose head is not packed are left out (a quantised
+    draft's few rows run its quant_kernel)."""
+    return _head_kernels(engine, "few_rows_kernel")
 
 
 def forwards_record(engine) -> dict:
     """A result's ``resolved`` entries on the forwards: ``forward`` (:func:`forwards_used`), ``packed_weights``
-    (:func:`packed_used`) and ``quant_kernel`` (:func:`quant_kernels_used`), each by model role."""
+    (:func:`packed_used`), ``few_rows_kernel`` (:func:`few_rows_kernels_used`) and ``quant_kernel``
+    (:func:`quant_kernels_used`), each by model role."""
     return {"forward": forwards_used(engine), "packed_weights": packed_used(engine),
-            "quant_kernel": quant_kernels_used(engine)}
+            "few_rows_kernel": few_rows_kernels_used(engine), "quant_kernel": quant_kernels_used(engine)}
 
 
 @functools.lru_cache(maxsize=8)

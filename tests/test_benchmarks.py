@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeline.benchmarks.engine import _goals, _paired_ratio
 from pipeline.benchmarks.samplers import _goal
 from pipeline.cli import main
@@ -147,9 +149,9 @@ def test_bench_drafters_smoke_every_loop_emits_the_targets_tokens(tmp_path, caps
 
 
 def test_bench_quant_linear_smoke_times_every_way_that_runs_and_writes_json(tmp_path, capsys):
-    """Every (shape, rows) timed bfloat16, packed (where bfloat16 packs), int8, int4, int4_linear (ours, up to 4 rows,
-    where it runs) and a8 (int8 by int8), each way's error against the float32 product within its quantisation's,
-    the table printed and the JSON written."""
+    """Every (shape, rows) timed bfloat16, packed (oneDNN's, where bfloat16 packs), bf16_linear (ours, up to 12 rows,
+    where it runs), int8, int4, int4_linear (ours, up to 4 rows, where it runs) and a8 (int8 by int8), each way's error
+    against the float32 product within its quantisation's, the table printed and the JSON written; --ways picks."""
     import torch
 
     from pipeline.benchmarks.quant_linear import WAYS
@@ -165,14 +167,24 @@ def test_bench_quant_linear_smoke_times_every_way_that_runs_and_writes_json(tmp_
     for row in result["results"]:
         expected = {"bfloat16", "int8", "int4", "a8"}
         expected |= {"packed"} if available("cpu", torch.bfloat16) else set()
-        expected |= {"int4_linear"} if cpu.int4_available() and row["rows"] <= cpu.MAX_ROWS else set()
+        expected |= {"int4_linear"} if cpu.available() and row["rows"] <= cpu.MAX_ROWS else set()
+        expected |= {"bf16_linear"} if cpu.available() and row["rows"] <= cpu.BF16_ROWS else set()
         assert {w for w in WAYS if f"{w}_us" in row} == expected
         assert all(row[f"{w}_us"] > 0 for w in expected) and all(f"{w}_speedup" in row for w in expected - {"bfloat16"})
         assert row["bfloat16_error"] < 0.01 and row["int8_error"] < 0.02 and row["a8_error"] < 0.03
         assert row["int4_error"] < 0.15 and row.get("int4_linear_error", 0) < 0.15
         assert row.get("packed_error", 0) == row["bfloat16_error"]             # the same bfloat16 product
         assert ("int4_linear_over_int4" in row) == ("int4_linear" in expected)
+        assert ("bf16_linear_over_packed" in row) == ("bf16_linear" in expected and "packed" in expected)
+        assert row.get("bf16_linear_error", 0) < 0.01                          # bfloat16's rounding, summed otherwise
     assert "ours / torch int4" in capsys.readouterr().out
+    quant_linear(["--shapes", "64x128", "--rows", "1", "--rounds", "1", "--calls", "1", "--threads", "1",
+                  "--ways", "int4", "--out", str(out)])
+    row = json.loads(out.read_text())["results"][0]
+    assert {w for w in WAYS if f"{w}_us" in row} == {"bfloat16", "int4"}
+    with pytest.raises(SystemExit) as bad:
+        quant_linear(["--ways", "int5", "--out", str(out)])
+    assert bad.value.code == 2 and "--ways: unknown way 'int5'" in capsys.readouterr().err
 
 
 def test_bench_quant_forward_times_a_whole_draft_forward_three_ways(tmp_path, capsys):
@@ -189,7 +201,7 @@ def test_bench_quant_forward_times_a_whole_draft_forward_three_ways(tmp_path, ca
                   "--threads", "1", "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["benchmark"] == "quant_forward" and [r["new_tokens"] for r in result["results"]] == [1, 2]
-    ours = cpu.int4_available()
+    ours = cpu.available()
     for row in result["results"]:
         assert row["bfloat16_ms"] > 0 and row["int4_ms"] > 0 and row["int4_over_bfloat16"] > 0
         assert ("int4_linear_over_int4" in row) == ours

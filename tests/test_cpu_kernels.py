@@ -1,5 +1,6 @@
-"""The CPU kernel of an int4 draft's projections: kernels/int4_linear.cpp, built, packed for and called by
-kernels/cpu.py, run by quant.py's Int4Linear where it can.
+"""The CPU kernels, built, packed for and called by kernels/cpu.py: kernels/int4_linear.cpp (an int4 draft's
+projections, run by quant.py's Int4Linear where it can) and kernels/bf16_linear.cpp (a packed bfloat16 projection
+over a few rows, run by packed.py's PackedLinear where it can).
 
 int4_linear computes quant.py's int4 weight (q * s + min per group of 128 inputs) times 1-4 bfloat16 rows: the float32
 product over the dequantised weight, rounded to bfloat16 once (bfloat16 products are exact in float32; only the order
@@ -8,6 +9,10 @@ a row's result does not depend on the other rows of the call. The layout puts ev
 the kernel's docstring says. Shapes it cannot take are refused; SPECSWEEP_CPU_KERNELS=0 or a compiler that fails
 leaves it unavailable, with the reason, and Int4Linear then runs torch's kernel. The kernel tests skip where the CPU
 lacks AVX-512 BF16 or no C++ compiler runs (the layout and fallback tests run everywhere).
+
+bf16_linear computes x @ W.T + b for a bfloat16 W and 1-12 rows: the float32 product rounded to bfloat16 once, the
+bias added in float32 first; output rows not a multiple of its block of 16; a row's result does not depend on the other
+rows of the call or on the threads. Its layout puts W[16 j + l, 2 p + e] at packed[j, p, l, e].
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import pytest
 import torch
 
 from pipeline.decoding.static import quant
+from pipeline.decoding.static.packed import PackedLinear, few_rows_kernel
 from pipeline.decoding.static.quant import Int4Linear, quantize_int4
 from pipeline.errors import SpecsweepError
 from pipeline.kernels import cpu
 
-needs_kernel = pytest.mark.skipif(not cpu.int4_available(), reason=f"int4_linear: {cpu.unavailable_reason()}")
+needs_kernel = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernels: {cpu.unavailable_reason()}")
 
 
 @pytest.fixture
@@ -85,11 +91,11 @@ def test_int4_linear_refuses_what_it_cannot_take():
 @needs_kernel
 def test_projections_built_while_turned_off_keep_torchs_kernel():
     with cpu.turned_off():
-        assert not cpu.int4_available() and cpu.unavailable_reason() == "turned off by cpu.turned_off()"
+        assert not cpu.available() and cpu.unavailable_reason() == "turned off by cpu.turned_off()"
         theirs = Int4Linear(_weight(16, 128, 0), None)
         with pytest.raises(SpecsweepError, match=r"int4_linear cannot run here: turned off by cpu\.turned_off"):
             Int4Linear(_weight(16, 128, 0), None, ours=True)
-    assert cpu.int4_available() and theirs.kernel_name == "torch"
+    assert cpu.available() and theirs.kernel_name == "torch"
     assert Int4Linear(_weight(16, 128, 0), None).kernel_name == "int4_linear"
     x = torch.randn(1, 128).to(torch.bfloat16)
     assert theirs(x).shape == (1, 16)                        # still torch's, after the block
@@ -108,7 +114,7 @@ def test_an_int4_projection_runs_ours_where_it_can_and_torchs_when_asked():
 
 def test_turned_off_the_kernel_is_unavailable_and_int4_runs_torchs(fresh_library):
     fresh_library.setenv("SPECSWEEP_CPU_KERNELS", "0")
-    assert not cpu.int4_available() and cpu.unavailable_reason() == "turned off by SPECSWEEP_CPU_KERNELS=0"
+    assert not cpu.available() and cpu.unavailable_reason() == "turned off by SPECSWEEP_CPU_KERNELS=0"
     assert Int4Linear(_weight(16, 128, 0), None).kernel_name == "torch"
     with pytest.raises(SpecsweepError, match="int4_linear cannot run here: turned off"):
         Int4Linear(_weight(16, 128, 0), None, ours=True)
@@ -120,23 +126,27 @@ def test_turned_off_the_kernel_is_unavailable_and_int4_runs_torchs(fresh_library
 def test_a_compiler_that_fails_leaves_no_library_and_says_why(fresh_library, tmp_path):
     fresh_library.setenv("SPECSWEEP_CACHE_DIR", str(tmp_path))
     fresh_library.setenv("CXX", "false")                          # runs, prints nothing, exits 1
-    assert not cpu.int4_available()
+    assert not cpu.available()
     assert cpu.unavailable_reason().startswith("false failed")
     assert list((tmp_path / "kernels").iterdir()) == []            # no half-written library left for the next process
 
 
 @needs_kernel
-def test_int4_linear_gives_the_same_bits_on_any_number_of_threads():
+@pytest.mark.parametrize("kernel", ["int4_linear", "bf16_linear"])
+def test_each_kernel_gives_the_same_bits_on_any_number_of_threads(kernel):
     """Each output row is one thread's sum in one order: torch's thread count (passed at each call) changes who
     computes it, not what."""
-    w = cpu.pack_int4(*quantize_int4(_weight(96, 384, 7)))
-    x = torch.randn(2, 384, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    if kernel == "int4_linear":
+        w, call, rows = cpu.pack_int4(*quantize_int4(_weight(96, 384, 7))), cpu.int4_linear, 2
+    else:
+        w, call, rows = cpu.pack_bf16(_weight(200, 384, 7)), cpu.bf16_linear, 7
+    x = torch.randn(rows, 384, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
     previous = torch.get_num_threads()
     try:
         outputs = []
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            outputs.append(cpu.int4_linear(x, w))
+            outputs.append(call(x, w))
     finally:
         torch.set_num_threads(previous)
     assert all(torch.equal(outputs[0], y) for y in outputs[1:])
@@ -146,7 +156,86 @@ def test_the_python_side_mirrors_the_kernels_limits():
     """cpu.py's MAX_GROUPS, MAX_ROWS and GROUP are what int4_linear.cpp checks and assumes."""
     import re
 
-    source = cpu.SOURCE_PATH.read_text()
+    source = cpu.SOURCES[0].read_text()
     assert int(re.search(r"MAX_GROUPS = (\d+);", source).group(1)) == cpu.MAX_GROUPS
     assert f"M > {cpu.MAX_ROWS} ||" in source and f"K % {cpu.GROUP} ||" in source
     assert cpu.GROUP == quant.GROUP
+
+
+def test_the_bf16_layout_puts_each_weight_where_the_kernel_reads_it():
+    n, k = 21, 6                                                          # 21 rows: two blocks, the second padded
+    weight = torch.arange(n * k, dtype=torch.float32).view(n, k).to(torch.bfloat16)
+    w = cpu.pack_bf16(weight)
+    assert (w.n, w.k) == (n, k) and w.packed.dtype == torch.bfloat16 and w.packed.shape == (2, 3, 16, 2)
+    for j in range(2):
+        for p in range(3):
+            for lane in range(16):
+                for e in range(2):
+                    row = 16 * j + lane
+                    expected = weight[row, 2 * p + e] if row < n else 0.0
+                    assert w.packed[j, p, lane, e] == expected, (j, p, lane, e)
+    with pytest.raises(ValueError, match=r"bf16_linear packs a bfloat16 \[N, K\] weight with K even"):
+        cpu.pack_bf16(weight[:, :5])
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(5, 2), (16, 48), (100, 256), (2048, 1536), (37, 8960)])
+def test_bf16_linear_is_the_float32_product_rounded_once(n, k):
+    weight, bias = _weight(n, k, n + k), _weight(1, n, 2)[0].float()
+    w = cpu.pack_bf16(weight)
+    x = torch.randn(cpu.BF16_ROWS, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    for m in range(1, cpu.BF16_ROWS + 1):
+        for b in (None, bias):
+            y = cpu.bf16_linear(x[:m], w, b)
+            assert y.shape == (m, n) and y.dtype == torch.bfloat16
+            reference = x[:m].float() @ weight.float().T + (0 if b is None else b)
+            # one bfloat16 rounding of a float32 sum: within bfloat16's half ulp of the result, plus the sums' order
+            torch.testing.assert_close(y.float(), reference, rtol=2 ** -8, atol=1e-5 * k ** 0.5)
+        for i in range(m):                                             # a row is the same alone and among others
+            assert torch.equal(y[i], cpu.bf16_linear(x[i: i + 1], w, bias)[0])
+
+
+@needs_kernel
+def test_bf16_linear_refuses_what_it_cannot_take():
+    w = cpu.pack_bf16(_weight(8, 32, 0))
+    for x in (torch.zeros(cpu.BF16_ROWS + 1, 32, dtype=torch.bfloat16), torch.zeros(1, 34, dtype=torch.bfloat16),
+              torch.zeros(1, 32, dtype=torch.float32), torch.zeros(0, 32, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match=r"bf16_linear takes bfloat16 \[1..12, 32\]"):
+            cpu.bf16_linear(x, w)
+    for bias in (torch.zeros(8, dtype=torch.bfloat16), torch.zeros(9)):
+        with pytest.raises(ValueError, match=r"bf16_linear takes a contiguous float32 bias \[8\]"):
+            cpu.bf16_linear(torch.zeros(1, 32, dtype=torch.bfloat16), w, bias)
+
+
+@needs_kernel
+def test_a_packed_projection_runs_bf16_linear_over_a_few_rows_and_onednns_past_them():
+    g = torch.Generator().manual_seed(4)
+    ws = [(torch.randn(n, 64, generator=g) * 0.1).to(torch.bfloat16) for n in (37, 8)]
+    bs = [(torch.randn(37, generator=g)).to(torch.bfloat16), None]
+    ours = PackedLinear(ws, bs)
+    with cpu.turned_off():
+        theirs = PackedLinear(ws, bs)
+    assert (ours.few_rows_kernel, theirs.few_rows_kernel) == ("bf16_linear", "onednn") and theirs.few is None
+    stacked, bias = cpu.pack_bf16(torch.cat(ws)), torch.cat([bs[0], torch.zeros(8, dtype=torch.bfloat16)]).float()
+    for rows in (1, 5, cpu.BF16_ROWS, cpu.BF16_ROWS + 1, 40):
+        x = torch.randn(1, rows, 64, generator=g).to(torch.bfloat16)
+        y = ours(x)
+        assert y.shape == (1, rows, 45)
+        if rows <= cpu.BF16_ROWS:
+            assert torch.equal(y[0], cpu.bf16_linear(x[0], stacked, bias))
+        else:
+            assert torch.equal(y, theirs(x))                          # past 12 rows: oneDNN's, as before
+        torch.testing.assert_close(y.float(), theirs(x).float(), rtol=2 ** -7, atol=1e-2)
+
+
+def test_turned_off_bf16_linear_is_unavailable_and_packed_projections_run_onednns(fresh_library):
+    fresh_library.setenv("SPECSWEEP_CPU_KERNELS", "0")
+    with pytest.raises(RuntimeError, match="bf16_linear is unavailable: turned off"):
+        cpu.bf16_linear(torch.zeros(1, 32, dtype=torch.bfloat16), cpu.pack_bf16(_weight(4, 32, 0)))
+    assert few_rows_kernel(torch.bfloat16) == "onednn" and few_rows_kernel(torch.float32) == "onednn"
+
+
+def test_the_python_side_mirrors_bf16_linears_limits():
+    source = cpu.SOURCES[1].read_text()
+    assert f"M > {cpu.BF16_ROWS} ||" in source and "K % 2" in source
+    assert f"N padded to a multiple of {cpu.BF16_BLOCK}" in source

@@ -40,7 +40,7 @@ def test_the_settings_name_the_modes_the_module_has():
 @pytest.mark.parametrize("mode,kernel", [("int8", "torch"), ("int4", "torch"), ("int4", "int4_linear")])
 @pytest.mark.parametrize("n,k", [(64, 128), (100, 256)])      # N = 100: torch's int4 pads the rows to 112, ours to 100
 def test_a_quantised_projection_is_the_float_product_within_its_tolerance(mode, kernel, n, k):
-    if kernel == "int4_linear" and not cpu.int4_available():
+    if kernel == "int4_linear" and not cpu.available():
         pytest.skip(f"int4_linear: {cpu.unavailable_reason()}")
     g = torch.Generator().manual_seed(n + k)
     weight = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
@@ -205,6 +205,7 @@ def test_a_run_with_a_quantised_draft_records_it_and_the_target_alones_tokens(sa
     packs = available("cpu", torch.float32)
     assert result["resolved"]["packed_weights"] == {"target": packs, "draft": packs}
     assert result["resolved"]["quant_kernel"] == {"draft": "torch"}
+    assert result["resolved"]["few_rows_kernel"] == ({"target": "onednn"} if packs else {})   # float32: oneDNN's
     out = root / "plain.json"
     assert main(_args(saved, out, "--dtype", "float32", "--draft-quant", "int8", "--no-packed-weights")) == 0
     plain = json.loads(out.read_text())
@@ -216,8 +217,13 @@ def test_an_int4_run_records_the_kernel_its_draft_ran(saved):
     out = saved[0] / "int4.json"
     assert main(_args(saved, out, "--dtype", "bfloat16", "--draft-quant", "int4")) == 0
     result = json.loads(out.read_text())
-    expected = "int4_linear" if cpu.int4_available() else "torch"
+    expected = "int4_linear" if cpu.available() else "torch"
     assert result["resolved"]["quant_kernel"] == {"draft": expected}
+    # the packed bfloat16 target's verify and one-token forwards: ours where it runs (kernels/bf16_linear.cpp)
+    from pipeline.decoding.static.packed import available, few_rows_kernel
+
+    packs = available("cpu", torch.bfloat16)
+    assert result["resolved"]["few_rows_kernel"] == ({"target": few_rows_kernel(torch.bfloat16)} if packs else {})
     assert result["metrics"]["greedy_agreement"]["samples"] == 2
 
 

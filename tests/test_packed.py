@@ -1,8 +1,10 @@
 """Packed weights (pipeline/decoding/static/packed.py): the products F.linear computes, from one packed copy per
 weight.
 
-bfloat16 bit for bit F.linear's (the module's claim, on which "same tokens as before" rests), float32 to float32
-rounding; the static Llama forward over packed weights gives the plain forward's logits bit for bit in bfloat16;
+oneDNN's packed product (every number of rows with cpu.turned_off(), or past bf16_linear's 12 rows): bfloat16 bit for
+bit F.linear's, float32 to float32 rounding, and the static Llama forward over it gives the plain forward's logits bit
+for bit in bfloat16; with bf16_linear over a few rows (tests/test_cpu_kernels.py holds the kernel to the float32
+product), the forward's logits are the plain forward's to bfloat16 rounding;
 copies are shared between forwards of one model and remade when a weight changes in place; where packing cannot
 run (another device, float16, --no-packed-weights) the plain projections run instead. The forward's agreement with
 transformers', packed or not, is tests/test_static_llama.py's.
@@ -18,6 +20,7 @@ from test_static_llama import CONFIGS, build
 from pipeline.config import RunConfig
 from pipeline.decoding.cache import CachedModel
 from pipeline.decoding.static.packed import PackedLinear, available, packed
+from pipeline.kernels import cpu
 
 needs_bf16 = pytest.mark.skipif(not available("cpu", torch.bfloat16),
                                 reason="this CPU does not multiply bfloat16 natively (or torch lacks oneDNN)")
@@ -40,13 +43,14 @@ def test_bfloat16_products_are_f_linear_bit_for_bit_one_weight_or_stacked(rows):
     g = torch.Generator().manual_seed(rows)
     ws, bs = _weights(torch.bfloat16, g)
     x = torch.randn(2, rows, 48, generator=g).to(torch.bfloat16)
-    assert torch.equal(PackedLinear(ws, bs)(x), _reference(x, ws, bs))               # q, k, v stacked, biases mixed
-    assert torch.equal(PackedLinear(ws[1:2], bs[1:2])(x), F.linear(x, ws[1]))         # one weight, no bias
+    with cpu.turned_off():                                  # oneDNN's product over every number of rows
+        stacked, alone, one = PackedLinear(ws, bs), PackedLinear(ws[1:2], bs[1:2]), PackedLinear(ws[:1], bs[:1])
+    assert torch.equal(stacked(x), _reference(x, ws, bs))                             # q, k, v stacked, biases mixed
+    assert torch.equal(alone(x), F.linear(x, ws[1]))                                  # one weight, no bias
     strided = torch.randn(2, 96, rows, generator=g).to(torch.bfloat16)[:, ::2].transpose(1, 2)   # not contiguous
     assert not strided.is_contiguous()
     # a strided input gives what its contiguous copy gives (F.linear itself rounds a strided bfloat16 input
     # differently, so the forward's claim is about the contiguous inputs it passes)
-    one = PackedLinear(ws[:1], bs[:1])
     assert torch.equal(one(strided), F.linear(strided.contiguous(), ws[0], bs[0]))
     assert torch.equal(one(strided), one(strided.contiguous()))
 
@@ -81,9 +85,10 @@ def test_a_copy_is_made_once_per_weight_and_again_after_an_in_place_change():
 @needs_bf16
 @torch.inference_mode()
 @pytest.mark.parametrize("name", ["gqa-3to1-tied", "llama3-rope-biases", "qwen2"])
-def test_the_bfloat16_forward_over_packed_weights_gives_the_plain_forwards_logits_bit_for_bit(name):
+def test_the_bfloat16_forward_over_onednns_packed_weights_gives_the_plain_forwards_logits_bit_for_bit(name):
     model = build(**CONFIGS[name]).to(torch.bfloat16)
-    plain, fast = CachedModel(model, static=True), CachedModel(model, static=True, packed=True)
+    with cpu.turned_off():                                  # oneDNN's product over every number of rows
+        plain, fast = CachedModel(model, static=True), CachedModel(model, static=True, packed=True)
     assert not plain.static.packed and fast.static.packed
     assert fast.static.layers[0].qkv is not plain.static.layers[0].qkv
     g = torch.Generator().manual_seed(3)
@@ -100,6 +105,25 @@ def test_the_bfloat16_forward_over_packed_weights_gives_the_plain_forwards_logit
     assert again.static.head.weight is fast.static.head.weight is packed([model.lm_head.weight])
 
 
+@pytest.mark.skipif(not cpu.available(), reason=f"bf16_linear: {cpu.unavailable_reason()}")
+@torch.inference_mode()
+@pytest.mark.parametrize("name", ["llama3-rope-biases", "qwen2"])
+def test_the_bfloat16_forward_with_bf16_linear_gives_the_plain_forwards_logits_to_rounding(name):
+    model = build(**CONFIGS[name]).to(torch.bfloat16)
+    plain, fast = CachedModel(model, static=True), CachedModel(model, static=True, packed=True)
+    assert fast.static.head.few_rows_kernel == "bf16_linear"
+    g = torch.Generator().manual_seed(3)
+    for m in (plain, fast):
+        m.reset(2, torch.device("cpu"), capacity=8)
+    for k, keep in ((9, 9), (1, 1), (5, 2), (17, 3), (1, 1)):     # rows 18, 2, 10, 34, 2: ours and oneDNN's
+        ids = torch.randint(3, 97, (2, k), generator=g)
+        a, b = plain.forward(ids).float(), fast.forward(ids).float()
+        torch.testing.assert_close(b, a, rtol=0.05, atol=0.05)
+        assert (b.argmax(-1) == a.argmax(-1)).float().mean() >= 0.9
+        for m in (plain, fast):
+            m.retain(k, torch.tensor([keep, keep]), keep, keep)
+
+
 def test_where_packing_cannot_run_the_plain_projections_do():
     assert not available("meta", torch.float32)
     assert not available("cpu", torch.float16)
@@ -114,7 +138,8 @@ def test_a_quantised_forward_packs_only_the_dequantised_weights_of_its_prefill()
     """A quantised draft keeps its kernels over a few rows; past quant.KERNEL_ROWS (a prefill) it multiplies a packed
     copy of each dequantised weight: bit for bit the same bfloat16 logits as F.linear over it."""
     model = build(hidden_size=32, intermediate_size=48).to(torch.bfloat16)   # int8: in-features a multiple of 16
-    fast = CachedModel(model, static=True, quant="int8", packed=True)
+    with cpu.turned_off():                                  # oneDNN's packed product (bf16_linear's: to rounding)
+        fast = CachedModel(model, static=True, quant="int8", packed=True)
     plain = CachedModel(model, static=True, quant="int8", packed=False)
     assert fast.static.packed is True and plain.static.packed is False
     assert isinstance(fast.static.head.wide, PackedLinear) and not isinstance(plain.static.head.wide, PackedLinear)

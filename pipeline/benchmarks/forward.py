@@ -21,7 +21,9 @@ not depend on the values). For each number of new tokens per forward (1: a draft
 γ + 1: a target's verify forward), transformers' forward and ours, both through CachedModel as the engine calls
 them, append that many tokens after ``context`` cached ones, with every position's logits, and roll them back.
 Where our forward multiplies packed weights (pipeline/decoding/static/packed.py), ours over the model's own
-weights ("plain") is timed in the same rounds too, and each row gives the packed weights' gain over it.
+weights ("plain") is timed in the same rounds too, and each row gives the packed weights' gain over it; where its
+few-row products are ours (bf16_linear, kernels/cpu.py), ours packed with oneDNN's product for every number of rows
+("onednn", built under cpu.turned_off()) too, and each row gives bf16_linear's gain over it.
 The two alternate in paired rounds; each round's ratio (transformers' median time over ours) gives the speedup as
 the median over rounds with its order-statistic interval (pipeline/measure.py). The first forward's logits of
 the two are compared as well. Writes results/bench/forward-<model>-<device>.json.
@@ -36,6 +38,7 @@ Batch 1, torch's threads as set (1 by default here, as `specsweep run` uses on 2
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -46,10 +49,12 @@ from tqdm.auto import tqdm
 
 from pipeline.benchmarks.timing import format_table, time_calls
 from pipeline.decoding.cache import CachedModel, model_kind
+from pipeline.decoding.static.packed import few_rows_kernel
 from pipeline.dtypes import DTYPES, torch_dtype
 from pipeline.env_info import provenance
 from pipeline.errors import OneLineParser
 from pipeline.io import write_json_atomic
+from pipeline.kernels import cpu
 from pipeline.measure import median_ci
 
 
@@ -150,9 +155,13 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     return model.to(device).eval()
 
 
-FORWARDS = ("transformers", "static", "plain")
-"""transformers' forward; ours over the model's own weights; ours as the engine runs it (packed weights where the
-family, device and dtype allow: pipeline/decoding/static/packed.py; "plain" is left out where nothing is packed)."""
+FORWARDS = ("transformers", "static", "plain", "onednn")
+"""transformers' forward; ours as the engine runs it (packed weights where the family, device and dtype allow:
+pipeline/decoding/static/packed.py); ours over the model's own weights ("plain": left out where nothing is packed);
+ours packed with oneDNN's product over every number of rows ("onednn": left out where packed.py's few-row products
+are not bf16_linear's, kernels/cpu.py, anyway)."""
+COMPARED = {"plain": "packed_speedup", "onednn": "few_rows_speedup"}
+"""The forwards timed against "static", and the name of that row's paired ratio (theirs over static's)."""
 
 
 def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5, 11), rounds: int = 10,
@@ -205,11 +214,16 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
     cached, logits = {}, {}
     for dtype, model in models.items():
         for forward in FORWARDS:
-            c = CachedModel(model, kind, static=forward != "transformers", packed=forward == "static")
+            packed = getattr(cached.get(("static", dtype)), "static", None) is not None and \
+                getattr(cached["static", dtype].static, "packed", False)
+            if forward == "plain" and not packed:
+                continue                                    # nothing packed: the plain forward is the static one
+            if forward == "onednn" and not (packed and few_rows_kernel(model.dtype) == "bf16_linear"):
+                continue                                    # the static forward's few-row products are oneDNN's
+            with cpu.turned_off() if forward == "onednn" else contextlib.nullcontext():
+                c = CachedModel(model, kind, static=forward != "transformers", packed=forward in ("static", "onednn"))
             if forward != "transformers" and c.static is None:
                 raise SystemExit(f"{type(model).__name__} has no static forward here (pipeline/decoding/static/)")
-            if forward == "plain" and not getattr(cached["static", dtype].static, "packed", False):
-                continue                                    # nothing packed: the plain forward is the static one
             c.reset(1, dev, None if hidden is None else hidden.to(model.dtype), capacity=context + max(new_tokens) + 8)
             c.forward(prompt, last=1)
             for q in new_tokens:
@@ -240,14 +254,17 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
                    "max_abs_logit_diff": float((logits["static", d, q] - logits["transformers", d, q]).abs().max())}
             if 1 in new_tokens:
                 row["verify_cost"] = median_ci([a / b for a, b in zip(s, times["static", d, 1])]).to_dict()
-            if ("plain", d) in cached:                  # the packed weights' gain, paired by round
-                p = times["plain", d, q]
-                row.update(plain_ms=statistics.median(p) * 1e3,
-                           packed_speedup=median_ci([a / b for a, b in zip(p, s)]).to_dict(),
-                           plain_max_abs_logit_diff=float((logits["static", d, q] - logits["plain", d, q]).abs().max()))
-                row["rounds_ms"]["plain"] = [x * 1e3 for x in p]
+            for other, ratio in COMPARED.items():
+                if (other, d) not in cached:
+                    continue
+                p = times[other, d, q]                  # the packed weights' (or bf16_linear's) gain, paired by round
+                row.update({f"{other}_ms": statistics.median(p) * 1e3,
+                            ratio: median_ci([a / b for a, b in zip(p, s)]).to_dict(),
+                            f"{other}_max_abs_logit_diff":
+                                float((logits["static", d, q] - logits[other, d, q]).abs().max())})
+                row["rounds_ms"][other] = [x * 1e3 for x in p]
                 if 1 in new_tokens:
-                    row["plain_verify_cost"] = median_ci([a / b for a, b in zip(p, times["plain", d, 1])]).to_dict()
+                    row[f"{other}_verify_cost"] = median_ci([a / b for a, b in zip(p, times[other, d, 1])]).to_dict()
             rows.append(row)
     base, *others = list(models)
     dtype_rows = [{"new_tokens": q, "over": base, "dtype": d,
@@ -266,7 +283,10 @@ def print_model_table(result: dict) -> None:
               "max |logit diff|": f"{r['max_abs_logit_diff']:.1e}",
               **({"plain-weights ms": f"{r['plain_ms']:.2f}", "packed over plain": ci(r["packed_speedup"]),
                   "plain r": ci(r["plain_verify_cost"]) if "plain_verify_cost" in r else ""}
-                 if "plain_ms" in r else {})} for r in result["results"]]
+                 if "plain_ms" in r else {}),
+              **({"oneDNN ms": f"{r['onednn_ms']:.2f}", "bf16_linear over oneDNN": ci(r["few_rows_speedup"]),
+                  "oneDNN r": ci(r["onednn_verify_cost"]) if "onednn_verify_cost" in r else ""}
+                 if "onednn_ms" in r else {})} for r in result["results"]]
     print(format_table(table, list(table[0])))
     if result["dtypes"]:
         table = [{"new tokens": r["new_tokens"], "static": f"{r['dtype']} over {r['over']}",

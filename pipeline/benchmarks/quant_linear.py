@@ -15,17 +15,19 @@ results/bench/quant-forward-<model>-cpu.json.
 Shapes are N x K (out x in features; the defaults are what Qwen2.5-Coder-0.5B's static forward multiplies: q, k and v
 stacked, o, gate and up stacked, down, the whole head and the head cut to 32768 tokens by --draft-vocab); rows M are the
 tokens times batch rows of one forward (a draft step reads 1 or 2; a prompt's prefill hundreds: ``--rows 64,128,440``).
-W is random normal (timings do not depend on the values), x too. The ways: bfloat16 F.linear over W as stored;
-``packed``, the same product from a packed copy (pipeline/decoding/static/packed.py: what the target and a quantised
-draft's prefill multiply); torch's int8 and int4 weight-only kernels; ``int4_linear``, our int4 kernel
-(kernels/int4_linear.cpp; up to 4 rows, where it runs); a8, the input quantised per row and multiplied int8 by int8 with
-the int8 weight (``int8_product``, rescaling included). In each round every (shape, M) is timed every way, in an order
-that rotates from round to round, each as the median of ``calls`` calls after warm-up; a round's ratio (bfloat16's time
-over the way's) gives the speedup as the median over rounds with its order-statistic interval (pipeline/measure.py), and
-``int4_linear_over_int4`` is torch's int4 time over ours the same way. The kernels are timed alone (``kernel()``: no
-switch to the dequantised weight past KERNEL_ROWS). Each row also gives each way's relative error against the float32
-product over the bfloat16 weight, ||y - y_ref|| / ||y_ref||. Writes the table's rows, the settings, the machine's load
-before and after and the provenance to ``--out``.
+W is random normal (timings do not depend on the values), x too. The ways (``--ways``: which of them): bfloat16 F.linear
+over W as stored; ``packed``, the same product from oneDNN's packed copy (pipeline/decoding/static/packed.py: what the
+target and a quantised draft's prefill multiply past 12 rows); ``bf16_linear``, ours from its own packed copy
+(kernels/bf16_linear.cpp: what packed.py multiplies over up to 12 rows, where it runs); torch's int8 and int4
+weight-only kernels; ``int4_linear``, our int4 kernel (kernels/int4_linear.cpp; up to 4 rows, where it runs); a8, the
+input quantised per row and multiplied int8 by int8 with the int8 weight (``int8_product``, rescaling included). In each
+round every (shape, M) is timed every way, in an order that rotates from round to round, each as the median of ``calls``
+calls after warm-up; a round's ratio (bfloat16's time over the way's) gives the speedup as the median over rounds with
+its order-statistic interval (pipeline/measure.py), and ``int4_linear_over_int4`` is torch's int4 time over ours the
+same way, ``bf16_linear_over_packed`` oneDNN's packed time over bf16_linear's. The kernels are timed alone
+(``kernel()``: no switch to the dequantised weight past KERNEL_ROWS). Each row also gives each way's relative error
+against the float32 product over the bfloat16 weight, ||y - y_ref|| / ||y_ref||. Writes the table's rows, the settings,
+the machine's load before and after and the provenance to ``--out``.
 """
 
 from __future__ import annotations
@@ -47,26 +49,26 @@ from pipeline.kernels import cpu
 from pipeline.measure import median_ci
 
 SHAPES = ((1152, 896), (896, 896), (9728, 896), (896, 4864), (151936, 896), (32768, 896))
-WAYS = ("bfloat16", "packed", "int8", "int4", "int4_linear", "a8")
+WAYS = ("bfloat16", "packed", "bf16_linear", "int8", "int4", "int4_linear", "a8")
 FASTER = WAYS[1:]
 """The ways timed against bfloat16's F.linear (a way that cannot run here, or at a row count, is left out of a row)."""
 
 
 def run(shapes=SHAPES, rows=(1, 2, 3, 4, 5, 16), threads: int = 2, rounds: int = 9, calls: int = 15,
-        out: Path | None = None) -> dict:
-    """Time every (shape, rows) the four ways (see the module docstring); torch's thread count is put back
-    afterwards. Returns the results dict (also written to ``out``)."""
+        out: Path | None = None, ways: tuple[str, ...] = WAYS) -> dict:
+    """Time every (shape, rows) each of ``ways`` (bfloat16, the reference, always; see the module docstring); torch's
+    thread count is put back afterwards. Returns the results dict (also written to ``out``)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
             load = os.getloadavg()
-            table = _measure(shapes, rows, rounds, calls)
+            table = _measure(shapes, rows, rounds, calls, ways)
     finally:
         torch.set_num_threads(previous)
     result = {"benchmark": "quant_linear", "provenance": provenance("cpu"),
               "settings": {"shapes": [list(s) for s in shapes], "rows": list(rows), "threads": threads,
-                           "rounds": rounds, "calls": calls, "dtype": "bfloat16"},
+                           "rounds": rounds, "calls": calls, "dtype": "bfloat16", "ways": ["bfloat16", *ways]},
               "load_average": {"before": list(load), "after": list(os.getloadavg())}, "results": table}
     if out is not None:
         write_json_atomic(out, result)
@@ -74,30 +76,43 @@ def run(shapes=SHAPES, rows=(1, 2, 3, 4, 5, 16), threads: int = 2, rounds: int =
 
 
 def _ways(weight: torch.Tensor, x: torch.Tensor, quantized: dict) -> dict:
-    """name -> fn(_) for every way that runs here at x's rows."""
-    q8 = quantized["int8"]
+    """name -> fn(_) for every way that runs here at x's rows (of those ``quantized`` holds a weight for, and
+    bfloat16 and packed)."""
     ways = {"bfloat16": lambda _: F.linear(x, weight)}
     if available(weight.device, weight.dtype):
-        packed = PackedLinear([weight], [None])
+        with cpu.turned_off():                      # oneDNN's packed product over every number of rows
+            packed = PackedLinear([weight], [None])
         ways["packed"] = lambda _: packed(x)
-    ways.update({"int8": lambda _: q8.kernel(x), "int4": lambda _: quantized["int4"].kernel(x)})
+    if "bf16_linear" in quantized and x.shape[0] <= cpu.BF16_ROWS:
+        ways["bf16_linear"] = lambda _: cpu.bf16_linear(x, quantized["bf16_linear"])
+    for name in ("int8", "int4"):
+        if name in quantized:
+            ways[name] = lambda _, q=quantized[name]: q.kernel(x)
     if "int4_linear" in quantized and x.shape[0] <= cpu.MAX_ROWS:
         ways["int4_linear"] = lambda _: quantized["int4_linear"].kernel(x)
-    ways["a8"] = lambda _: int8_product(x, q8.q, q8.scales)
+    if "int8" in quantized:
+        ways["a8"] = lambda _, q8=quantized["int8"]: int8_product(x, q8.q, q8.scales)
     return ways
 
 
-def _measure(shapes, rows, rounds: int, calls: int) -> list[dict]:
+def _measure(shapes, rows, rounds: int, calls: int, wanted: tuple[str, ...] = WAYS) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     cases = []
     for n, k in shapes:
         weight = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
-        quantized = {"int8": Int8Linear(weight, None), "int4": Int4Linear(weight, None, ours=False)}
-        if cpu.int4_available():
+        quantized = {}
+        if "int8" in wanted or "a8" in wanted:
+            quantized["int8"] = Int8Linear(weight, None)
+        if "int4" in wanted:
+            quantized["int4"] = Int4Linear(weight, None, ours=False)
+        if cpu.available() and "int4_linear" in wanted:
             quantized["int4_linear"] = Int4Linear(weight, None, ours=True)
+        if cpu.available() and "bf16_linear" in wanted:
+            quantized["bf16_linear"] = cpu.pack_bf16(weight)
         for m in rows:
             x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-            ways = _ways(weight, x, quantized)
+            ways = {name: fn for name, fn in _ways(weight, x, quantized).items()
+                    if name == "bfloat16" or name in wanted}
             reference = x.float() @ weight.float().T
             errors = {name: _relative_error(fn(0), reference) for name, fn in ways.items()}
             cases.append({"n": n, "k": k, "m": m, "ways": ways, "errors": errors,
@@ -119,6 +134,8 @@ def _row(case: dict) -> dict:
     ratios = {f"{name}_speedup": ("bfloat16", name) for name in FASTER if name in t}
     if "int4_linear" in t:
         ratios["int4_linear_over_int4"] = ("int4", "int4_linear")
+    if "bf16_linear" in t and "packed" in t:
+        ratios["bf16_linear_over_packed"] = ("packed", "bf16_linear")
     for key, (slow, fast) in ratios.items():
         ci = median_ci([a / b for a, b in zip(t[slow], t[fast])])
         row[key], row[f"{key}_ci"], row["ci_coverage"] = ci.median, [ci.low, ci.high], ci.coverage
@@ -141,6 +158,7 @@ def _print(result: dict) -> None:
     ways = [w for w in FASTER if any(f"{w}_us" in r for r in result["results"])]
     rows = [{"N x K": r["shape"], "M": r["rows"], "bf16 µs": f"{r['bfloat16_us']:.0f}", **{w: cell(r, w) for w in ways},
              "ours / torch int4": (f"{r['int4_linear_over_int4']:.2f}" if "int4_linear_over_int4" in r else ""),
+             "ours / oneDNN": (f"{r['bf16_linear_over_packed']:.2f}" if "bf16_linear_over_packed" in r else ""),
              "errors": "/".join(f"{r[f'{w}_error']:.3f}" for w in ("bfloat16", *ways) if f"{w}_error" in r)}
             for r in result["results"]]
     print(format_table(rows, list(rows[0])))
@@ -149,8 +167,8 @@ def _print(result: dict) -> None:
           f"x: bfloat16's time over the way's (> 1: faster), with its interval; errors in the order "
           f"{'/'.join(('bfloat16', *ways))}; load average "
           f"{result['load_average']['before'][0]:.2f} -> {result['load_average']['after'][0]:.2f}")
-    if not cpu.int4_available():
-        print(f"int4_linear not timed: {cpu.unavailable_reason()}")
+    if not cpu.available():
+        print(f"int4_linear and bf16_linear not timed: {cpu.unavailable_reason()}")
 
 
 FORWARD_WAYS = ("bfloat16", "int4", "int4_linear")
@@ -175,7 +193,7 @@ def run_model(name: str, context: int = 450, new_tokens: tuple[int, ...] = (1, 2
             forwards = {"bfloat16": LlamaStaticForward(model, "none", packed=True)}
             with cpu.turned_off():
                 forwards["int4"] = LlamaStaticForward(model, "int4", packed=True)
-            if cpu.int4_available():
+            if cpu.available():
                 forwards["int4_linear"] = LlamaStaticForward(model, "int4", packed=True)
             load = os.getloadavg()
             rows = _measure_forwards(forwards, model.config.vocab_size, context, new_tokens, rounds, calls)
@@ -246,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--calls", type=int, default=15)
+    p.add_argument("--ways", default=",".join(FASTER), help=f"the ways timed against bfloat16, comma-separated (of "
+                                                             f"{', '.join(FASTER)})")
     p.add_argument("--model", help="time a Llama-family model's whole forward instead (a registry name or a local "
                                     "model): bfloat16 packed, int4 with torch's kernel, int4 with ours")
     p.add_argument("--context", type=int, default=450, help="with --model: cached tokens")
@@ -262,7 +282,10 @@ def main(argv: list[str] | None = None) -> None:
     args.out = args.out or Path("results/bench/quant-linear-cpu.json")
     shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))
     rows = tuple(int(v) for v in args.rows.split(","))
-    result = run(shapes, rows, args.threads, args.rounds, args.calls, args.out)
+    ways = tuple(args.ways.split(","))
+    if bad := [w for w in ways if w not in FASTER]:
+        p.error(f"--ways: unknown way {bad[0]!r}: choose from {', '.join(FASTER)}")
+    result = run(shapes, rows, args.threads, args.rounds, args.calls, args.out, ways)
     _print(result)
     print(f"wrote {args.out}")
 

@@ -19,8 +19,23 @@ operators torch's own compiler (inductor's CPU weight prepacking) emits for a fr
   float32   float32 arithmetic summed in another order than MKL's (Qwen2.5-Coder-1.5B's logits within 1.3e-4 of the
             plain forward's, as two BLAS libraries differ): greedy tokens equal transformers' except at near ties
 
+A few rows in bfloat16: bf16_linear. oneDNN's packed product does not overlap its arithmetic with its stream of the
+weights: each row past the first adds its own arithmetic time (the 1.5B target's whole forward over 7 tokens cost
+1.25 one-token forwards with it, over 13 tokens 1.41: docs/benchmarks.md). Where kernels/cpu.py's kernels run
+(AVX-512 BF16 and a C++ compiler), a bfloat16 projection also keeps a copy in bf16_linear's layout
+(kernels/bf16_linear.cpp) and multiplies up to cpu.BF16_ROWS (12) rows with it: each load of W feeds every row's
+vdpbf16ps, so up to about 9 rows the product costs little more than one (``python -m
+pipeline.benchmarks.quant_linear --ways packed,bf16_linear``, ``python -m pipeline.benchmarks.forward``'s "onednn"
+columns: docs/benchmarks.md). Its results are the float32 product rounded to bfloat16 once, summed in another order
+than oneDNN's (so the logits are the plain forward's to bfloat16 rounding, not bit for bit), and a row's product
+does not depend on the other rows of the call (a token's projections are the same whether the target reads it alone
+or in a verify forward of up to 12). Past 12 rows (a prefill) oneDNN's product runs, as before; ``cpu.turned_off()``
+at construction, or ``SPECSWEEP_CPU_KERNELS=0``, keeps oneDNN's for every row count. ``few_rows_kernel`` (recorded
+by a run as ``resolved.few_rows_kernel``) says which runs the few rows.
+
 Cost. A copy of every packed projection's weight (the model's own weights stay in place for transformers'
-forward and everything else that reads them): a static forward's projections in twice their memory. A packed copy
+forward and everything else that reads them): a static forward's projections in twice their memory, three times
+with bf16_linear's copy (the 1.5B target: 3.1 GB more). A packed copy
 is made once per weight tensor and kept while the tensor lives (:func:`packed`), so the speculative and the
 autoregressive engines of one run, and every trial of a study, share it; a weight changed in place (its version
 moves on) is packed again (not an inference tensor's, which keeps no version: a model loaded under
@@ -34,11 +49,13 @@ from collections.abc import Sequence
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from pipeline.kernels import cpu
+
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 """The dtypes oneDNN's packed product takes here (bfloat16 where the CPU multiplies it natively: :func:`available`)."""
 
 _COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()
-"""first weight -> {ids of the stacked weights: (their versions, packed copy)}; dropped with the weight."""
+"""first weight -> {(layout, ids of the stacked weights): (their versions, packed copy)}; dropped with the weight."""
 
 
 def available(device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -51,16 +68,24 @@ def available(device: torch.device | str, dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def packed(weights: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The packed copy of ``weights`` [N_i, K] stacked along their rows ([sum N_i, K]), made once and kept while the
-    first of them lives (see the module docstring)."""
-    key = tuple(id(w) for w in weights)
+def _reordered(stacked: torch.Tensor, layout: str):
+    """``stacked`` [N, K] in ``layout``: "onednn" (oneDNN's blocked layout) or "bf16_linear" (kernels/cpu.py)."""
+    if layout == "bf16_linear":
+        return cpu.pack_bf16(stacked)
+    return torch.ops.mkldnn._reorder_linear_weight(stacked, None)
+
+
+def packed(weights: Sequence[torch.Tensor], layout: str = "onednn"):
+    """The packed copy of ``weights`` [N_i, K] stacked along their rows ([sum N_i, K]) in ``layout`` ("onednn": a
+    tensor for ``_linear_pointwise``; "bf16_linear": a cpu.Bf16Weight), made once and kept while the first of them
+    lives (see the module docstring)."""
+    key = (layout, *(id(w) for w in weights))
     versions = tuple(-1 if w.is_inference() else w._version for w in weights)   # inference tensors keep no version
     held = _COPIES.setdefault(weights[0], {})
     if key not in held or held[key][0] != versions:
         with torch.no_grad():
             stacked = torch.cat(list(weights)) if len(weights) > 1 else weights[0]
-            held[key] = (versions, torch.ops.mkldnn._reorder_linear_weight(stacked.detach(), None))
+            held[key] = (versions, _reordered(stacked.detach(), layout))
     return held[key][1]
 
 
@@ -72,13 +97,28 @@ def stack_biases(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor 
     return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)]).detach()
 
 
+def few_rows_kernel(dtype: torch.dtype) -> str:
+    """The kernel a packed projection in ``dtype`` runs over up to cpu.BF16_ROWS rows: "bf16_linear" (ours, in
+    bfloat16 where kernels/cpu.py's kernels run) or "onednn"."""
+    return "bf16_linear" if dtype == torch.bfloat16 and cpu.available() else "onednn"
+
+
 class PackedLinear:
     """x [..., K] -> x @ W.T + b [..., sum N_i] for W the ``weights`` [N_i, K] stacked along their rows and b their
-    ``biases`` [N_i] (None: zeros; all None: no bias), from one packed copy (:func:`packed`, held as ``weight``)."""
+    ``biases`` [N_i] (None: zeros; all None: no bias), from packed copies (:func:`packed`): oneDNN's (held as
+    ``weight``) for any number of rows, and in bfloat16 where kernels/cpu.py's kernels run, bf16_linear's (``few``)
+    for up to cpu.BF16_ROWS rows (``few_rows_kernel`` says which runs those)."""
 
     def __init__(self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> None:
         self.weight = packed(weights)
         self.bias = stack_biases(weights, biases)
+        self.few_rows_kernel = few_rows_kernel(weights[0].dtype)
+        self.few = packed(weights, "bf16_linear") if self.few_rows_kernel == "bf16_linear" else None
+        self.few_bias = None if self.bias is None or self.few is None else self.bias.float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if self.few is not None and 0 < rows <= cpu.BF16_ROWS:
+            y = cpu.bf16_linear(x.reshape(rows, x.shape[-1]), self.few, self.few_bias)
+            return y.view(*x.shape[:-1], self.few.n)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")

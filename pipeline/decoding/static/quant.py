@@ -232,11 +232,11 @@ class Int4Linear(QuantLinear):
         dense = (q.view(N, K // group, group) * scales[..., None] + lo[..., None]).view(N, K).to(weight.dtype)
         self.group, self.n, self.bias = group, N, bias
         fits = group == cpu.GROUP and K // group <= cpu.MAX_GROUPS and weight.device.type == "cpu"
-        if ours and not (fits and cpu.int4_available()):
+        if ours and not (fits and cpu.available()):
             why = cpu.unavailable_reason() or "the weight does not fit"
             raise SpecsweepError(f"int4_linear cannot run here: {why}")
         if ours is None:
-            ours = fits and cpu.int4_available()
+            ours = fits and cpu.available()
         if ours:
             self.kernel_name = "int4_linear"
             self.weight = cpu.pack_int4(q, scales, lo)
