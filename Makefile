@@ -106,6 +106,8 @@ pair: setup
 		--draft-quant int4 --gamma 5,6 --out '$(PAIR_RUNS)/qwen-model-kall-int4-g{gamma}-bfloat16-128-a24.json'
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
 		--drafter prompt-lookup --gamma 12 --out $(PAIR_RUNS)/qwen-lookup-g12-bfloat16-128-a24.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--drafter prompt-lookup --gamma 8 --lookup-max 4 --out $(PAIR_RUNS)/qwen-lookup-g8-n4-bfloat16-128-a24.json
 	$(BIN)/python -m pipeline.benchmarks.forward --model qwen2.5-coder-1.5b-instruct --dtypes bfloat16 --threads 2 \
 		--context 450 --new-tokens 1,2,3,5,7,9,11,13,17 --rounds 6 --calls 3 \
 		--out results/bench/forward-qwen2.5-coder-1.5b-instruct-curve-cpu.json

@@ -223,7 +223,7 @@ def bench_bf16_linear(root: Path) -> str:
 
 
 def bench_forward_few_rows(root: Path) -> str:
-    """The 1.5B target's whole forward over q new tokens, as the engine runs it (bf16_linear's product up to 12 rows)
+    """The 1.5B target's whole forward over q new tokens, as the engine runs it (bf16_linear's product up to 9 rows)
     and with oneDNN's packed product over every row count, paired by round: ms, ours over oneDNN's, the verify cost
     r = ms(q) / ms(1) of each."""
     data = read_source(root, FORWARD_CURVE, FORWARD_CURVE_WRITER)
@@ -238,7 +238,7 @@ def bench_forward_few_rows(root: Path) -> str:
     note = (f"Qwen2.5-Coder-1.5B-Instruct in bfloat16, one forward of q new tokens after {s['context']} cached ones, "
             f"{s['threads']} threads, median of {s['rounds']} rounds of {s['calls']} calls; ours over oneDNN's: "
             f"oneDNN's time over ours per round, the median over rounds with its interval; r: ms(q) over ms(1) per "
-            f"round. Past 12 new tokens both run oneDNN's product (a control). Load average {low:.1f}-{high:.1f}, "
+            f"round. Past 9 new tokens both run oneDNN's product (a control). Load average {low:.1f}-{high:.1f}, "
             f"{data['provenance']['date'][:10]}.")
     return table(["new tokens", "oneDNN ms", "bf16_linear ms", "bf16_linear over oneDNN", "r oneDNN",
                   "r bf16_linear", "max logit diff"], rows) + "\n\n" + prose(note)

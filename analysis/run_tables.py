@@ -306,6 +306,8 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
              *((f"draft in int4, whole head, γ {g}, on 24 articles", f"qwen-model-kall-int4-g{g}-bfloat16-128-a24")
                for g in (5, 6)),
              ("prompt lookup, γ 12, on 24 articles", "qwen-lookup-g12-bfloat16-128-a24"),
+             ("prompt lookup, γ 8, n-grams of 1-4 tokens (the replay's pick), on 24 articles",
+              "qwen-lookup-g8-n4-bfloat16-128-a24"),
              ("suffix decoding, factor 4, γ 16, on 24 articles", "qwen-suffix-f4-g16-bfloat16-128-a24"),
              ("draft, γ 4, our loop", "qwen-model-g4-float32-24"),
              ("draft, γ 4, transformers' assisted generation", "qwen-model-g4-float32-24-hf"))

@@ -1,13 +1,14 @@
-// bf16_linear: y = x @ W.T (+ b) for a bfloat16 weight W [N, K] and a few bfloat16 rows x [M, K] (M <= 12), on a CPU
+// bf16_linear: y = x @ W.T (+ b) for a bfloat16 weight W [N, K] and a few bfloat16 rows x [M, K] (M <= 9), on a CPU
 // with AVX-512 BF16: the static forward's projections over the rows of a decode or verify forward
 // (pipeline/decoding/static/packed.py calls it through kernels/cpu.py). Products in bfloat16, sums in float32 in one
 // fixed order, the bias added in float32, rounded to bfloat16 once.
 //
-// Why. oneDNN's packed product (what packed.py uses past 12 rows) does not overlap its arithmetic with its stream of
+// Why. oneDNN's packed product (what packed.py uses past 9 rows) does not overlap its arithmetic with its stream of
 // W: each row past the first adds its own arithmetic time, so the 1.5B target's verify forward over 7 tokens costs
 // a quarter or more above a one-token forward. Here each 64-byte load of W feeds M vdpbf16ps, one per row of x, and up
 // to about 9 rows the product costs little more than reading W once (docs/benchmarks.md, "A few rows in bfloat16").
-// Past 9 rows the broadcasts of x and the products are the bound, and at 12 oneDNN's is as fast.
+// Past 9 rows the broadcasts of x and the products are the bound (fewer blocks of W fit the registers at once), and
+// oneDNN's is as fast or faster: packed.py leaves them to it.
 //
 // Layout (kernels/cpu.py packs it): N padded to a multiple of 16 with zero rows, then
 //     packed   uint16 [N / 16][K / 2][16][2]: packed[j][p][l][e] = W[16 j + l, 2 p + e]
@@ -51,7 +52,7 @@ static void block_rows(const uint16_t* x, int64_t K, const uint16_t* packed, con
 template <int M>
 static void rows(const uint16_t* x, int64_t K, const uint16_t* packed, const float* bias, int64_t N, uint16_t* y,
                  int threads) {
-    constexpr int R = M <= 6 ? 4 : M <= 9 ? 3 : 2;  // R * M accumulators (at most 27) of the 32 registers
+    constexpr int R = M <= 6 ? 4 : 3;  // R * M accumulators (at most 27) of the 32 registers
     const int64_t blocks = (N + 15) / 16;
     const int64_t groups = (blocks + R - 1) / R;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -65,15 +66,14 @@ static void rows(const uint16_t* x, int64_t K, const uint16_t* packed, const flo
 }
 
 // threads: OpenMP threads for the call (torch's intra-op count: the caller's OpenMP default is not it in every thread).
-// x bfloat16 [M, K] contiguous, M in 1 .. 12, K even; bias float [N] or null; y bfloat16 [M, N] contiguous.
+// x bfloat16 [M, K] contiguous, M in 1 .. 9, K even; bias float [N] or null; y bfloat16 [M, N] contiguous.
 // Returns 0, or 1 for arguments out of range (nothing written).
 extern "C" int bf16_linear(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, const float* bias,
                            int64_t N, uint16_t* y, int threads) {
-    if (M < 1 || M > 12 || K < 2 || K % 2 || N < 1 || threads < 1) return 1;
+    if (M < 1 || M > 9 || K < 2 || K % 2 || N < 1 || threads < 1) return 1;
     switch (M) {
 #define CASE(m) case m: rows<m>(x, K, packed, bias, N, y, threads); break;
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-        CASE(9) CASE(10) CASE(11) CASE(12)
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9)
 #undef CASE
     }
     return 0;

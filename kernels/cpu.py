@@ -2,7 +2,7 @@
 
     int4_linear.cpp   y = x @ W.T for a group-wise int4 weight W [N, K] and 1-4 bfloat16 rows x [M, K], with
                       AVX-512 BF16: a quantised draft's projections (pipeline/decoding/static/quant.py, Int4Linear)
-    bf16_linear.cpp   y = x @ W.T + b for a bfloat16 weight W [N, K] and 1-12 bfloat16 rows x [M, K], with AVX-512
+    bf16_linear.cpp   y = x @ W.T + b for a bfloat16 weight W [N, K] and 1-9 bfloat16 rows x [M, K], with AVX-512
                       BF16: the packed projections of a decode or verify forward (pipeline/decoding/static/packed.py)
 
     available()              whether the kernels run here (the CPU's instructions, a compiler, one OpenMP runtime)
@@ -58,7 +58,7 @@ GROUP = 128
 """Inputs per scale and minimum (quant.py's GROUP; the kernel's groups are 128 wide)."""
 MAX_ROWS = 4
 """The most rows x [M, K] one int4_linear call takes."""
-BF16_ROWS = 12
+BF16_ROWS = 9
 """The most rows x [M, K] one bf16_linear call takes (bf16_linear.cpp)."""
 BF16_BLOCK = 16
 """Rows of W per block of bf16_linear's layout (N is padded to a multiple)."""

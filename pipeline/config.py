@@ -198,7 +198,7 @@ class RunConfig:
                                          "static forward of a Llama, Mistral or Qwen2 on a CPU multiplies packed "
                                          "copies of them, pipeline/decoding/static/packed.py: float32 summed in "
                                          "another order, bfloat16 bit for bit the same with oneDNN's product and to "
-                                         "rounding with ours over up to 12 rows; faster, for copies of the weights "
+                                         "rounding with ours over up to 9 rows; faster, for copies of the weights "
                                          "in memory)", flag="--no-packed-weights")
     baseline: str | None = setting(None, "results JSON of a γ = 0 run with the same settings: its quality is the "
                                          "reference, and it adds `unpaired_speedup` (the speedup itself is always "

@@ -149,7 +149,7 @@ def test_bench_drafters_smoke_every_loop_emits_the_targets_tokens(tmp_path, caps
 
 
 def test_bench_quant_linear_smoke_times_every_way_that_runs_and_writes_json(tmp_path, capsys):
-    """Every (shape, rows) timed bfloat16, packed (oneDNN's, where bfloat16 packs), bf16_linear (ours, up to 12 rows,
+    """Every (shape, rows) timed bfloat16, packed (oneDNN's, where bfloat16 packs), bf16_linear (ours, up to 9 rows,
     where it runs), int8, int4, int4_linear (ours, up to 4 rows, where it runs) and a8 (int8 by int8), each way's error
     against the float32 product within its quantisation's, the table printed and the JSON written; --ways picks."""
     import torch

@@ -10,7 +10,7 @@ the kernel's docstring says. Shapes it cannot take are refused; SPECSWEEP_CPU_KE
 leaves it unavailable, with the reason, and Int4Linear then runs torch's kernel. The kernel tests skip where the CPU
 lacks AVX-512 BF16 or no C++ compiler runs (the layout and fallback tests run everywhere).
 
-bf16_linear computes x @ W.T + b for a bfloat16 W and 1-12 rows: the float32 product rounded to bfloat16 once, the
+bf16_linear computes x @ W.T + b for a bfloat16 W and 1-9 rows: the float32 product rounded to bfloat16 once, the
 bias added in float32 first; output rows not a multiple of its block of 16; a row's result does not depend on the other
 rows of the call or on the threads. Its layout puts W[16 j + l, 2 p + e] at packed[j, p, l, e].
 """
@@ -200,7 +200,7 @@ def test_bf16_linear_refuses_what_it_cannot_take():
     w = cpu.pack_bf16(_weight(8, 32, 0))
     for x in (torch.zeros(cpu.BF16_ROWS + 1, 32, dtype=torch.bfloat16), torch.zeros(1, 34, dtype=torch.bfloat16),
               torch.zeros(1, 32, dtype=torch.float32), torch.zeros(0, 32, dtype=torch.bfloat16)):
-        with pytest.raises(ValueError, match=r"bf16_linear takes bfloat16 \[1..12, 32\]"):
+        with pytest.raises(ValueError, match=rf"bf16_linear takes bfloat16 \[1..{cpu.BF16_ROWS}, 32\]"):
             cpu.bf16_linear(x, w)
     for bias in (torch.zeros(8, dtype=torch.bfloat16), torch.zeros(9)):
         with pytest.raises(ValueError, match=r"bf16_linear takes a contiguous float32 bias \[8\]"):
@@ -224,7 +224,7 @@ def test_a_packed_projection_runs_bf16_linear_over_a_few_rows_and_onednns_past_t
         if rows <= cpu.BF16_ROWS:
             assert torch.equal(y[0], cpu.bf16_linear(x[0], stacked, bias))
         else:
-            assert torch.equal(y, theirs(x))                          # past 12 rows: oneDNN's, as before
+            assert torch.equal(y, theirs(x))                          # past 9 rows: oneDNN's, as before
         torch.testing.assert_close(y.float(), theirs(x).float(), rtol=2 ** -7, atol=1e-2)
 
 

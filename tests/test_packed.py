@@ -1,7 +1,7 @@
 """Packed weights (pipeline/decoding/static/packed.py): the products F.linear computes, from one packed copy per
 weight.
 
-oneDNN's packed product (every number of rows with cpu.turned_off(), or past bf16_linear's 12 rows): bfloat16 bit for
+oneDNN's packed product (every number of rows with cpu.turned_off(), or past bf16_linear's 9 rows): bfloat16 bit for
 bit F.linear's, float32 to float32 rounding, and the static Llama forward over it gives the plain forward's logits bit
 for bit in bfloat16; with bf16_linear over a few rows (tests/test_cpu_kernels.py holds the kernel to the float32
 product), the forward's logits are the plain forward's to bfloat16 rounding;

@@ -17,8 +17,8 @@ stacked, o, gate and up stacked, down, the whole head and the head cut to 32768 
 tokens times batch rows of one forward (a draft step reads 1 or 2; a prompt's prefill hundreds: ``--rows 64,128,440``).
 W is random normal (timings do not depend on the values), x too. The ways (``--ways``: which of them): bfloat16 F.linear
 over W as stored; ``packed``, the same product from oneDNN's packed copy (pipeline/decoding/static/packed.py: what the
-target and a quantised draft's prefill multiply past 12 rows); ``bf16_linear``, ours from its own packed copy
-(kernels/bf16_linear.cpp: what packed.py multiplies over up to 12 rows, where it runs); torch's int8 and int4
+target and a quantised draft's prefill multiply past 9 rows); ``bf16_linear``, ours from its own packed copy
+(kernels/bf16_linear.cpp: what packed.py multiplies over up to 9 rows, where it runs); torch's int8 and int4
 weight-only kernels; ``int4_linear``, our int4 kernel (kernels/int4_linear.cpp; up to 4 rows, where it runs); a8, the
 input quantised per row and multiplied int8 by int8 with the int8 weight (``int8_product``, rescaling included). In each
 round every (shape, M) is timed every way, in an order that rotates from round to round, each as the median of ``calls``

@@ -23,13 +23,13 @@ A few rows in bfloat16: bf16_linear. oneDNN's packed product does not overlap it
 weights: each row past the first adds its own arithmetic time (the 1.5B target's whole forward over 7 tokens cost
 1.25 one-token forwards with it, over 13 tokens 1.41: docs/benchmarks.md). Where kernels/cpu.py's kernels run
 (AVX-512 BF16 and a C++ compiler), a bfloat16 projection also keeps a copy in bf16_linear's layout
-(kernels/bf16_linear.cpp) and multiplies up to cpu.BF16_ROWS (12) rows with it: each load of W feeds every row's
+(kernels/bf16_linear.cpp) and multiplies up to cpu.BF16_ROWS (9) rows with it: each load of W feeds every row's
 vdpbf16ps, so up to about 9 rows the product costs little more than one (``python -m
 pipeline.benchmarks.quant_linear --ways packed,bf16_linear``, ``python -m pipeline.benchmarks.forward``'s "onednn"
 columns: docs/benchmarks.md). Its results are the float32 product rounded to bfloat16 once, summed in another order
 than oneDNN's (so the logits are the plain forward's to bfloat16 rounding, not bit for bit), and a row's product
 does not depend on the other rows of the call (a token's projections are the same whether the target reads it alone
-or in a verify forward of up to 12). Past 12 rows (a prefill) oneDNN's product runs, as before; ``cpu.turned_off()``
+or in a verify forward of up to 9). Past 9 rows (a prefill) oneDNN's product runs, as before; ``cpu.turned_off()``
 at construction, or ``SPECSWEEP_CPU_KERNELS=0``, keeps oneDNN's for every row count. ``few_rows_kernel`` (recorded
 by a run as ``resolved.few_rows_kernel``) says which runs the few rows.
 
