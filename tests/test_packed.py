@@ -124,6 +124,26 @@ def test_the_bfloat16_forward_with_bf16_linear_gives_the_plain_forwards_logits_t
             m.retain(k, torch.tensor([keep, keep]), keep, keep)
 
 
+@pytest.mark.skipif(not cpu.available(), reason=f"bf16_linear: {cpu.unavailable_reason()}")
+@torch.inference_mode()
+@pytest.mark.parametrize("name", ["llama3-rope-biases", "qwen2"])
+def test_with_bf16_linear_a_verify_forwards_logits_are_one_token_forwards_bit_for_bit(name):
+    """Up to cpu.BF16_ROWS new tokens, a forward's logits at each position are those of one-token forwards over the
+    same tokens: its projections are row-invariant and so is the attention over them (a verify forward scores what
+    the target alone would compute, token for token)."""
+    model = build(**{**CONFIGS[name], "hidden_size": 256, "intermediate_size": 512}).to(torch.bfloat16)
+    many, one = CachedModel(model, static=True, packed=True), CachedModel(model, static=True, packed=True)
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(3, 97, (1, 20), generator=g)
+    for m in (many, one):
+        m.reset(1, torch.device("cpu"), capacity=40)
+        m.forward(prompt, last=1)
+    ids = torch.randint(3, 97, (1, cpu.BF16_ROWS), generator=g)
+    together = many.forward(ids, last=cpu.BF16_ROWS)
+    alone = torch.cat([one.forward(ids[:, i: i + 1], last=1) for i in range(cpu.BF16_ROWS)], dim=1)
+    assert torch.equal(together, alone)
+
+
 def test_where_packing_cannot_run_the_plain_projections_do():
     assert not available("meta", torch.float32)
     assert not available("cpu", torch.float16)
