@@ -172,6 +172,16 @@ def test_a_quantised_forward_packs_only_the_dequantised_weights_of_its_prefill()
         assert torch.equal(plain.forward(ids), fast.forward(ids)), k
 
 
+@pytest.mark.skipif(not cpu.available(), reason=f"bf16_linear: {cpu.unavailable_reason()}")
+def test_a_quantised_projections_wide_path_keeps_no_bf16_linear_copy():
+    """Its wide path serves only rows past the quantised kernel's: one packed copy (oneDNN's), not two."""
+    model = build(hidden_size=128, intermediate_size=256).to(torch.bfloat16)
+    fast = CachedModel(model, static=True, quant="int4", packed=True)
+    wide = fast.static.head.wide
+    assert isinstance(wide, PackedLinear) and wide.few is None and wide.few_rows_kernel == "onednn"
+    assert CachedModel(model, static=True, packed=True).static.head.few is not None     # the target's keeps it
+
+
 def test_packed_weights_is_on_by_default_and_no_packed_weights_turns_it_off():
     assert RunConfig(target="t", data="d").packed_weights is True
     from pipeline.cli import build_parser

@@ -214,8 +214,8 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
     cached, logits = {}, {}
     for dtype, model in models.items():
         for forward in FORWARDS:
-            packed = getattr(cached.get(("static", dtype)), "static", None) is not None and \
-                getattr(cached["static", dtype].static, "packed", False)
+            static = cached.get(("static", dtype))                 # built before "plain" and "onednn" are
+            packed = static is not None and getattr(static.static, "packed", False)
             if forward == "plain" and not packed:
                 continue                                    # nothing packed: the plain forward is the static one
             if forward == "onednn" and not (packed and few_rows_kernel(model.dtype) == "bf16_linear"):

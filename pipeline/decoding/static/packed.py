@@ -107,12 +107,14 @@ class PackedLinear:
     """x [..., K] -> x @ W.T + b [..., sum N_i] for W the ``weights`` [N_i, K] stacked along their rows and b their
     ``biases`` [N_i] (None: zeros; all None: no bias), from packed copies (:func:`packed`): oneDNN's (held as
     ``weight``) for any number of rows, and in bfloat16 where kernels/cpu.py's kernels run, bf16_linear's (``few``)
-    for up to cpu.BF16_ROWS rows (``few_rows_kernel`` says which runs those)."""
+    for up to cpu.BF16_ROWS rows (``few_rows_kernel`` says which runs those). ``few_rows=False``: oneDNN's alone, no
+    second copy (a quantised projection's wide path, which serves only rows past its own kernel's)."""
 
-    def __init__(self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> None:
+    def __init__(self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None],
+                 few_rows: bool = True) -> None:
         self.weight = packed(weights)
         self.bias = stack_biases(weights, biases)
-        self.few_rows_kernel = few_rows_kernel(weights[0].dtype)
+        self.few_rows_kernel = few_rows_kernel(weights[0].dtype) if few_rows else "onednn"
         self.few = packed(weights, "bf16_linear") if self.few_rows_kernel == "bf16_linear" else None
         self.few_bias = None if self.bias is None or self.few is None else self.bias.float()
 

@@ -100,14 +100,16 @@ def weight_mode(mode: str) -> str:
     return mode.removesuffix("+a8")
 
 
-def projection(weight: torch.Tensor, bias: torch.Tensor | None, mode: str = "none", packed: bool = False) -> Projection:
+def projection(weight: torch.Tensor, bias: torch.Tensor | None, mode: str = "none", packed: bool = False,
+               few_rows: bool = True) -> Projection:
     """The projection x [..., K] -> x @ weight.T + bias [..., N] for weight [N, K], bias [N] or None, with the weight
     stored as ``mode`` says (see the module docstring; "none": F.linear over ``weight`` itself, no copy). ``packed``,
     where packed.py's product runs: "none" multiplies a packed copy of ``weight``; a quantised projection's product
-    past KERNEL_ROWS, a packed copy of its dequantised weight (QuantLinear's ``wide``)."""
+    past KERNEL_ROWS, a packed copy of its dequantised weight (QuantLinear's ``wide``). ``few_rows``: PackedLinear's
+    (False: no bf16_linear copy)."""
     if mode == "none":
         if packed and available(weight.device, weight.dtype):
-            return PackedLinear([weight], [bias])
+            return PackedLinear([weight], [bias], few_rows)
         return functools.partial(F.linear, weight=weight, bias=bias)
     check_supported(mode, weight.device, weight.dtype)
     a8 = mode.endswith("+a8")
@@ -168,8 +170,10 @@ class QuantLinear:
     kernel_name = "torch"
 
     def _wide(self, dense: torch.Tensor, packed: bool) -> None:
-        """The product past KERNEL_ROWS over ``dense`` (QuantLinear's ``wide``); the dense copy is kept only by it."""
-        self.wide = projection(dense, self.bias, "none", packed)
+        """The product past KERNEL_ROWS over ``dense`` (QuantLinear's ``wide``); the dense copy is kept only by it, in
+        oneDNN's layout alone (a bf16_linear copy would serve only rows KERNEL_ROWS + 1 .. BF16_ROWS, for the memory
+        of the draft's projections once more)."""
+        self.wide = projection(dense, self.bias, "none", packed, few_rows=False)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N]."""
