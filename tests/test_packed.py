@@ -19,8 +19,11 @@ from test_static_llama import CONFIGS, build
 
 from pipeline.config import RunConfig
 from pipeline.decoding.cache import CachedModel
+from pipeline.decoding.drafters.lookup import prompt_lookup
+from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.static.packed import PackedLinear, available, packed
 from pipeline.kernels import cpu
+from pipeline.samplers import get_sampler
 
 needs_bf16 = pytest.mark.skipif(not available("cpu", torch.bfloat16),
                                 reason="this CPU does not multiply bfloat16 natively (or torch lacks oneDNN)")
@@ -127,21 +130,46 @@ def test_the_bfloat16_forward_with_bf16_linear_gives_the_plain_forwards_logits_t
 @pytest.mark.skipif(not cpu.available(), reason=f"bf16_linear: {cpu.unavailable_reason()}")
 @torch.inference_mode()
 @pytest.mark.parametrize("name", ["llama3-rope-biases", "qwen2"])
-def test_with_bf16_linear_a_verify_forwards_logits_are_one_token_forwards_bit_for_bit(name):
+@pytest.mark.parametrize("context", [20, 23, 27, 30])
+def test_with_bf16_linear_a_verify_forwards_logits_are_one_token_forwards_bit_for_bit(name, context):
     """Up to cpu.BF16_ROWS new tokens, a forward's logits at each position are those of one-token forwards over the
     same tokens: its projections are row-invariant and so is the attention over them (a verify forward scores what
-    the target alone would compute, token for token)."""
+    the target alone would compute, token for token). The contexts put the last new token in the one-token forward's
+    block of keys or in the next (base.KEY_BLOCK): without whole blocks, five of these eight fail."""
     model = build(**{**CONFIGS[name], "hidden_size": 256, "intermediate_size": 512}).to(torch.bfloat16)
     many, one = CachedModel(model, static=True, packed=True), CachedModel(model, static=True, packed=True)
     g = torch.Generator().manual_seed(5)
-    prompt = torch.randint(3, 97, (1, 20), generator=g)
+    prompt = torch.randint(3, 97, (1, context), generator=g)
     for m in (many, one):
-        m.reset(1, torch.device("cpu"), capacity=40)
+        m.reset(1, torch.device("cpu"), capacity=context + 20)
         m.forward(prompt, last=1)
     ids = torch.randint(3, 97, (1, cpu.BF16_ROWS), generator=g)
     together = many.forward(ids, last=cpu.BF16_ROWS)
     alone = torch.cat([one.forward(ids[:, i: i + 1], last=1) for i in range(cpu.BF16_ROWS)], dim=1)
     assert torch.equal(together, alone)
+
+
+@pytest.mark.skipif(not cpu.available(), reason=f"bf16_linear: {cpu.unavailable_reason()}")
+@torch.inference_mode()
+def test_greedy_prompt_lookup_in_bfloat16_emits_the_target_alones_tokens():
+    """The engine end to end: prompt lookup at γ 8 verifies up to 9 tokens a forward, the target alone one, and in
+    bfloat16 both emit the same tokens (the forward above: not just up to the rounding of near ties). Prompts of a
+    few lengths repeat a phrase so that lookup proposes; without whole blocks of keys (base.KEY_BLOCK) it fails."""
+    model = build(**{**CONFIGS["qwen2"], "hidden_size": 256, "intermediate_size": 512}).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(11)
+    alone = SpeculativeEngine(model, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[])
+    lookup = SpeculativeEngine(model, prompt_lookup(1, 3, []), get_sampler("greedy"), gamma=8, device="cpu",
+                               eos_token_ids=[])
+    assert lookup.target.static.packed
+    drafted = 0
+    for n in (9, 14, 19, 23, 26):
+        phrase = torch.randint(3, 97, (1, n), generator=g)
+        ids = torch.cat([phrase, phrase[:, : n // 2], phrase], dim=1)
+        mask = torch.ones_like(ids)
+        ours = lookup.generate(ids, mask, 40)
+        assert ours.tokens == alone.generate(ids, mask, 40).tokens, n
+        drafted += sum(s["drafted"] for s in ours.row_stats)
+    assert drafted > 0
 
 
 def test_where_packing_cannot_run_the_plain_projections_do():

@@ -4,6 +4,22 @@ package docstring says how the cache is used)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+KEY_BLOCK = 16
+"""On a CPU a forward's attention reads the cached keys in whole blocks of this many, those past each query's own
+position masked. torch's CPU attention (sdpa, 2.13) sums a partial last block of keys in another order than a whole
+one, so a query's output depended on how many masked keys followed it, that is on how many tokens its forward held:
+a verify forward's logits at a position could differ in the last bit from the one-token forward's (about one greedy
+sample in four of 128 tokens on CNN/DailyMail then parted from the target alone's at a near tie). With whole blocks,
+a forward over up to kernels/cpu.py's BF16_ROWS tokens gives each position the one-token forward's logits bit for bit
+(tests/test_packed.py). On a GPU the keys end at the last new token, as before."""
+
+
+def key_width(end: int, device: torch.device) -> int:
+    """How many cache positions a forward that ends at ``end`` attends over: ``end`` rounded up to KEY_BLOCK on a CPU,
+    ``end`` elsewhere."""
+    return -(-end // KEY_BLOCK) * KEY_BLOCK if device.type == "cpu" else end
 
 
 class StaticForward:
@@ -29,19 +45,25 @@ class StaticForward:
 
         attend     bool [B, 1, q, length + q] (True = attend), or None: plain causal over every position
         positions  int64 [B, q] position ids, or None: length, length + 1, ...
+
+        The family's forward attends over :func:`key_width` positions: ``attend`` gets False columns up to it.
         """
         q = input_ids.shape[1]
         end = length + q
-        self.grow(end)
-        if attend is None and q > 1:      # causal among the new tokens, everything cached before them
-            key = torch.arange(end, device=input_ids.device)
+        width = key_width(end, input_ids.device)
+        self.grow(width)
+        if attend is None and (q > 1 or width > end):   # causal among the new tokens, everything cached before them
+            key = torch.arange(width, device=input_ids.device)
             attend = key <= torch.arange(length, end, device=input_ids.device)[:, None]
+        elif attend is not None and width > end:
+            attend = F.pad(attend, (0, width - end), value=False)
         return self.forward(input_ids, length, attend, positions, last)
 
     def forward(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
                 positions: torch.Tensor | None, last: int) -> torch.Tensor:
         """The family's forward, as :meth:`__call__` but with room for the new tokens, and ``attend`` bool
-        [B, 1, q, length + q] or [q, length + q], or None where every query attends every position (q = 1)."""
+        [B, 1, q, S] or [q, S] over the first S = key_width(length + q) cache positions, or None where the one query
+        attends every position up to its own (q = 1, S = length + 1)."""
         raise NotImplementedError
 
     @property
@@ -49,10 +71,12 @@ class StaticForward:
         return 0 if self.keys is None else self.keys.shape[3]
 
     def allocate(self, batch: int, capacity: int, device: torch.device) -> None:
-        """Fresh buffers for ``batch`` rows and ``capacity`` positions (previous contents are dropped)."""
+        """Fresh buffers for ``batch`` rows and ``capacity`` positions, rounded up to KEY_BLOCK (previous contents are
+        dropped). Zeros: a masked position's key and value must be finite (a NaN there would leak through the mask)."""
+        capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
         shape = (self.n_layer, batch, self.kv_heads, capacity, self.head_dim)
-        self.keys = torch.empty(shape, dtype=self.dtype, device=device)
-        self.values = torch.empty_like(self.keys)
+        self.keys = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
 
     def grow(self, capacity: int) -> None:
         """At least ``capacity`` positions, keeping what is cached (doubling, so appends stay amortised O(1))."""
@@ -61,7 +85,7 @@ class StaticForward:
         new = max(capacity, 2 * self.capacity)
         for name in ("keys", "values"):
             old = getattr(self, name)
-            buf = old.new_empty((*old.shape[:3], new, old.shape[4]))
+            buf = old.new_zeros((*old.shape[:3], new, old.shape[4]))
             buf[:, :, :, : old.shape[3]] = old
             setattr(self, name, buf)
 

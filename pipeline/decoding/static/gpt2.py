@@ -62,6 +62,7 @@ class GPT2StaticForward(StaticForward):
         """input_ids int64 [B, q] -> logits [B, q or last, V] (StaticForward.__call__ says the rest)."""
         B, q = input_ids.shape
         end = length + q
+        width = end if attend is None else attend.shape[-1]     # the keys it attends over (base.key_width)
         pos = self.wpe[length:end] if positions is None else F.embedding(positions, self.wpe)
         x = F.embedding(input_ids, self.wte) + pos
         d = self.d_model
@@ -72,8 +73,8 @@ class GPT2StaticForward(StaticForward):
             query, key, value = qkv.split(d, dim=2)
             self.keys[i, :, :, length:end] = key.view(shape).transpose(1, 2)
             self.values[i, :, :, length:end] = value.view(shape).transpose(1, 2)
-            a = F.scaled_dot_product_attention(query.view(shape).transpose(1, 2), self.keys[i, :, :, :end],
-                                               self.values[i, :, :, :end], attn_mask=attend, scale=blk.scaling)
+            a = F.scaled_dot_product_attention(query.view(shape).transpose(1, 2), self.keys[i, :, :, :width],
+                                               self.values[i, :, :, :width], attn_mask=attend, scale=blk.scaling)
             x = torch.addmm(blk.c_proj[0], a.transpose(1, 2).reshape(B * q, d), blk.c_proj[1]).view(B, q, d) + x
             h = torch.layer_norm(x, (d,), *blk.ln_2)
             h = blk.act(torch.addmm(blk.c_fc[0], h.view(-1, d), blk.c_fc[1]))

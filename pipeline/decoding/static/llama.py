@@ -177,6 +177,7 @@ class LlamaStaticForward(StaticForward):
         """input_ids int64 [B, q] -> logits [B, q or last, V] (StaticForward.__call__ says the rest)."""
         B, q = input_ids.shape
         end = length + q
+        width = end if attend is None else attend.shape[-1]     # the keys it attends over (base.key_width)
         if positions is None:                                   # [q, 1, D], broadcast over rows and heads
             cos, sin = self.cos[length:end, None], self.sin_signed[length:end, None]
         else:                                                   # [B, q, 1, D]
@@ -201,7 +202,7 @@ class LlamaStaticForward(StaticForward):
             self.values[i, :, :, length:end] = value.transpose(1, 2)
             query = query.view(B, q, self.kv_heads, n_rep, self.head_dim).permute(0, 2, 3, 1, 4)
             a = F.scaled_dot_product_attention(query.reshape(B, self.kv_heads, n_rep * q, self.head_dim),
-                                               self.keys[i, :, :, :end], self.values[i, :, :, :end],
+                                               self.keys[i, :, :, :width], self.values[i, :, :, :width],
                                                attn_mask=attend, scale=layer.scaling)   # [B, H_kv, n_rep * q, D]
             a = a.view(B, self.kv_heads, n_rep, q, self.head_dim).permute(0, 3, 1, 2, 4).reshape(B, q, -1)
             x = x + layer.o_proj(a)

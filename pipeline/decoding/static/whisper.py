@@ -114,6 +114,7 @@ class WhisperStaticForward(StaticForward):
         """input_ids int64 [B, q] -> logits [B, q or last, V] (StaticForward.__call__ says the rest)."""
         B, q = input_ids.shape
         end = length + q
+        width = end if attend is None else attend.shape[-1]     # the keys it attends over (base.key_width)
         pos = self.positions[length:end] if positions is None else F.embedding(positions, self.positions)
         x = F.embedding(input_ids, self.embed) + pos
         d = self.d_model
@@ -123,7 +124,7 @@ class WhisperStaticForward(StaticForward):
             query = (F.linear(h, *lyr.q_proj) * lyr.scaling).view(shape).transpose(1, 2)
             self.keys[i, :, :, length:end] = F.linear(h, *lyr.k_proj).view(shape).transpose(1, 2)
             self.values[i, :, :, length:end] = F.linear(h, *lyr.v_proj).view(shape).transpose(1, 2)
-            a = F.scaled_dot_product_attention(query, self.keys[i, :, :, :end], self.values[i, :, :, :end],
+            a = F.scaled_dot_product_attention(query, self.keys[i, :, :, :width], self.values[i, :, :, :width],
                                                attn_mask=attend, scale=1.0)
             x = x + F.linear(a.transpose(1, 2).reshape(B, q, d), *lyr.o_proj)
             h = F.layer_norm(x, (d,), *lyr.cross_norm)
