@@ -323,9 +323,9 @@ def test_sigmoid_and_gamma_zero_run_through_the_same_loop(pair):
                                 pad_token_id=0).generate(
             enc.input_ids, enc.attention_mask, 12, gen(dev, 0))
         assert all(1 <= len(t) <= 12 for t in res.tokens)
-        # one target forward per step; the first takes the prompt too and is timed as prefill (beside the
-        # draft's prefill when there is a draft)
-        assert res.verify_steps >= 1 and res.phase_calls["target"] == res.verify_steps - 1
+        # one target forward per step, the first's too; the prompt but its last token is read before it, timed as
+        # prefill (beside the draft's prefill when there is a draft)
+        assert res.verify_steps >= 1 and res.phase_calls["target"] == res.verify_steps
         assert res.phase_calls["prefill"] == 1 + (gamma > 0)
         # phases do not overlap: perf_counter on CPU, CUDA events (GPU time between records) on a GPU
         assert set(res.phase_time_s) == set(res.phase_calls)

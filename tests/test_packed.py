@@ -161,13 +161,20 @@ def test_greedy_prompt_lookup_in_bfloat16_emits_the_target_alones_tokens():
     lookup = SpeculativeEngine(model, prompt_lookup(1, 3, []), get_sampler("greedy"), gamma=8, device="cpu",
                                eos_token_ids=[])
     assert lookup.target.static.packed
+    widths = []
+    forward = lookup.target.forward
+    lookup.target.forward = lambda ids, *a, **k: widths.append(ids.shape[1]) or forward(ids, *a, **k)
     drafted = 0
     for n in (9, 14, 19, 23, 26):
         phrase = torch.randint(3, 97, (1, n), generator=g)
         ids = torch.cat([phrase, phrase[:, : n // 2], phrase], dim=1)
         mask = torch.ones_like(ids)
+        widths.clear()
         ours = lookup.generate(ids, mask, 40)
         assert ours.tokens == alone.generate(ids, mask, 40).tokens, n
+        # the prompt but its last token, then forwards of at most γ + 1 tokens from the first step on (its
+        # proposals are not read with the prompt, whose forward's rows round with its row count)
+        assert widths[0] == ids.shape[1] - 1 and max(widths[1:]) <= 9 and widths[1] > 1
         drafted += sum(s["drafted"] for s in ours.row_stats)
     assert drafted > 0
 

@@ -283,21 +283,26 @@ class SpeculativeEngine:
         return proposal
 
     def _score(self, state: _Decoding, proposal: Proposal, timer: PhaseTimer):
-        """The target's logits [b, K+1, V_t] for the pending token and the K proposals (in the first step: for the
-        prompt and the proposals, timed as prefill; a tree's nodes attend along their branches, ``proposal.span``),
-        and how many positions the target appended."""
+        """The target's logits [b, K+1, V_t] for the pending token and the K proposals (a tree's nodes attend along
+        their branches, ``proposal.span``), and how many positions the target appended.
+
+        The first step reads the prompt but its last token (timed as prefill; the last column is a real token in
+        every row, ``_check_inputs``), and that token is the step's pending one: every step, the first included and
+        at any γ, scores its pending token and proposals in a forward of its own width. A forward's rows may round
+        with its row count (oneDNN's product over a prompt's rows does), so this keeps the target alone's tokens and
+        a speculative loop's computed alike; the static forward on a CPU makes a forward of up to 9 tokens the
+        one-token forwards bit for bit (pipeline/decoding/static/base.py's KEY_BLOCK)."""
         drafted, width = proposal.tokens, proposal.width
-        if state.prompt is not None:  # first step: the prompt and the drafts in one forward
-            target_in = torch.cat([state.prompt, drafted], dim=1)
-            valid = torch.cat([state.prompt_valid, torch.ones_like(drafted, dtype=torch.bool)], dim=1)
-            with timer.phase("prefill"):
-                logits = self.target.forward(target_in, valid, last=width + 1, holes=state.padded,
-                                             span=proposal.span)
+        if state.prompt is not None:  # first step
+            if state.prompt.shape[1] > 1:
+                with timer.phase("prefill"):   # its one row of logits is not used (last=0 would compute them all)
+                    self.target.forward(state.prompt[:, :-1], state.prompt_valid[:, :-1], last=1,
+                                        holes=state.padded)
+            state.pending = state.prompt[:, -1]
             state.prompt = state.prompt_valid = None
-        else:
-            target_in = torch.cat([state.pending[:, None], drafted], dim=1) if width else state.pending[:, None]
-            with timer.phase("target"):
-                logits = self.target.forward(target_in, span=proposal.span)
+        target_in = torch.cat([state.pending[:, None], drafted], dim=1) if width else state.pending[:, None]
+        with timer.phase("target"):
+            logits = self.target.forward(target_in, span=proposal.span)
         if self.mask.active:
             self.mask(logits, first_position=False)
             if state.steps == 1:
