@@ -184,11 +184,11 @@ def greedy_agreement(samples: Sequence[dict], reference: Sequence[dict]) -> dict
     """How far a greedy run's tokens follow the target alone's (``reference``: the samples of a γ = 0 run of the same
     target, dtype and data, matched by id): for each sample the number of leading tokens the two share, the
     position of the first difference (None: identical), and in all, the samples identical and the share of tokens
-    before each sample's first difference. Exact arithmetic makes a lossless rule identical on every sample, and so
-    does the static forward on a CPU in bfloat16 up to 9 tokens a forward (a verify forward's logits are the one-token
-    forwards' bit for bit: pipeline/decoding/static/base.py's KEY_BLOCK). Elsewhere (wider verify forwards,
-    transformers' forward, a GPU) a forward over γ + 1 tokens and a one-token forward may round a near tie
-    differently, after which the two texts go their own (equally greedy) ways."""
+    before each sample's first difference. Exact arithmetic makes a lossless rule identical on every sample, and so does
+    the Llama family's packed static forward on a CPU in bfloat16 up to 9 tokens a forward (a verify forward's logits
+    are the one-token forwards' bit for bit: pipeline/decoding/static/base.py's KEY_BLOCK, bf16_linear). Elsewhere
+    (wider verify forwards, transformers' forward, a GPU) a forward over γ + 1 tokens and a one-token forward may
+    round a near tie differently, after which the two texts go their own (equally greedy) ways."""
     by_id = {r["id"]: r["token_ids"] for r in reference}
     rows = []
     for s in samples:

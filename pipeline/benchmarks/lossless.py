@@ -1,11 +1,11 @@
 """`specsweep bench lossless`: does each lossless acceptance rule keep the target's output, in every dtype?
 
 A rule the registry (pipeline/rules.py) calls lossless ("always") must decode exactly the target's distribution.
-In exact arithmetic it does; in bfloat16 or float16 the target scores γ + 1 tokens in one forward where
-autoregressive decoding scores one, the matrix shapes differ, and the logits may differ in the last bits, so a
-near-tie can flip (not in the static forward on a CPU up to 9 tokens a forward, whose logits are the one-token
-forwards' bit for bit: pipeline/decoding/static/base.py's KEY_BLOCK, kernels/bf16_linear.cpp). This benchmark
-measures that, per (rule, dtype), against the target alone (γ = 0) in the same engine
+In exact arithmetic it does; in bfloat16 or float16 the target scores γ + 1 tokens in one forward where autoregressive
+decoding scores one, the matrix shapes differ, and the logits may differ in the last bits, so a near-tie can flip (not
+in the Llama family's packed static forward on a CPU up to 9 tokens a forward, whose logits are the one-token
+forwards' bit for bit: pipeline/decoding/static/base.py's KEY_BLOCK, kernels/bf16_linear.cpp). This benchmark measures
+that, per (rule, dtype), against the target alone (γ = 0) in the same engine
 (:class:`pipeline.decoding.engine.SpeculativeEngine`) and dtype:
 
   greedy    T = 0, batch 1: every prompt decoded by the rule at γ and by the target alone; the rate of prompts

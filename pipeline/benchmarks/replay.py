@@ -10,7 +10,8 @@ next output tokens. These are the engine's own steps: the proposers are the engi
 same constructors and stop ids), and a step proposes at most γ and at most the room left before ``max_new_tokens``
 less one, as the engine's does. Replaying a run's own
 setting gives back its recorded steps exactly in float32, and in bfloat16 where its forwards are the one-token
-forwards bit for bit (the static forward on a CPU, up to 9 tokens: docs/results.md, "Lossless in bfloat16");
+forwards bit for bit (the Llama family's packed static forward on a CPU, up to 9 tokens: docs/results.md,
+"Lossless in bfloat16");
 elsewhere up to the near ties that a forward of another width rounds differently, after which the replayed texts are
 the run's, not the other setting's. Batch 1: each sample alone (a batched step verifies as wide as its widest row).
 
