@@ -10,8 +10,9 @@ KEY_BLOCK = 16
 """On a CPU a forward's attention reads the cached keys in whole blocks of this many, those past each query's own
 position masked. torch's CPU attention (sdpa, 2.13) sums a partial last block of keys in another order than a whole
 one, so a query's output depended on how many masked keys followed it, that is on how many tokens its forward held:
-a verify forward's logits at a position could differ in the last bit from the one-token forward's (about one greedy
-sample in four of 128 tokens on CNN/DailyMail then parted from the target alone's at a near tie). With whole blocks,
+a verify forward's logits at a position could differ in the last bit from the one-token forward's (with the engine's
+first step, SpeculativeEngine._score, why 6-7 of 24 greedy CNN/DailyMail samples of 128 tokens parted from the target
+alone's at a near tie, docs/results.md). With whole blocks,
 and projections whose rows do not depend on one another (the Llama family's packed ones, bf16_linear, up to
 kernels/cpu.py's BF16_ROWS rows), a forward over that many tokens gives each position the one-token forward's logits
 bit for bit (tests/test_packed.py). On a GPU the keys end at the last new token, as before."""
