@@ -21,12 +21,16 @@ from pipeline.config import RunConfig
 from pipeline.decoding.cache import CachedModel
 from pipeline.decoding.drafters.lookup import prompt_lookup
 from pipeline.decoding.engine import SpeculativeEngine
+from pipeline.decoding.static.base import key_width
 from pipeline.decoding.static.packed import PackedLinear, available, packed
 from pipeline.kernels import cpu
 from pipeline.samplers import get_sampler
 
 needs_bf16 = pytest.mark.skipif(not available("cpu", torch.bfloat16),
                                 reason="this CPU does not multiply bfloat16 natively (or torch lacks oneDNN)")
+# 4 query heads per key/value head: with fewer, torch's CPU attention's output rows depend on how many it computes
+# (base.KEY_BLOCK), and a verify forward's would not be the one-token forwards' bit for bit
+FOUR_PER_KV = {"num_attention_heads": 8, "num_key_value_heads": 2}
 needs_fp32 = pytest.mark.skipif(not available("cpu", torch.float32), reason="torch was built without oneDNN")
 
 
@@ -88,7 +92,8 @@ def test_a_copy_is_made_once_per_weight_and_again_after_an_in_place_change():
 @needs_bf16
 @torch.inference_mode()
 @pytest.mark.parametrize("name", ["gqa-3to1-tied", "llama3-rope-biases", "qwen2"])
-def test_the_bfloat16_forward_over_onednns_packed_weights_gives_the_plain_forwards_logits_bit_for_bit(name):
+def test_the_bfloat16_forward_over_onednns_packed_weights_gives_the_plain_forwards_logits_bit_for_bit(
+        name, small_key_blocks):
     model = build(**CONFIGS[name]).to(torch.bfloat16)
     with cpu.turned_off():                                  # oneDNN's product over every number of rows
         plain, fast = CachedModel(model, static=True), CachedModel(model, static=True, packed=True)
@@ -127,6 +132,29 @@ def test_the_bfloat16_forward_with_bf16_linear_gives_the_plain_forwards_logits_t
             m.retain(k, torch.tensor([keep, keep]), keep, keep)
 
 
+@torch.inference_mode()
+def test_attention_over_whole_blocks_of_keys_does_not_depend_on_how_many_masked_keys_follow():
+    """What the static forward's exactness rests on (base.KEY_BLOCK): a query's attention over key_width(end) cached
+    keys, those past its position masked, is the same whether its forward ends right after it (a one-token forward)
+    or 8 tokens later (a verify forward's). On random data of Qwen2.5-Coder-1.5B's attention (2 key/value heads of 6
+    query heads each, D = 128, bfloat16); with blocks of 16 keys, 5 of these 200 differ."""
+    g = torch.Generator().manual_seed(0)
+    kv_heads, n_rep, D = 2, 6, 128
+    differ = 0
+    for _ in range(200):
+        position = int(torch.randint(20, 1000, (1,), generator=g))
+        keys, values = (torch.randn(1, kv_heads, 1100, D, generator=g).bfloat16() for _ in range(2))
+        query = (torch.randn(1, kv_heads, n_rep, D, generator=g) * 3).bfloat16()
+        outs = []
+        for end in (position + 1, position + 9):
+            width = key_width(end, torch.device("cpu"))
+            attend = (torch.arange(width) <= position).expand(n_rep, width)
+            outs.append(F.scaled_dot_product_attention(query, keys[:, :, :width], values[:, :, :width],
+                                                       attn_mask=attend))
+        differ += not torch.equal(*outs)
+    assert differ == 0
+
+
 @pytest.mark.skipif(not cpu.available(), reason=f"bf16_linear: {cpu.unavailable_reason()}")
 @torch.inference_mode()
 @pytest.mark.parametrize("name", ["llama3-rope-biases", "qwen2"])
@@ -134,9 +162,9 @@ def test_the_bfloat16_forward_with_bf16_linear_gives_the_plain_forwards_logits_t
 def test_with_bf16_linear_a_verify_forwards_logits_are_one_token_forwards_bit_for_bit(name, context):
     """Up to cpu.BF16_ROWS new tokens, a forward's logits at each position are those of one-token forwards over the
     same tokens: its projections are row-invariant and so is the attention over them (a verify forward scores what
-    the target alone would compute, token for token). The contexts put the last new token in the one-token forward's
-    block of keys or in the next (base.KEY_BLOCK): without whole blocks, five of these eight fail."""
-    model = build(**{**CONFIGS[name], "hidden_size": 256, "intermediate_size": 512}).to(torch.bfloat16)
+    the target alone would compute, token for token). With the keys ending at each forward's last token instead of
+    whole blocks (base.KEY_BLOCK), six of these eight fail."""
+    model = build(**{**CONFIGS[name], "hidden_size": 256, "intermediate_size": 512, **FOUR_PER_KV}).to(torch.bfloat16)
     many, one = CachedModel(model, static=True, packed=True), CachedModel(model, static=True, packed=True)
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(3, 97, (1, context), generator=g)
@@ -155,8 +183,9 @@ def test_greedy_prompt_lookup_in_bfloat16_emits_the_target_alones_tokens():
     """The engine end to end: prompt lookup at γ 8 verifies up to 9 tokens a forward, the target alone one, and in
     bfloat16 both emit the same tokens (the forward above: not just up to the rounding of near ties). Prompts of a
     few lengths repeat a phrase so that lookup proposes; without whole blocks of keys (base.KEY_BLOCK) it fails."""
-    model = build(**{**CONFIGS["qwen2"], "hidden_size": 256, "intermediate_size": 512}).to(torch.bfloat16)
-    g = torch.Generator().manual_seed(11)
+    model = build(**{**CONFIGS["qwen2"], "hidden_size": 256, "intermediate_size": 512, **FOUR_PER_KV})
+    model = model.to(torch.bfloat16)
+    g = torch.Generator().manual_seed(9)
     alone = SpeculativeEngine(model, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[])
     lookup = SpeculativeEngine(model, prompt_lookup(1, 3, []), get_sampler("greedy"), gamma=8, device="cpu",
                                eos_token_ids=[])

@@ -6,22 +6,26 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-KEY_BLOCK = 16
+KEY_BLOCK = 512
 """On a CPU a forward's attention reads the cached keys in whole blocks of this many, those past each query's own
-position masked. torch's CPU attention (sdpa, 2.13) sums a partial last block of keys in another order than a whole
-one, so a query's output depended on how many masked keys followed it, that is on how many tokens its forward held:
-a verify forward's logits at a position could differ in the last bit from the one-token forward's (with the engine's
-first step, SpeculativeEngine._score, why 6-7 of 24 greedy CNN/DailyMail samples of 128 tokens parted from the target
-alone's at a near tie, docs/results.md). With whole blocks,
-and projections whose rows do not depend on one another (the Llama family's packed ones, bf16_linear, up to
-kernels/cpu.py's BF16_ROWS rows), a forward over that many tokens gives each position the one-token forward's logits
-bit for bit (tests/test_packed.py). On a GPU the keys end at the last new token, as before."""
+position masked. torch's CPU attention (sdpa, 2.13) splits the keys into blocks of 512 (its kvSplitSize) and sums
+each block's values with a product whose length is the block's width, so a query's output depended on how many
+masked keys followed it in its block, that is on how many tokens its forward held: a verify forward's logits at a
+position could differ in the last bit from the one-token forward's (docs/results.md, "Lossless in bfloat16"). A block
+that is masked whole adds exact zeros, so any multiple of 512 keys gives the same output (random data of the 1.5B's
+shape: 0 of 200 differ, where 16 keys more than the query needs differ in 2-7 of 150; tests/test_packed.py). With
+whole blocks, projections whose rows do not depend on one another (the Llama family's packed ones, bf16_linear, up to
+kernels/cpu.py's BF16_ROWS rows), and at least 4 query heads per key/value head (with fewer, sdpa's output rows
+depend on how many there are: 13-38 of 360 rows on random data with 1-3; the 1.5B and 0.5B have 6 and 7, SmolLM2-135M
+3), a forward over that many tokens gives each position the one-token forward's logits bit for bit. Forwards in
+bfloat16 and float16 read whole blocks (StaticForward.whole_key_blocks); in float32 and on a GPU the keys end at the
+last new token."""
 
 
-def key_width(end: int, device: torch.device) -> int:
-    """How many cache positions a forward that ends at ``end`` attends over: ``end`` rounded up to KEY_BLOCK on a CPU,
-    ``end`` elsewhere."""
-    return -(-end // KEY_BLOCK) * KEY_BLOCK if device.type == "cpu" else end
+def key_width(end: int, device: torch.device, whole_blocks: bool = True) -> int:
+    """How many cache positions a forward that ends at ``end`` attends over: ``end`` rounded up to KEY_BLOCK on a CPU
+    with ``whole_blocks``, ``end`` otherwise."""
+    return -(-end // KEY_BLOCK) * KEY_BLOCK if whole_blocks and device.type == "cpu" else end
 
 
 class StaticForward:
@@ -52,7 +56,7 @@ class StaticForward:
         """
         q = input_ids.shape[1]
         end = length + q
-        width = key_width(end, input_ids.device)
+        width = key_width(end, input_ids.device, self.whole_key_blocks)
         self.grow(width)
         if attend is None and (q > 1 or width > end):   # causal among the new tokens, everything cached before them
             key = torch.arange(width, device=input_ids.device)
@@ -61,10 +65,18 @@ class StaticForward:
             attend = F.pad(attend, (0, width - end), value=False)
         return self.forward(input_ids, length, attend, positions, last)
 
+    @property
+    def whole_key_blocks(self) -> bool:
+        """Whether attention on a CPU reads whole blocks of KEY_BLOCK keys: in bfloat16 and float16, where a last-bit
+        difference flips a near tie (GPT-2's `bench lossless --synthetic` greedy agreement in bfloat16: 3/8 with the
+        keys ending at the last new token, 6/8 over whole blocks). Not in float32, where it would only cost time (a toy
+        GPT-2's one-token forward: 145 µs against 166 µs over 512 keys) and ties that close are rare."""
+        return self.dtype in (torch.bfloat16, torch.float16)
+
     def forward(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
                 positions: torch.Tensor | None, last: int) -> torch.Tensor:
         """The family's forward, as :meth:`__call__` but with room for the new tokens, and ``attend`` bool
-        [B, 1, q, S] or [q, S] over the first S = key_width(length + q) cache positions, or None where the one query
+        [B, 1, q, S] or [q, S] over the first S = :func:`key_width` cache positions, or None where the one query
         attends every position up to its own (q = 1, S = length + 1)."""
         raise NotImplementedError
 
@@ -73,9 +85,10 @@ class StaticForward:
         return 0 if self.keys is None else self.keys.shape[3]
 
     def allocate(self, batch: int, capacity: int, device: torch.device) -> None:
-        """Fresh buffers for ``batch`` rows and ``capacity`` positions, rounded up to KEY_BLOCK (previous contents are
-        dropped). Zeros: a masked position's key and value must be finite (a NaN there would leak through the mask)."""
-        capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
+        """Fresh buffers for ``batch`` rows and ``capacity`` positions, rounded up to KEY_BLOCK with whole blocks of
+        keys (previous contents are dropped). Zeros: a masked position's key and value must be finite (a NaN there would
+        leak through the mask)."""
+        capacity = key_width(capacity, torch.device(device), self.whole_key_blocks)
         shape = (self.n_layer, batch, self.kv_heads, capacity, self.head_dim)
         self.keys = torch.zeros(shape, dtype=self.dtype, device=device)
         self.values = torch.zeros_like(self.keys)

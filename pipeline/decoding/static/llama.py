@@ -154,7 +154,7 @@ class LlamaStaticForward(StaticForward):
 
     def allocate(self, batch: int, capacity: int, device: torch.device) -> None:
         super().allocate(batch, capacity, device)
-        self._rope_table(capacity, device)
+        self._rope_table(self.capacity, device)     # perhaps rounded up: base.KEY_BLOCK
 
     def grow(self, capacity: int) -> None:
         if capacity > self.capacity:
