@@ -36,15 +36,6 @@ def fixtures_dir() -> Path:
     return path
 
 
-@pytest.fixture
-def small_key_blocks(monkeypatch):
-    """A static cache in blocks of 16 positions, not 512 (pipeline/decoding/static/base.py's KEY_BLOCK), for tests
-    whose few tokens must grow the buffer past its first capacity."""
-    from pipeline.decoding.static import base  # the package imports torch's models: only for tests that need it
-
-    monkeypatch.setattr(base, "KEY_BLOCK", 16)
-
-
 def _converted_models_folder() -> Path | None:
     """Where the suite keeps the registry's converted models between runs: one folder per version of the converters
     (the sources of pipeline/weights/) and of the libraries they call, so a change to either converts again; older
