@@ -245,11 +245,13 @@ def bench_forward_few_rows(root: Path) -> str:
 
 
 def bench_quant_forward(root: Path) -> str:
-    """The 0.5B draft's whole forward: bfloat16 (packed), int4 with torch's kernel, int4 with ours, paired by round."""
+    """The 0.5B draft's whole forward: bfloat16 (packed), int4 with torch's kernel, int4 with ours operator by operator
+    and in one call, paired by round."""
     data = read_source(root, QUANT_FORWARD, "python -m pipeline.benchmarks.quant_linear --model ...")
     results = data["results"]
-    pairs = [k for k in ("int4_over_bfloat16", "int4_linear_over_bfloat16", "int4_linear_over_int4") if k in results[0]]
-    ways = [w for w in ("bfloat16", "int4", "int4_linear") if f"{w}_ms" in results[0]]
+    pairs = [k for k in ("int4_over_bfloat16", "int4_linear_over_bfloat16", "int4_linear_over_int4",
+                         "int4_layers_over_bfloat16", "int4_layers_over_int4_linear") if k in results[0]]
+    ways = [w for w in ("bfloat16", "int4", "int4_linear", "int4_layers") if f"{w}_ms" in results[0]]
     body = [[str(r["new_tokens"]), *(f"{r[f'{w}_ms']:.2f}" for w in ways),
              *(interval(r[k], *r[f"{k}_ci"]) for k in pairs)] for r in results]
     header = ["new tokens", *(f"{w} ms" for w in ways), *(k.replace("_over_", " over ") for k in pairs)]

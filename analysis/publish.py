@@ -97,6 +97,9 @@ def record(result: dict) -> dict:
             # which kernel the packed target ran over a few rows ("bf16_linear": ours; "onednn"); None: not packed,
             # or a run from before runs recorded it (oneDNN's)
             "few_rows_kernel": ((result.get("resolved") or {}).get("few_rows_kernel") or {}).get("target"),
+            # which kernel ran the draft's one-token forwards in one call ("int4_layers"); None: none, or a run from
+            # before runs recorded it (llama.py's forward, operator by operator)
+            "row_kernel": ((result.get("resolved") or {}).get("row_kernel") or {}).get("draft"),
             "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS}, **per,
             "greedy_agreement": {k: v for k, v in agreement.items() if k != "per_sample"} or None,
             "tokens_sha256": hashlib.sha256(tokens.encode()).hexdigest(),

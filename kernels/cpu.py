@@ -4,6 +4,8 @@
                       AVX-512 BF16: a quantised draft's projections (pipeline/decoding/static/quant.py, Int4Linear)
     bf16_linear.cpp   y = x @ W.T + b for a bfloat16 weight W [N, K] and 1-9 bfloat16 rows x [M, K], with AVX-512
                       BF16: the packed projections of a decode or verify forward (pipeline/decoding/static/packed.py)
+    int4_layers.cpp   a Llama-family model's decoder layers over one token with int4_linear's projections, in one
+                      call: a quantised draft's one-token forward (pipeline/decoding/static/int4_row.py)
 
     available()              whether the kernels run here (the CPU's instructions, a compiler, one OpenMP runtime)
     turned_off()             a block within which they do not (projections built there run torch's kernels)
@@ -13,6 +15,7 @@
     int4_linear(x, weight)   x bfloat16 [M, K] (M <= MAX_ROWS) -> x @ W.T bfloat16 [M, N]
     pack_bf16(w)             a bfloat16 weight [N, K] in bf16_linear's layout (bf16_linear.cpp): a Bf16Weight
     bf16_linear(x, weight, bias)   x bfloat16 [M, K] (M <= BF16_ROWS) -> x @ W.T + bias bfloat16 [M, N]
+    int4_layers(x, ...)      a decoder's layers over one token, x bfloat16 [d] updated in place (int4_layers.cpp)
 
 Why our own. torch's int4 CPU kernel (``_weight_int4pack_mm_for_cpu``) widens the nibbles to float32 and spends more
 time on that than on reading them; int4_linear turns each nibble into a bfloat16 with one OR and multiplies with
@@ -50,7 +53,7 @@ from typing import NamedTuple
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("int4_linear.cpp", "bf16_linear.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("int4_linear.cpp", "bf16_linear.cpp", "int4_layers.cpp"))
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 """What /proc/cpuinfo must list for the kernels to run."""
@@ -167,6 +170,10 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.bf16_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     lib.bf16_linear.restype = ctypes.c_int
+    lib.int4_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 6,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.int4_layers.restype = ctypes.c_int
     return lib, ""
 
 
@@ -261,3 +268,34 @@ def bf16_linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None =
                        weight.n, y.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"bf16_linear refused [{M}, {K}] x [{weight.n}, {K}]")
     return y
+
+
+INT4_LAYER_PTRS = 18
+"""Pointers per layer in int4_layers' table (int4_layers.cpp's enum: norms, then per projection its int4 weight's
+packed, scales, zeros and its bias or 0)."""
+
+
+def int4_layers(x: torch.Tensor, ptrs: torch.Tensor, floats: torch.Tensor, *, heads: int, inter: int,
+                keys: torch.Tensor, values: torch.Tensor, pos: int, cos: torch.Tensor, sin: torch.Tensor,
+                work: torch.Tensor, scores: torch.Tensor) -> None:
+    """Run every layer of ``ptrs`` over one token (int4_layers.cpp): x bfloat16 [d], updated in place.
+
+    ptrs int64 [L, INT4_LAYER_PTRS], floats float32 [L, 3] (each layer's norms' eps and attention scaling); keys,
+    values bfloat16 [L, H_kv, capacity, D] (written at ``pos``, read over 0 .. pos); cos, sin bfloat16 [D] (position
+    ``pos``'s rows); work bfloat16 and scores float32 scratch (int4_layers.cpp says how much). ValueError for
+    arguments out of range."""
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"int4_layers is unavailable: {unavailable_reason()}")
+    L, kv_heads, capacity, D = keys.shape
+    (d,) = x.shape
+    need_work = 2 * d + (2 * heads + 2 * kv_heads) * D + 3 * inter
+    if (ptrs.shape != (L, INT4_LAYER_PTRS) or floats.shape != (L, 3) or values.shape != keys.shape
+            or not all(t.is_contiguous() for t in (x, ptrs, floats, keys, values, cos, sin, work, scores))
+            or x.dtype != keys.dtype or keys.dtype != torch.bfloat16 or cos.shape != (D,) or sin.shape != (D,)
+            or work.numel() < need_work or scores.numel() < heads * (pos + 1) or not 0 <= pos < capacity):
+        raise ValueError(f"int4_layers: arguments out of range (x {list(x.shape)}, keys {list(keys.shape)}, pos {pos})")
+    if lib.int4_layers(x.data_ptr(), ptrs.data_ptr(), floats.data_ptr(), L, d, heads, kv_heads, D, inter,
+                       keys.data_ptr(), values.data_ptr(), capacity, pos, cos.data_ptr(), sin.data_ptr(),
+                       work.data_ptr(), scores.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"int4_layers refused heads {heads} over {kv_heads}, head_dim {D}, pos {pos}")

@@ -301,12 +301,21 @@ def few_rows_kernels_used(engine) -> dict:
     return _head_kernels(engine, "few_rows_kernel")
 
 
+def row_kernels_used(engine) -> dict:
+    """Which kernel ran each model's one-token forwards in one call (pipeline/decoding/static/base.py's
+    ``row_kernel``: "int4_layers" for an int4 draft, pipeline/decoding/static/int4_row.py); models without one are
+    left out."""
+    return {name: m.static.row_kernel for name, m in _models(engine).items()
+            if getattr(getattr(m, "static", None), "row_kernel", None)}
+
+
 def forwards_record(engine) -> dict:
     """A result's ``resolved`` entries on the forwards: ``forward`` (:func:`forwards_used`), ``packed_weights``
-    (:func:`packed_used`), ``few_rows_kernel`` (:func:`few_rows_kernels_used`) and ``quant_kernel``
-    (:func:`quant_kernels_used`), each by model role."""
+    (:func:`packed_used`), ``few_rows_kernel`` (:func:`few_rows_kernels_used`), ``quant_kernel``
+    (:func:`quant_kernels_used`) and ``row_kernel`` (:func:`row_kernels_used`), each by model role."""
     return {"forward": forwards_used(engine), "packed_weights": packed_used(engine),
-            "few_rows_kernel": few_rows_kernels_used(engine), "quant_kernel": quant_kernels_used(engine)}
+            "few_rows_kernel": few_rows_kernels_used(engine), "quant_kernel": quant_kernels_used(engine),
+            "row_kernel": row_kernels_used(engine)}
 
 
 @functools.lru_cache(maxsize=8)

@@ -138,6 +138,7 @@ def test_fused_projections_compute_what_each_projection_quantised_alone_does(mod
 
     with torch.inference_mode():
         fused = llama.LlamaStaticForward(model, mode)
+        fused.row_forward = None            # llama.py's forward over both (int4_row.py's: tests/test_int4_row.py)
         assert [len(layer.qkv(torch.zeros(1, 1, 256, dtype=torch.bfloat16))) for layer in fused.layers] == [3, 3]
         monkeypatch.setattr(llama, "_stacked", lambda modules, q, packed: llama._separate(
             *(projection(m.weight, m.bias, q) for m in modules)))
@@ -219,6 +220,8 @@ def test_an_int4_run_records_the_kernel_its_draft_ran(saved):
     result = json.loads(out.read_text())
     expected = "int4_linear" if cpu.available() else "torch"
     assert result["resolved"]["quant_kernel"] == {"draft": expected}
+    # the draft's one-token forwards in one call (kernels/int4_layers.cpp) where our int4 kernel runs
+    assert result["resolved"]["row_kernel"] == ({"draft": "int4_layers"} if cpu.available() else {})
     # the packed bfloat16 target's verify and one-token forwards: ours where it runs (kernels/bf16_linear.cpp)
     from pipeline.decoding.static.packed import available, few_rows_kernel
 

@@ -7,10 +7,12 @@ whether each pays, and at how many rows.
     python -m pipeline.benchmarks.quant_linear --model qwen2.5-coder-0.5b-instruct [--context 450 --new-tokens 1,2]
 
 With ``--model``: the model's whole static forward (a draft step: every projection, the head, attention, norms)
-in bfloat16 over packed weights, in int4 with torch's kernel and in int4 with ours (cpu.turned_off builds the first
-int4 forward with torch's), appending 1 or 2 tokens after ``--context`` cached ones, in rotating rounds; each pair
-of ways gives the slower one's time over the faster one's per round, with its interval. Writes
-results/bench/quant-forward-<model>-cpu.json.
+in bfloat16 over packed weights, in int4 with torch's kernel, in int4 with ours operator by operator
+(``int4_linear``: llama.py's forward) and in int4 with ours in one call per forward (``int4_layers``: a one-token
+forward through pipeline/decoding/static/int4_row.py, kernels/int4_layers.cpp; over 2 tokens it is int4_linear's
+forward), appending 1 or 2 tokens after ``--context`` cached ones, in rotating rounds (cpu.turned_off builds the
+first int4 forward with torch's); each pair of ways gives the slower one's time over the faster one's per round, with
+its interval. Writes results/bench/quant-forward-<model>-cpu.json.
 
 Shapes are N x K (out x in features; the defaults are what Qwen2.5-Coder-0.5B's static forward multiplies: q, k and v
 stacked, o, gate and up stacked, down, the whole head and the head cut to 32768 tokens by --draft-vocab); rows M are the
@@ -171,8 +173,9 @@ def _print(result: dict) -> None:
         print(f"int4_linear and bf16_linear not timed: {cpu.unavailable_reason()}")
 
 
-FORWARD_WAYS = ("bfloat16", "int4", "int4_linear")
-"""A whole draft forward (``--model``): bfloat16 over packed weights, int4 with torch's kernel, int4 with ours."""
+FORWARD_WAYS = ("bfloat16", "int4", "int4_linear", "int4_layers")
+"""A whole draft forward (``--model``): bfloat16 over packed weights, int4 with torch's kernel, int4 with ours
+operator by operator, int4 with ours in one call (a one-token forward)."""
 
 
 def run_model(name: str, context: int = 450, new_tokens: tuple[int, ...] = (1, 2), threads: int = 2,
@@ -195,6 +198,8 @@ def run_model(name: str, context: int = 450, new_tokens: tuple[int, ...] = (1, 2
                 forwards["int4"] = LlamaStaticForward(model, "int4", packed=True)
             if cpu.available():
                 forwards["int4_linear"] = LlamaStaticForward(model, "int4", packed=True)
+                forwards["int4_linear"].row_forward = None          # llama.py's forward, operator by operator
+                forwards["int4_layers"] = LlamaStaticForward(model, "int4", packed=True)
             load = os.getloadavg()
             rows = _measure_forwards(forwards, model.config.vocab_size, context, new_tokens, rounds, calls)
     finally:
@@ -230,7 +235,8 @@ def _measure_forwards(forwards: dict, vocab: int, context: int, new_tokens, roun
     rows = []
     for q in new_tokens:
         row = {"new_tokens": q, **{f"{name}_ms": statistics.median(times[name, q]) * 1e3 for name in forwards}}
-        pairs = [("int4", "bfloat16"), ("int4_linear", "bfloat16"), ("int4_linear", "int4")]
+        pairs = [("int4", "bfloat16"), ("int4_linear", "bfloat16"), ("int4_linear", "int4"),
+                 ("int4_layers", "bfloat16"), ("int4_layers", "int4_linear")]
         for fast, slow in [p for p in pairs if p[0] in forwards]:
             ci = median_ci([a / b for a, b in zip(times[slow, q], times[fast, q])])
             row[f"{fast}_over_{slow}"], row[f"{fast}_over_{slow}_ci"] = ci.median, [ci.low, ci.high]
@@ -241,6 +247,8 @@ def _measure_forwards(forwards: dict, vocab: int, context: int, new_tokens, roun
             # the same int4 weights, two kernels (torch's rounds each group's scale and zero to bfloat16; ours keeps
             # them in float32)
             row["kernels_max_abs_logit_diff"] = float((logits["int4_linear", q] - logits["int4", q]).abs().max())
+        if "int4_layers" in forwards:       # the same kernel and weights, the layers in one call (int4_row.py)
+            row["layers_max_abs_logit_diff"] = float((logits["int4_layers", q] - logits["int4_linear", q]).abs().max())
         rows.append(row)
     return rows
 
@@ -249,7 +257,7 @@ def _print_model(result: dict) -> None:
     rows = [{"new tokens": r["new_tokens"], **{f"{w} ms": f"{r[f'{w}_ms']:.2f}" for w in FORWARD_WAYS
                                                  if f"{w}_ms" in r},
              **{key.replace("_over_", " over "): f"{r[key]:.2f} [{r[key + '_ci'][0]:.2f}, {r[key + '_ci'][1]:.2f}]"
-                for key in r if key.endswith(("_over_int4", "_over_bfloat16"))}}
+                for key in r if key.endswith(("_over_int4", "_over_bfloat16", "_over_int4_linear"))}}
             for r in result["results"]]
     print(format_table(rows, list(rows[0])))
     s = result["settings"]

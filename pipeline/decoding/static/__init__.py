@@ -28,6 +28,7 @@ next append overwrites them. No allocation, no copy, no host sync per forward.
     whisper.py the decoder of WhisperForConditionalGeneration and WhisperForCausalLM, with the cross-attention
                keys and values of the encoder output computed once per generate call
     quant.py   weight-only int8 and int4 projections for the Llama family's forward (a draft's ``--draft-quant``)
+    int4_row.py  a draft's one-token forward with int4 projections in one kernel call (kernels/int4_layers.cpp)
     packed.py  the Llama family's projections from packed copies of their weights on a CPU (``--no-packed-weights``
                turns them off): the same products, read faster
 

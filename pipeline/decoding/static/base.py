@@ -43,6 +43,11 @@ class StaticForward:
     dtype: torch.dtype
     keys: torch.Tensor | None = None       # [n_layer, B, H_kv, capacity, D]
     values: torch.Tensor | None = None
+    row_forward = None
+    """input_ids [1, 1], length -> logits [1, 1, V]: the family's forward of one token in one batch row with no mask
+    and no position ids, in one kernel call, where it has one (llama.py with int4 projections: int4_row.py)."""
+    row_kernel: str | None = None
+    """The kernel row_forward runs ("int4_layers"), recorded by a run as ``resolved.row_kernel``; None without one."""
 
     def __call__(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
                  positions: torch.Tensor | None, last: int) -> torch.Tensor:
@@ -58,6 +63,9 @@ class StaticForward:
         end = length + q
         width = key_width(end, input_ids.device, self.whole_key_blocks)
         self.grow(width)
+        if self.row_forward is not None and q == 1 and attend is None and positions is None \
+                and input_ids.shape[0] == 1:
+            return self.row_forward(input_ids, length)
         if attend is None and (q > 1 or width > end):   # causal among the new tokens, everything cached before them
             key = torch.arange(width, device=input_ids.device)
             attend = key <= torch.arange(length, end, device=input_ids.device)[:, None]

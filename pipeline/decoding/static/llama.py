@@ -30,9 +30,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from pipeline.decoding.static import int4_row
 from pipeline.decoding.static.base import StaticForward
 from pipeline.decoding.static.packed import PackedLinear, available, stack_biases
-from pipeline.decoding.static.quant import Projection, projection
+from pipeline.decoding.static.quant import Projection, projection, weight_mode
 
 # models whose forward is Llama's, given the checks of LlamaStaticForward.supports
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -57,7 +58,17 @@ def _separate(*projections: Projection) -> Callable:
     return lambda h: tuple(p(h) for p in projections)
 
 
-def _stacked(modules, quant: str, packed: bool) -> Callable:
+class _Split:
+    """h -> ``projection(h)`` split into ``sizes`` along its last dimension."""
+
+    def __init__(self, projection: Projection, sizes: list[int]) -> None:
+        self.projection, self.sizes = projection, sizes
+
+    def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.projection(h).split(self.sizes, dim=-1)
+
+
+def _stacked(modules, quant: str, packed: bool) -> _Split:
     """h -> the outputs of ``modules`` (nn.Linear), from one projection over their weights stacked along the output
     rows (and their biases, where any has one: zeros for the others): a packed copy (packed.py) or a quantised one."""
     weights, biases = [m.weight for m in modules], [m.bias for m in modules]
@@ -65,8 +76,7 @@ def _stacked(modules, quant: str, packed: bool) -> Callable:
         both = PackedLinear(weights, biases)
     else:
         both = projection(torch.cat(weights), stack_biases(weights, biases), quant, packed)
-    sizes = [m.out_features for m in modules]
-    return lambda h: both(h).split(sizes, dim=-1)
+    return _Split(both, [m.out_features for m in modules])
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -132,6 +142,14 @@ class LlamaStaticForward(StaticForward):
         self.rope_scaling = base.rotary_emb.attention_scaling
         self.cos: torch.Tensor | None = None       # [capacity, D]: cos of position p in row p (model dtype)
         self.sin_signed: torch.Tensor | None = None   # [capacity, D]: sin, its first half negated (_rope)
+        self.layer_row = int4_row.build(self, model) if weight_mode(quant) == "int4" else None
+        if self.layer_row is not None:              # a draft step's one-token forward in one kernel call
+            self.row_forward, self.row_kernel = self._row_forward, "int4_layers"
+
+    def _row_forward(self, input_ids: torch.Tensor, length: int) -> torch.Tensor:
+        """input_ids int64 [1, 1] at position ``length`` -> logits [1, 1, V]: the layers in one call (int4_row.py), then
+        the final norm and the head (StaticForward.row_forward)."""
+        return self.head(_rms_norm(self.layer_row(input_ids, length), *self.norm))
 
     @classmethod
     def supports(cls, model) -> bool:
