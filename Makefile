@@ -65,8 +65,9 @@ distill: setup
 # whole head at γ 5 (6 repeats: processes of 3 moved by more than their intervals) and with its prefill in int8 by int8
 # (int4+a8; the two runs about 20 minutes), prompt lookup at γ 4, 6,
 # 8, 10 and 12, and prompt lookup's match followed by that draft
-# (lookup-model; with the int4 draft too); the two best settings, the int4 draft with its whole head at γ 5 (and 6)
-# and prompt lookup at γ 12, on 24 articles (the 3 among them; about 17-25 minutes each: one sample of 3 articles says
+# (lookup-model; with the int4 draft too); the two best settings, the int4 draft with its whole head at γ 5 (and 6
+# and 7; γ 6 twice, each its own process: the target alone's speed moves between processes) and prompt lookup at
+# γ 12, on 24 articles (the 3 among them; about 17-25 minutes each: one sample of 3 articles says
 # little about the task), then prompt lookup and suffix decoding replayed on the 24 texts, as chains and token trees
 # (python -m pipeline.benchmarks.replay, with the target's forward cost over 1-17 tokens: seconds, no decoding), and
 # the replay's best, suffix decoding at factor 4, γ 16, timed on the 24 (about 25 minutes); the draft in
@@ -103,7 +104,9 @@ pair: setup
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --drafter lookup-model --draft-vocab 32768 \
 		--draft-quant int4 --out $(PAIR_RUNS)/qwen-lookup-model-k32768-int4-g4-bfloat16-128.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
-		--draft-quant int4 --gamma 5,6 --out '$(PAIR_RUNS)/qwen-model-kall-int4-g{gamma}-bfloat16-128-a24.json'
+		--draft-quant int4 --gamma 5,6,7 --out '$(PAIR_RUNS)/qwen-model-kall-int4-g{gamma}-bfloat16-128-a24.json'
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--draft-quant int4 --gamma 6 --out $(PAIR_RUNS)/qwen-model-kall-int4-g6-bfloat16-128-a24-2.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
 		--drafter prompt-lookup --gamma 12 --out $(PAIR_RUNS)/qwen-lookup-g12-bfloat16-128-a24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \

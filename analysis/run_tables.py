@@ -306,7 +306,9 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
              ("prompt lookup's match, then the int4 draft (head: 32768 tokens), γ 4",
               "qwen-lookup-model-k32768-int4-g4-bfloat16-128"),
              *((f"draft in int4, whole head, γ {g}, on 24 articles", f"qwen-model-kall-int4-g{g}-bfloat16-128-a24")
-               for g in (5, 6)),
+               for g in (5, 6, 7)),
+             ("draft in int4, whole head, γ 6, on 24 articles, run again (its own process)",
+              "qwen-model-kall-int4-g6-bfloat16-128-a24-2"),
              ("prompt lookup, γ 12, on 24 articles", "qwen-lookup-g12-bfloat16-128-a24"),
              ("prompt lookup, γ 8, n-grams of 1-4 tokens (the replay's pick), on 24 articles",
               "qwen-lookup-g8-n4-bfloat16-128-a24"),
