@@ -12,7 +12,9 @@ What it reproduces, from transformers' modeling_llama with sdpa attention:
     none (Llama's attention_bias / mlp_bias, Qwen2's q/k/v biases), tied or untied LM head
 
 With ``quant`` int8 or int4 (``--draft-quant``, for a draft) the projections and the head multiply quantised
-copies of their weights (quant.py), and the forward computes that quantised model instead. The copies are made
+copies of their weights (quant.py), and the forward computes that quantised model instead. With int4 and our kernel,
+a one-token forward (a chain's draft step) runs its decoder layers in one C++ call instead (int4_row.py,
+StaticForward.row_forward): the same model to bfloat16 rounding. The copies are made
 anyway, so q, k and v share one weight [(H + 2 H_kv) D, d], and gate and up one [2 I, d], as gpt-fast fuses them:
 three kernel calls a layer instead of five, each reading a longer weight. Both quantisations work per output row
 (and int4 per group of inputs along a row), so a fused weight's rows are quantised as each projection's own would
