@@ -221,7 +221,7 @@ def dtype_weights(r: dict) -> str:
     target multiplied its few-row products with our kernel (kernels/bf16_linear.cpp, since 2026-11-29; earlier runs
     with oneDNN's), "int4_linear" where its int4 draft ran our kernel (kernels/int4_linear.cpp, since 2026-11-29;
     earlier int4 runs ran torch's), and "int4_layers" where the draft's one-token forwards ran in one call
-    (kernels/int4_layers.cpp, since 2026-11-29 at 11:00 UTC; earlier ones operator by operator)."""
+    (kernels/int4_layers.cpp, since 7b0a789 on 2026-11-29; earlier ones operator by operator)."""
     parts = [str(r["config"]["dtype"]), *(["packed weights"] if r.get("packed_weights") else []),
              *(["bf16_linear"] if r.get("packed_weights") and r.get("few_rows_kernel") == "bf16_linear" else []),
              *(["int4_linear"] if r.get("quant_kernel") == "int4_linear" else []),

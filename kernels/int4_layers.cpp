@@ -11,14 +11,15 @@
 // target's verify step keeps the output lossless (tests/test_int4_row.py holds the two within tolerance).
 //
 // Why. A 0.5B draft's one-token forward in Python dispatches about 55 torch operators a layer, 3-5 µs each on this
-// project's CPU: a third of the forward above the int4 products' own time (docs/benchmarks.md, "One call per draft
-// forward"). Here those operators are a few loops over vectors a few thousand long, and the layers one ctypes call.
+// project's CPU. Here those operators are a few loops over vectors a few thousand long, and the layers one ctypes
+// call: the forward 1.35x faster (docs/benchmarks.md, "Quantised projections", the int4_layers column).
 //
 // Arguments. x bfloat16 [d], the hidden state, updated in place. ptrs int64 [n_layer][PTRS] and floats float
 // [n_layer][3] per layer (int4_row.py builds them once; the order is the enum below). keys, values bfloat16
 // [n_layer][kv_heads][capacity][head_dim] (one batch row), written at position pos and read over 0 .. pos. cos, sin
 // bfloat16 [head_dim]: position pos's row of llama.py's tables (sin with its first half negated). work: bfloat16
-// scratch of d + qkv_n + heads * head_dim + 3 * inter + d elements (qkv_n = (heads + 2 kv_heads) head_dim); scores: float scratch [heads][pos + 1].
+// scratch of d + qkv_n + heads * head_dim + 3 * inter + d elements (qkv_n = (heads + 2 kv_heads) head_dim); scores:
+// float scratch [heads][pos + 1].
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
