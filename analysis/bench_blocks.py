@@ -40,6 +40,10 @@ QUANT_LINEAR_PREFILL = "results/bench/quant-linear-prefill-cpu.json"
 QUANT_FORWARD = "results/bench/quant-forward-qwen2.5-coder-0.5b-instruct-cpu.json"
 BF16_LINEAR = "results/bench/bf16-linear-cpu.json"
 FORWARD_CURVE = "results/bench/forward-qwen2.5-coder-1.5b-instruct-curve-cpu.json"
+FORWARD_AMX = "results/bench/forward-qwen2.5-coder-1.5b-instruct-amx-cpu.json"
+FORWARD_AMX_WRITER = ("python -m pipeline.benchmarks.forward --model qwen2.5-coder-1.5b-instruct --dtypes bfloat16 "
+                      "--threads 2 --context 450 --new-tokens 1,2,3,5,7,9,11,13,15,16,17 --rounds 6 --calls 3 "
+                      "--ways static,bf16_linear (on a CPU with AMX)")
 FORWARD_CURVE_WRITER = ("python -m pipeline.benchmarks.forward --model qwen2.5-coder-1.5b-instruct --dtypes bfloat16 "
                         "--threads 2 --context 450 --new-tokens 1,2,3,5,7,9,11,13,17 --rounds 6 --calls 3 (make pair)")
 SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
@@ -242,6 +246,31 @@ def bench_forward_few_rows(root: Path) -> str:
             f"{data['provenance']['date'][:10]}.")
     return table(["new tokens", "oneDNN ms", "bf16_linear ms", "bf16_linear over oneDNN", "r oneDNN",
                   "r bf16_linear", "max logit diff"], rows) + "\n\n" + prose(note)
+
+
+def bench_forward_amx(root: Path) -> str:
+    """The 1.5B target's whole forward over q new tokens on a CPU with AMX, as the engine runs it there (amx_linear's
+    product up to 16 rows) and with bf16_linear's up to 9, paired by round: ms, amx_linear over bf16_linear, the
+    verify cost r = ms(q) / ms(1) of each."""
+    data = read_source(root, FORWARD_AMX, FORWARD_AMX_WRITER)
+    rows = []
+    for r in data["results"]:
+        if "bf16_linear_ms" not in r:
+            raise ValueError(f"{FORWARD_AMX} has no bf16_linear timings (not an AMX CPU's): rerun "
+                             f"{FORWARD_AMX_WRITER}")
+        rows.append([str(r["new_tokens"]), num(r["bf16_linear_ms"], 1), num(r["static_ms"], 1), ci(r["amx_speedup"]),
+                     ci(r["bf16_linear_verify_cost"]), ci(r["verify_cost"]),
+                     f"{r['bf16_linear_max_abs_logit_diff']:.2g}"])
+    s, load, device = data["settings"], data["load_average"], data["provenance"]["device"]
+    low, high = sorted((load["before"][0], load["after"][0]))
+    note = (f"Qwen2.5-Coder-1.5B-Instruct in bfloat16 on {device.get('cpu_model') or device['cpu']} "
+            f"({s['threads']} threads), one forward of q new tokens after {s['context']} cached ones, median of "
+            f"{s['rounds']} rounds of {s['calls']} calls; amx_linear over bf16_linear: bf16_linear's time over "
+            "amx_linear's per round, the median over rounds with its interval; r: ms(q) over ms(1) per round. Past 16 "
+            f"new tokens both run oneDNN's product, past 9 bf16_linear's forward does. Load average {low:.1f}-"
+            f"{high:.1f}, {data['provenance']['date'][:10]}.")
+    return table(["new tokens", "bf16_linear ms", "amx_linear ms", "amx_linear over bf16_linear", "r bf16_linear",
+                  "r amx_linear", "max logit diff"], rows) + "\n\n" + prose(note)
 
 
 def bench_quant_forward(root: Path) -> str:

@@ -51,6 +51,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-forward-packed": bench_blocks.bench_forward_packed,
     "bench-bf16-linear": bench_blocks.bench_bf16_linear,
     "bench-forward-few-rows": bench_blocks.bench_forward_few_rows,
+    "bench-forward-amx": bench_blocks.bench_forward_amx,
     "bench-host": bench_blocks.bench_host,
     "bench-host-gpu": gpu_blocks.bench_host_gpu,
     "bench-block-gain": bench_blocks.bench_block_gain,

@@ -6,7 +6,8 @@ figures the tables of README.md and docs/ read from them into one file, results/
 
     published   what the file is, and the command that writes it
     profile, source
-    date        when it was published (UTC); measured: the first and last run's own dates and their devices
+    date        when it was published (UTC); measured: the first and last run's own dates, their devices and the
+                CPUs they ran on (``machines``)
     version, commit, dirty    specsweep's version and the checkout's commit (dirty: tracked files had changes)
     machine     {"cpu": model name, "cores", "gpus": [names]} of the machine that published it
     runs        {run: record}, run = the results file's path under the runs folder without ".json"
@@ -15,7 +16,8 @@ figures the tables of README.md and docs/ read from them into one file, results/
                 (RECORD_METRICS; a Spec-Bench run's per group and per category too, RECORD_CATEGORY), numeric
                 quality scores, its speed measurement's repeats,
                 interval coverage, flags and what idle OpenMP workers did (``omp_wait``,
-                pipeline/env_info.py), and where, when and at which commit it ran (``ran``)
+                pipeline/env_info.py), and where, when and at which commit it ran (``ran``: its device, the CPU's
+                model name, date, commit)
 
 With ``--keep`` the records of the previous summary whose results files the runs folder lacks stay in it as they
 were: a profile whose runs were added at another time, in another checkout, than the rest. ``kept`` then lists them
@@ -113,6 +115,9 @@ def record(result: dict) -> dict:
                                          if measurement.get("threads") else None)},
             "ran": {"date": provenance.get("date"),
                     "device": device_label(provenance.get("device"), (result.get("resolved") or {}).get("device")),
+                    # the CPU's model name (None in results files written before runs recorded it: the summary's
+                    # machine, which published them, ran them)
+                    "machine": (provenance.get("device") or {}).get("cpu_model"),
                     # the code that ran it (None in results files written before runs recorded it)
                     **{k: (provenance.get("commit") or {}).get(k) for k in ("commit", "dirty")}}}
 
@@ -152,7 +157,9 @@ def summary(profile: str, root: Path, keep: bool = False) -> dict:
         before = json.loads(previous.read_text(encoding="utf-8"))
         for name, rec in before["runs"].items():
             if name not in runs:
-                runs[name] = rec
+                # a record from before runs recorded their CPU: the machine that published it ran it
+                runs[name] = {**rec, "ran": {**rec["ran"], "machine": rec["ran"].get("machine")
+                                             or (before.get("machine") or {}).get("cpu")}}
                 # a run the previous summary had kept itself keeps the commit it was published at
                 source = next((k for k in before.get("kept", ()) if name in k["runs"]), before)
                 kept.setdefault((source["commit"], source["dirty"]), []).append(name)
@@ -165,7 +172,8 @@ def summary(profile: str, root: Path, keep: bool = False) -> dict:
             "profile": profile, "source": runs_dir,
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "measured": {"first": dates[0] if dates else None, "last": dates[-1] if dates else None,
-                         "devices": sorted({r["ran"]["device"] for r in runs.values()})},
+                         "devices": sorted({r["ran"]["device"] for r in runs.values()}),
+                         "machines": sorted({r["ran"].get("machine") or machine()["cpu"] for r in runs.values()})},
             "version": versions().get("specsweep"), "commit": commit["commit"], "dirty": commit["dirty"],
             "machine": machine(),
             **({"kept": [{"commit": c, "dirty": d, "runs": names} for (c, d), names in kept.items()]} if kept else {}),

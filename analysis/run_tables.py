@@ -147,7 +147,6 @@ def provenance(profile: str) -> Callable[[Path], str]:
     """A renderer of one line saying where and when ``profile``'s published runs were measured."""
     def render(root: Path) -> str:
         data = read_source(root, summary_path(profile), f"make publish PROFILE={profile}")
-        m = data["machine"]
         first, last = ((data["measured"].get(k) or "")[:10] for k in ("first", "last"))
         when = first if first == last else f"{first} to {last}"
         def at(source: dict) -> str:
@@ -164,9 +163,28 @@ def provenance(profile: str) -> Callable[[Path], str]:
         where = f" at {ranked[0][0]}" if len(ranked) == 1 else ": " + ", ".join(
             f"{n} run{'' if n == 1 else 's'} at {code}" if i == 0 else f"{n} at {code}"
             for i, (code, n) in enumerate(ranked))
-        return prose(f"Measured on {m['cpu']} ({m['cores']} cores), {when}, specsweep {data['version']}{where}."
+        return prose(f"Measured on {_machines(data, when)}, specsweep {data['version']}{where}."
                      f"{_omp_wait(data['runs'].values())}")
     return render
+
+
+def _machines(data: dict, when: str) -> str:
+    """"CPU (N cores), dates" for a summary whose runs ran on one machine; with several, each CPU with its runs and
+    dates (a record that does not name its CPU ran on the one that published it)."""
+    m = data["machine"]
+    dates: dict[str, list[str]] = {}
+    for r in data["runs"].values():
+        dates.setdefault(r["ran"].get("machine") or m["cpu"], []).append((r["ran"].get("date") or "")[:10])
+    if len(dates) == 1:
+        return f"{next(iter(dates))} ({m['cores']} cores), {when}"
+
+    def span(days: list[str]) -> str:
+        known = sorted(d for d in days if d)
+        return "" if not known else f", {known[0]}" if known[0] == known[-1] else f", {known[0]} to {known[-1]}"
+
+    parts = [f"{cpu} ({len(days)} run{'' if len(days) == 1 else 's'}{span(days)})"
+             for cpu, days in sorted(dates.items(), key=lambda kv: -len(kv[1]))]
+    return f"{', '.join(parts[:-1])} and {parts[-1]}, {m['cores']} cores each"
 
 
 def sigmoid_study(root: Path) -> str:

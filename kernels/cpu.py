@@ -6,6 +6,9 @@
                       BF16: the packed projections of a decode or verify forward (pipeline/decoding/static/packed.py)
     int4_layers.cpp   a Llama-family model's decoder layers over one token with int4_linear's projections, in one
                       call: a quantised draft's one-token forward (pipeline/decoding/static/int4_row.py)
+    amx_linear.cpp    y = x @ W.T + b for a bfloat16 weight W [N, K] in bf16_linear's layout and 1-16 bfloat16 rows,
+                      with AMX tiles, where the CPU has them: what packed.py multiplies a few rows with there instead of
+                      bf16_linear (a library of its own, built and loaded only on such a CPU)
 
     available()              whether the kernels run here (the CPU's instructions, a compiler, one OpenMP runtime)
     turned_off()             a block within which they do not (projections built there run torch's kernels)
@@ -15,6 +18,8 @@
     int4_linear(x, weight)   x bfloat16 [M, K] (M <= MAX_ROWS) -> x @ W.T bfloat16 [M, N]
     pack_bf16(w)             a bfloat16 weight [N, K] in bf16_linear's layout (bf16_linear.cpp): a Bf16Weight
     bf16_linear(x, weight, bias)   x bfloat16 [M, K] (M <= BF16_ROWS) -> x @ W.T + bias bfloat16 [M, N]
+    amx_available()          whether amx_linear runs here (the kernels above, AMX, and the tile registers granted)
+    amx_linear(x, weight, bias)    the same for M <= AMX_ROWS and K a multiple of 32 (amx_linear.cpp)
     int4_layers(x, ...)      a decoder's layers over one token, x bfloat16 [d] updated in place (int4_layers.cpp)
 
 Why our own. torch's int4 CPU kernel (``_weight_int4pack_mm_for_cpu``) widens the nibbles to float32 and spends more
@@ -25,17 +30,22 @@ docs/benchmarks.md). No library on PyPI ships such a kernel for this torch on x8
 only; llama.cpp's are built from source), and the kernel is 100 lines. oneDNN's packed bfloat16 product (packed.py)
 does not overlap its arithmetic with reading the weights over a few rows: each row past the first adds its own
 arithmetic time. bf16_linear feeds each load of W to every row's vdpbf16ps, so up to about 9 rows it costs little more
-than one (``python -m pipeline.benchmarks.quant_linear``, the ``bf16_linear`` way).
+than one (``python -m pipeline.benchmarks.quant_linear``, the ``bf16_linear`` way), where the cores' vector units are
+fast enough for it; on a CPU with AMX (the project's Xeon) a tile product of 16 rows costs what reading the weight
+costs, while bf16_linear's 9 rows cost 2-3 times one (amx_linear.cpp says more).
 
 Build. ``$CXX`` (else ``c++``) with -O3 -fopenmp and the AVX-512 flags, both sources into one library under
 ``kernels/`` in the cache directory (pipeline/roofline.py's :func:`cache_dir`), named by a hash of the sources, the
 flags and the compiler's version: a second process loads the same file; a failed compile leaves nothing behind and
 makes the kernels unavailable. They run only where /proc/cpuinfo lists avx512f, avx512bw, avx512vl and avx512_bf16.
+amx_linear.cpp is built the same way into a second library with the AMX flags, only where /proc/cpuinfo lists
+amx_tile and amx_bf16 too (a compiler without them leaves the other kernels running), and runs only once Linux has
+granted the process the tile registers (``amx_linear_init``, asked once when it loads).
 The library links OpenMP by its usual name, libgomp.so.1: torch's Linux wheels load a libgomp.so.1 first, so the
 kernels run on torch's OpenMP threads, as many as ``torch.get_num_threads()`` says at each call. Where a second OpenMP
 runtime shows up in the process after loading, the kernels are refused (two thread pools would spin against each other
 on the same cores). ``SPECSWEEP_CPU_KERNELS=0`` turns them off (quant.py and packed.py then use torch's kernels), to
-compare.
+compare; ``SPECSWEEP_AMX=0`` turns off amx_linear alone (packed.py then runs bf16_linear's few rows).
 """
 
 from __future__ import annotations
@@ -57,6 +67,14 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in ("int4_linear.cpp", "
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 """What /proc/cpuinfo must list for the kernels to run."""
+AMX_SOURCES = (Path(__file__).with_name("amx_linear.cpp"),)
+AMX_FLAGS = (*FLAGS, "-mamx-tile", "-mamx-bf16")
+AMX_CPU_FLAGS = ("amx_tile", "amx_bf16")
+"""What /proc/cpuinfo must list besides CPU_FLAGS for amx_linear to run."""
+AMX_ROWS = 16
+"""The most rows x [M, K] one amx_linear call takes (one tile of x)."""
+AMX_K = 32
+"""amx_linear's K must be a multiple of it (a tile of x holds 32 inputs of each row)."""
 GROUP = 128
 """Inputs per scale and minimum (quant.py's GROUP; the kernel's groups are 128 wide)."""
 MAX_ROWS = 4
@@ -118,13 +136,13 @@ def _openmp_runtimes() -> set[str]:
     return {line.split()[-1] for line in maps.splitlines() if any(n in line.rsplit("/", 1)[-1] for n in names)}
 
 
-def _compile(compiler: str, out: Path) -> str:
-    """Compile the source into ``out`` (atomically); returns "" or the compiler's first error line."""
+def _compile(compiler: str, out: Path, sources=SOURCES, flags=FLAGS) -> str:
+    """Compile ``sources`` into ``out`` (atomically); returns "" or the compiler's first error line."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
+        done = subprocess.run([compiler, *flags, *map(str, sources), "-o", tmp], capture_output=True, text=True,
                               timeout=120)
         if done.returncode:
             lines = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or [""]
@@ -138,12 +156,12 @@ def _compile(compiler: str, out: Path) -> str:
             os.unlink(tmp)
 
 
-@functools.lru_cache(maxsize=1)
-def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "") or (None, why not): built and loaded once per process."""
-    if os.environ.get("SPECSWEEP_CPU_KERNELS", "1") == "0":
-        return None, "turned off by SPECSWEEP_CPU_KERNELS=0"
-    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
+def _build(name: str, sources, flags, needs, switch: str) -> tuple[ctypes.CDLL | None, str]:
+    """(the library ``name`` built from ``sources`` with ``flags``, loaded, "") or (None, why not): where the
+    environment variable ``switch`` is not "0" and /proc/cpuinfo lists every flag of ``needs``."""
+    if os.environ.get(switch, "1") == "0":
+        return None, f"turned off by {switch}=0"
+    missing = [f for f in needs if f not in _cpu_flags()]
     if missing:
         return None, f"this CPU lacks {', '.join(missing)}"
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
@@ -155,15 +173,24 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot run {compiler}: {e}"
     from pipeline.roofline import cache_dir  # kept local: quant.py imports this module, and `--help` need not load it
 
-    sources = b"".join(p.read_bytes() for p in SOURCES)
-    digest = hashlib.sha256(sources + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    path = cache_dir() / "kernels" / f"cpu_kernels-{digest}.so"
-    if not path.exists() and (error := _compile(compiler, path)):
+    text = b"".join(p.read_bytes() for p in sources)
+    digest = hashlib.sha256(text + " ".join(flags).encode() + version.encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"{name}-{digest}.so"
+    if not path.exists() and (error := _compile(compiler, path, sources, flags)):
         return None, error
     before = _openmp_runtimes()
     lib = ctypes.CDLL(str(path))
     if len(_openmp_runtimes()) > max(1, len(before)):
         return None, f"loading it brought a second OpenMP runtime ({sorted(_openmp_runtimes())})"
+    return lib, ""
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why not): built and loaded once per process."""
+    lib, why = _build("cpu_kernels", SOURCES, FLAGS, CPU_FLAGS, "SPECSWEEP_CPU_KERNELS")
+    if lib is None:
+        return None, why
     lib.int4_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     lib.int4_linear.restype = ctypes.c_int
@@ -177,19 +204,41 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     return lib, ""
 
 
+@functools.lru_cache(maxsize=1)
+def _amx_library() -> tuple[ctypes.CDLL | None, str]:
+    """(amx_linear's library, "") or (None, why not), once per process, after the other kernels' (it runs beside
+    them, and with them off it is off too)."""
+    if _library()[0] is None:
+        return None, _library()[1]
+    lib, why = _build("amx_kernels", AMX_SOURCES, AMX_FLAGS, AMX_CPU_FLAGS, "SPECSWEEP_AMX")
+    if lib is None:
+        return None, why
+    lib.amx_linear_init.restype = ctypes.c_int
+    if (status := lib.amx_linear_init()) != 0:
+        return None, f"Linux did not grant the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM: errno {status})"
+    lib.amx_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    lib.amx_linear.restype = ctypes.c_int
+    return lib, ""
+
+
 _TURNED_OFF = [0]
 """How many :func:`turned_off` blocks are open."""
+_AMX_OFF = [0]
+"""How many :func:`turned_off` blocks with ``amx_only`` are open."""
 
 
 @contextlib.contextmanager
-def turned_off():
+def turned_off(amx_only: bool = False):
     """Within it, :func:`available` says False, so the projections built there run torch's kernels (and keep running
-    them after): both kinds in one process, to time them paired (pipeline/benchmarks/quant_linear.py, forward.py)."""
-    _TURNED_OFF[0] += 1
+    them after): both kinds in one process, to time them paired (pipeline/benchmarks/quant_linear.py, forward.py).
+    ``amx_only``: only :func:`amx_available` says False (packed projections built there run bf16_linear's few rows)."""
+    counter = _AMX_OFF if amx_only else _TURNED_OFF
+    counter[0] += 1
     try:
         yield
     finally:
-        _TURNED_OFF[0] -= 1
+        counter[0] -= 1
 
 
 def available() -> bool:
@@ -198,6 +247,16 @@ def available() -> bool:
 
 def unavailable_reason() -> str:
     return "turned off by cpu.turned_off()" if _TURNED_OFF[0] else _library()[1]
+
+
+def amx_available() -> bool:
+    return available() and not _AMX_OFF[0] and _amx_library()[0] is not None
+
+
+def amx_unavailable_reason() -> str:
+    if not available():
+        return unavailable_reason()
+    return "turned off by cpu.turned_off(amx_only=True)" if _AMX_OFF[0] else _amx_library()[1]
 
 
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, minima: torch.Tensor) -> Int4Weight:
@@ -267,6 +326,29 @@ def bf16_linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None =
     if lib.bf16_linear(x.data_ptr(), M, K, weight.packed.data_ptr(), None if bias is None else bias.data_ptr(),
                        weight.n, y.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"bf16_linear refused [{M}, {K}] x [{weight.n}, {K}]")
+    return y
+
+
+def amx_linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x bfloat16 [M, K] on the CPU, 1 <= M <= AMX_ROWS, K a multiple of AMX_K, bias float32 [N] or None -> x @ W.T +
+    bias bfloat16 [M, N] from bf16_linear's packed weight (amx_linear.cpp: float32 sums, the bias added in float32,
+    rounded once; a row's result does not depend on the others). RuntimeError where AMX does not run here."""
+    lib = _amx_library()[0] if available() else None
+    if lib is None:
+        raise RuntimeError(f"amx_linear is unavailable: {amx_unavailable_reason()}")
+    x = x.contiguous()
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != weight.k or not 1 <= x.shape[0] <= AMX_ROWS \
+            or weight.k % AMX_K:
+        raise ValueError(f"amx_linear takes bfloat16 [1..{AMX_ROWS}, {weight.k}] with K a multiple of {AMX_K}, got "
+                         f"{x.dtype} {list(x.shape)}")
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.n,) or not bias.is_contiguous()):
+        raise ValueError(f"amx_linear takes a contiguous float32 bias [{weight.n}], got {bias.dtype} "
+                         f"{list(bias.shape)}")
+    M, K = x.shape
+    y = torch.empty(M, weight.n, dtype=torch.bfloat16)
+    if lib.amx_linear(x.data_ptr(), M, K, weight.packed.data_ptr(), None if bias is None else bias.data_ptr(),
+                      weight.n, y.data_ptr(), torch.get_num_threads()):
+        raise ValueError(f"amx_linear refused [{M}, {K}] x [{weight.n}, {K}]")
     return y
 
 

@@ -32,7 +32,7 @@ def device_info(device: str = "cpu") -> dict[str, str | int | None]:
     import torch
 
     info: dict[str, str | int | None] = {"device": str(device), "cpu": platform.processor() or platform.machine(),
-                                         "cpu_threads": torch.get_num_threads()}
+                                         "cpu_model": cpu_model(), "cpu_threads": torch.get_num_threads()}
     if str(device).startswith("cuda") and torch.cuda.is_available():
         idx = torch.device(device).index or 0
         props = torch.cuda.get_device_properties(idx)

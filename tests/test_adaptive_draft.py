@@ -139,17 +139,55 @@ def test_greedy_verification_with_an_adaptive_length_is_lossless(pair, name):
 def test_an_adaptive_length_adds_no_host_sync(pair, batch):
     """The only syncs the op-level detector may see in a generate call are the two of the final finite check: the
     per-row lengths reach the device and the confident lengths the host without one (tests/test_engine.py has the
-    same bound for a fixed γ)."""
+    same bound for a fixed γ). That is the policy as a GPU runs it (no in-step stop); on a CPU the in-step stop reads
+    one value per draft forward, and nothing else."""
     from sync_detector import NoHostSync
 
     target, draft, tok = pair
     enc = tok(PROMPTS[:batch], return_tensors="pt", padding=True)
     engine = SpeculativeEngine(target, draft, get_sampler("exact"), gamma=2, device="cpu", eos_token_ids=[],
                                pad_token_id=0, draft_policy=POLICIES["both"])
-    with NoHostSync() as mode:
-        res = engine.generate(enc.input_ids, enc.attention_mask, 24, _gen(0))
-    assert res.verify_steps >= 5
-    assert len(mode.syncs) <= 2, sorted(set(mode.syncs))
+    assert engine.policy.in_step                                                  # a CPU stops in the step
+    for in_step in (False, True):
+        engine.policy = dataclasses.replace(engine.policy, in_step=in_step)
+        with NoHostSync() as mode:
+            res = engine.generate(enc.input_ids, enc.attention_mask, 24, _gen(0))
+        assert res.verify_steps >= 5
+        if not in_step:
+            assert len(mode.syncs) <= 2, sorted(set(mode.syncs))
+        else:
+            assert set(mode.syncs) <= {"aten::is_nonzero", "aten::item", "aten::_local_scalar_dense"}
+            assert len(mode.syncs) <= 2 + res.extra["draft_forwards"] + res.verify_steps
+
+
+def test_on_a_cpu_the_confidence_rule_stops_drafting_in_the_step(pair):
+    """At batch 1, a threshold no confidence reaches stops every step's drafting after its first token (on a CPU:
+    DraftPolicy.on): each step proposes one token where γ_max is 5, so the draft runs about one forward a step (the
+    first step's first token comes from its prompt's forward), and the output is the target alone's. On a GPU the
+    policy pads instead (in_step off)."""
+    target, draft, tok = pair
+    one = tok(PROMPTS[3], return_tensors="pt")
+    reference = SpeculativeEngine(target, None, get_sampler("greedy"), gamma=0, device="cpu", eos_token_ids=[EOS],
+                                  pad_token_id=0).generate(one.input_ids, one.attention_mask, 24).tokens
+    policy = DraftPolicy("constant", 0.999999, 5)
+    assert policy.on(torch.device("cpu")).in_step and not policy.on(torch.device("cuda")).in_step
+    assert not DraftPolicy("heuristic", 0.0, 5).on(torch.device("cpu")).in_step     # no threshold, nothing to stop
+    engine = SpeculativeEngine(target, draft, get_sampler("greedy", temperature=0.0), gamma=2, device="cpu",
+                               eos_token_ids=[EOS], pad_token_id=0, draft_policy=policy)
+    widths = []
+    propose = engine.drafter.propose
+
+    def spy(ask):
+        proposal = propose(ask)
+        widths.append((ask.gamma, proposal.width))
+        return proposal
+
+    engine.drafter.propose = spy
+    result = engine.generate(one.input_ids, one.attention_mask, 24)
+    assert result.tokens == reference
+    assert widths and all(w == 1 for _, w in widths) and max(g for g, _ in widths) == 5
+    assert result.extra["draft_forwards"] == result.verify_steps - 1
+    assert result.row_stats[0]["drafted"] == result.verify_steps
 
 
 def _emitted(engine, tok, prompt: str, n: int, seed: int) -> np.ndarray:
@@ -163,14 +201,17 @@ def _emitted(engine, tok, prompt: str, n: int, seed: int) -> np.ndarray:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,temperature", [("both", 1.0), ("confidence", 0.7)])
-def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, temperature, monkeypatch):
+@pytest.mark.parametrize("name,temperature,in_step", [("both", 1.0, False), ("confidence", 0.7, False),
+                                                      ("confidence", 0.7, True)])
+def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, temperature, in_step, monkeypatch):
     """First, second and third emitted tokens of `exact` with an adaptive draft length, 6000 rows decoded together
     (each row wants its own length from the second step on), against the target's laws by enumeration. The rows
-    did pad: some after their confidence fell, some past a length shorter than the step's."""
+    did pad: some after their confidence fell, some past a length shorter than the step's. Without the in-step stop
+    (as on a GPU) and with it (a CPU's: the rows start alike, so their first step stops drafting where they fell)."""
     target, draft, tok = pair
     engine = SpeculativeEngine(target, draft, get_sampler("exact", temperature=temperature), gamma=2, device="cpu",
                                eos_token_ids=[], pad_token_id=0, draft_policy=POLICIES[name])
+    engine.policy = dataclasses.replace(engine.policy, in_step=in_step)
     import pipeline.decoding.engine
 
     padded, limited = [], []
@@ -185,10 +226,20 @@ def test_exact_sampling_with_an_adaptive_length_follows_the_target(pair, name, t
         limited.append(limits is not None)
         return limits
 
+    narrow = []
+    propose = engine.drafter.propose
+
+    def spy_propose(ask):
+        proposal = propose(ask)
+        narrow.append(proposal.width < ask.gamma)
+        return proposal
+
     monkeypatch.setattr(DraftLengths, "record", spy_record)
     monkeypatch.setattr(pipeline.decoding.engine, "row_limits", spy_limits)
+    monkeypatch.setattr(engine.drafter, "propose", spy_propose)
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     assert sum(padded) > 0 and (any(limited) or name == "confidence")
+    assert any(narrow) == in_step                 # the in-step stop cut a step's proposal short
     V = target.config.vocab_size
     laws = target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, temperature, 3)
     for k, law in enumerate(laws):
@@ -225,6 +276,7 @@ def test_negative_controls_fail_the_same_test(pair, monkeypatch, wrong):
     target, draft, tok = pair
     engine = SpeculativeEngine(target, wrong(monkeypatch, draft), get_sampler("exact", temperature=1.0), gamma=2,
                                device="cpu", eos_token_ids=[], pad_token_id=0, draft_policy=POLICIES["both"])
+    engine.policy = dataclasses.replace(engine.policy, in_step=False)    # the padding these get wrong, as on a GPU
     out = _emitted(engine, tok, PROMPTS[0], 3, seed=3)
     V = target.config.vocab_size
     laws = target_marginals(target, tok(PROMPTS[0], return_tensors="pt").input_ids, 1.0, 3)

@@ -243,6 +243,34 @@ def test_a_record_keeps_the_commit_its_run_recorded_and_the_line_counts_runs_by_
     assert " ".join(run_tables.provenance("pair")(tmp_path).split()).endswith("specsweep 0.1.0 at aaaaaaa.")
 
 
+def test_each_record_names_the_cpu_it_ran_on_and_the_line_names_each_cpu_when_they_differ(tmp_path, monkeypatch):
+    """A results file's `provenance.device.cpu_model` is its record's `ran.machine`; a kept record from before runs
+    recorded it ran on the machine that published it; one CPU gives the one-machine line, two give each with its
+    runs and dates."""
+    monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": "p" * 40, "dirty": False})
+    monkeypatch.setattr(publish, "machine", lambda: {"cpu": "AMD EPYC", "cores": 2, "gpus": []})
+    folder = tmp_path / "results" / "pair" / "runs"
+    write_runs(folder, {"old": run_result("cnn_dailymail", 4, 1.2)})          # written before runs recorded it
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    assert " ".join(run_tables.provenance("pair")(tmp_path).split()).startswith(
+        "Measured on AMD EPYC (2 cores), 2026-11-27, specsweep")
+    (folder / "old.json").unlink()
+    monkeypatch.setattr(publish, "machine", lambda: {"cpu": "Intel Xeon", "cores": 2, "gpus": []})
+    runs = {name: run_result("cnn_dailymail", 4, 1.3) for name in ("a", "b")}
+    for result in runs.values():
+        result["provenance"]["device"]["cpu_model"] = "Intel Xeon"
+        result["provenance"]["date"] = "2026-12-02T01:00:00+00:00"
+    write_runs(folder, runs)
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path), "--keep"]) == 0
+    summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
+    assert [summary["runs"][n]["ran"]["machine"] for n in ("a", "b", "old")] == ["Intel Xeon", "Intel Xeon",
+                                                                                "AMD EPYC"]
+    assert summary["measured"]["machines"] == ["AMD EPYC", "Intel Xeon"]
+    assert " ".join(run_tables.provenance("pair")(tmp_path).split()).startswith(
+        "Measured on Intel Xeon (2 runs, 2026-12-02) and AMD EPYC (1 run, 2026-11-27), 2 cores each, specsweep")
+    assert env_info.device_info("cpu")["cpu_model"] == env_info.cpu_model()
+
+
 def test_provenance_names_the_commit_of_the_checkout_it_runs_from():
     """`specsweep run` from this checkout records its commit (results and the pages not counting as a change); from
     an installed copy, where no .git sits beside the package, None."""

@@ -23,7 +23,7 @@ from pipeline.decoding.drafters.lookup import prompt_lookup
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.static import base
 from pipeline.decoding.static.base import key_width
-from pipeline.decoding.static.packed import PackedLinear, available, packed
+from pipeline.decoding.static.packed import PackedLinear, available, few_rows_kernel, packed, row_limit
 from pipeline.kernels import cpu
 from pipeline.samplers import get_sampler
 
@@ -121,7 +121,8 @@ def test_the_bfloat16_forward_over_onednns_packed_weights_gives_the_plain_forwar
 def test_the_bfloat16_forward_with_bf16_linear_gives_the_plain_forwards_logits_to_rounding(name):
     model = build(**CONFIGS[name]).to(torch.bfloat16)
     plain, fast = CachedModel(model, static=True), CachedModel(model, static=True, packed=True)
-    assert fast.static.head.few_rows_kernel == "bf16_linear"
+    # ours over a few rows: bf16_linear, or amx_linear where the CPU has AMX (tests/test_cpu_kernels.py)
+    assert fast.static.head.few_rows_kernel == few_rows_kernel(torch.bfloat16, model.config.hidden_size) != "onednn"
     g = torch.Generator().manual_seed(3)
     for m in (plain, fast):
         m.reset(2, torch.device("cpu"), capacity=8)
@@ -161,21 +162,23 @@ def test_attention_over_whole_blocks_of_keys_does_not_depend_on_how_many_masked_
 @torch.inference_mode()
 @pytest.mark.parametrize("name", ["llama3-rope-biases", "qwen2"])
 @pytest.mark.parametrize("context", [20, 23, 27, 30])
-def test_with_bf16_linear_a_verify_forwards_logits_are_one_token_forwards_bit_for_bit(name, context):
-    """Up to cpu.BF16_ROWS new tokens, a forward's logits at each position are those of one-token forwards over the
-    same tokens: its projections are row-invariant and so is the attention over them (a verify forward scores what
-    the target alone would compute, token for token). With the keys ending at each forward's last token instead of
-    whole blocks (base.KEY_BLOCK), six of these eight fail."""
+def test_with_our_few_row_kernel_a_verify_forwards_logits_are_one_token_forwards_bit_for_bit(name, context):
+    """Up to the few-row kernel's rows (bf16_linear's 9, amx_linear's 16 where the CPU has AMX) new tokens, a
+    forward's logits at each position are those of one-token forwards over the same tokens: its projections are
+    row-invariant and so is the attention over them (a verify forward scores what the target alone would compute,
+    token for token). With the keys ending at each forward's last token instead of whole blocks (base.KEY_BLOCK),
+    six of these eight fail."""
     model = build(**{**CONFIGS[name], "hidden_size": 256, "intermediate_size": 512, **FOUR_PER_KV}).to(torch.bfloat16)
     many, one = CachedModel(model, static=True, packed=True), CachedModel(model, static=True, packed=True)
+    rows = row_limit(many.static.head.few_rows_kernel)
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(3, 97, (1, context), generator=g)
     for m in (many, one):
         m.reset(1, torch.device("cpu"), capacity=context + 20)
         m.forward(prompt, last=1)
-    ids = torch.randint(3, 97, (1, cpu.BF16_ROWS), generator=g)
-    together = many.forward(ids, last=cpu.BF16_ROWS)
-    alone = torch.cat([one.forward(ids[:, i: i + 1], last=1) for i in range(cpu.BF16_ROWS)], dim=1)
+    ids = torch.randint(3, 97, (1, rows), generator=g)
+    together = many.forward(ids, last=rows)
+    alone = torch.cat([one.forward(ids[:, i: i + 1], last=1) for i in range(rows)], dim=1)
     assert torch.equal(together, alone)
 
 

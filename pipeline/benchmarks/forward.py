@@ -22,8 +22,11 @@ not depend on the values). For each number of new tokens per forward (1: a draft
 them, append that many tokens after ``context`` cached ones, with every position's logits, and roll them back.
 Where our forward multiplies packed weights (pipeline/decoding/static/packed.py), ours over the model's own
 weights ("plain") is timed in the same rounds too, and each row gives the packed weights' gain over it; where its
-few-row products are ours (bf16_linear, kernels/cpu.py), ours packed with oneDNN's product for every number of rows
-("onednn", built under cpu.turned_off()) too, and each row gives bf16_linear's gain over it.
+few-row products are ours (bf16_linear or amx_linear, kernels/cpu.py), ours packed with oneDNN's product for every
+number of rows ("onednn", built under cpu.turned_off()) too, and each row gives our few-row kernel's gain over it;
+where they are amx_linear's (a CPU with AMX), ours with bf16_linear's ("bf16_linear", built under
+cpu.turned_off(amx_only=True)) too, and each row gives amx_linear's gain over it. ``--ways`` times fewer of them
+(ours as the engine runs it is always timed; without transformers' the rows give no speedup over it).
 The two alternate in paired rounds; each round's ratio (transformers' median time over ours) gives the speedup as
 the median over rounds with its order-statistic interval (pipeline/measure.py). The first forward's logits of
 the two are compared as well. Writes results/bench/forward-<model>-<device>.json.
@@ -155,27 +158,29 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     return model.to(device).eval()
 
 
-FORWARDS = ("transformers", "static", "plain", "onednn")
+FORWARDS = ("transformers", "static", "plain", "onednn", "bf16_linear")
 """transformers' forward; ours as the engine runs it (packed weights where the family, device and dtype allow:
 pipeline/decoding/static/packed.py); ours over the model's own weights ("plain": left out where nothing is packed);
 ours packed with oneDNN's product over every number of rows ("onednn": left out where packed.py's few-row products
-are not bf16_linear's, kernels/cpu.py, anyway)."""
-COMPARED = {"plain": "packed_speedup", "onednn": "few_rows_speedup"}
+are oneDNN's anyway); ours packed with bf16_linear's few rows ("bf16_linear": only where packed.py's are
+amx_linear's, kernels/cpu.py)."""
+COMPARED = {"plain": "packed_speedup", "onednn": "few_rows_speedup", "bf16_linear": "amx_speedup"}
 """The forwards timed against "static", and the name of that row's paired ratio (theirs over static's)."""
 
 
 def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5, 11), rounds: int = 10,
               calls: int = 10, threads: int = 1, device: str = "cpu", dtypes: tuple[str, ...] = ("float32",),
-              out: Path | None = None) -> dict:
+              out: Path | None = None, ways: tuple[str, ...] = FORWARDS) -> dict:
     """Time transformers' forward and ours on the model at ``path``, in each of ``dtypes``, all in the same
-    interleaved rounds (see the module docstring); torch's thread count is put back afterwards."""
+    interleaved rounds (see the module docstring); ``ways``: which of FORWARDS (ours as the engine runs it always);
+    torch's thread count is put back afterwards."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
             models = {name: load_model(path, device, torch_dtype(name)) for name in dtypes}
             load = os.getloadavg()
-            rows, dtype_rows = _measure(models, context, new_tokens, rounds, calls, device)
+            rows, dtype_rows = _measure(models, context, new_tokens, rounds, calls, device, ways)
     finally:
         torch.set_num_threads(previous)
     config = next(iter(models.values())).config
@@ -184,7 +189,7 @@ def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5
                                                                 "num_attention_heads", "num_key_value_heads",
                                                                 "vocab_size")},
               "settings": {"context": context, "new_tokens": list(new_tokens), "rounds": rounds, "calls": calls,
-                           "threads": threads, "batch": 1, "dtypes": list(dtypes)},
+                           "threads": threads, "batch": 1, "dtypes": list(dtypes), "ways": list(ways)},
               "load_average": {"before": list(load), "after": list(os.getloadavg())}, "results": rows,
               "dtypes": dtype_rows}
     if out is not None:
@@ -193,7 +198,7 @@ def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5
 
 
 def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: int, calls: int,
-             device: str) -> tuple[list[dict], list[dict]]:
+             device: str, ways: tuple[str, ...] = FORWARDS) -> tuple[list[dict], list[dict]]:
     """Every (forward, dtype, new tokens) timed in the same rounds, in an order that rotates from round to round.
     Returns the rows per (dtype, new tokens): ms of each forward, ours against transformers' (paired by round),
     the verify cost r = ms(q) / ms(1) of ours (paired by round; 1 must be among ``new_tokens``) and the first
@@ -214,14 +219,20 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
     cached, logits = {}, {}
     for dtype, model in models.items():
         for forward in FORWARDS:
+            if forward not in ways and forward != "static":
+                continue
             static = cached.get(("static", dtype))                 # built before "plain" and "onednn" are
             packed = static is not None and getattr(static.static, "packed", False)
             if forward == "plain" and not packed:
                 continue                                    # nothing packed: the plain forward is the static one
-            if forward == "onednn" and not (packed and few_rows_kernel(model.dtype) == "bf16_linear"):
+            if forward == "onednn" and not (packed and few_rows_kernel(model.dtype) != "onednn"):
                 continue                                    # the static forward's few-row products are oneDNN's
-            with cpu.turned_off() if forward == "onednn" else contextlib.nullcontext():
-                c = CachedModel(model, kind, static=forward != "transformers", packed=forward in ("static", "onednn"))
+            if forward == "bf16_linear" and not (packed and few_rows_kernel(model.dtype) == "amx_linear"):
+                continue                                    # they are bf16_linear's, or oneDNN's
+            off = {"onednn": cpu.turned_off(), "bf16_linear": cpu.turned_off(amx_only=True)}
+            with off.get(forward, contextlib.nullcontext()):
+                c = CachedModel(model, kind, static=forward != "transformers",
+                                packed=forward in ("static", "onednn", "bf16_linear"))
             if forward != "transformers" and c.static is None:
                 raise SystemExit(f"{type(model).__name__} has no static forward here (pipeline/decoding/static/)")
             c.reset(1, dev, None if hidden is None else hidden.to(model.dtype), capacity=context + max(new_tokens) + 8)
@@ -243,15 +254,25 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
         shift = r % len(ways)
         for f, d, q in ways[shift:] + ways[:shift]:                # rotate which goes first
             times[f, d, q].append(statistics.median(time_calls(step(cached[f, d], q), device, calls, warmup=1)))
+    return _rows(models, new_tokens, times, logits, cached)
+
+
+def _rows(models: dict, new_tokens: tuple[int, ...], times: dict, logits: dict,
+          cached: dict) -> tuple[list[dict], list[dict]]:
+    """_measure's rows from each (forward, dtype, new tokens)'s round times and first logits."""
     rows = []
     for d in models:
         for q in new_tokens:
-            t, s = times["transformers", d, q], times["static", d, q]
-            ratios = [a / b for a, b in zip(t, s)]
-            row = {"dtype": d, "new_tokens": q, "transformers_ms": statistics.median(t) * 1e3,
-                   "static_ms": statistics.median(s) * 1e3, "speedup": median_ci(ratios).to_dict(), "ratios": ratios,
-                   "rounds_ms": {"transformers": [x * 1e3 for x in t], "static": [x * 1e3 for x in s]},
-                   "max_abs_logit_diff": float((logits["static", d, q] - logits["transformers", d, q]).abs().max())}
+            s = times["static", d, q]
+            row = {"dtype": d, "new_tokens": q, "static_ms": statistics.median(s) * 1e3,
+                   "rounds_ms": {"static": [x * 1e3 for x in s]}}
+            if ("transformers", d) in cached:
+                t = times["transformers", d, q]
+                ratios = [a / b for a, b in zip(t, s)]
+                row.update({"transformers_ms": statistics.median(t) * 1e3, "speedup": median_ci(ratios).to_dict(),
+                            "ratios": ratios, "max_abs_logit_diff": float(
+                                (logits["static", d, q] - logits["transformers", d, q]).abs().max())})
+                row["rounds_ms"]["transformers"] = [x * 1e3 for x in t]
             if 1 in new_tokens:
                 row["verify_cost"] = median_ci([a / b for a, b in zip(s, times["static", d, 1])]).to_dict()
             for other, ratio in COMPARED.items():
@@ -277,16 +298,20 @@ def print_model_table(result: dict) -> None:
     def ci(x):
         return f"{x['median']:.3f} [{x['ci_low']:.3f}, {x['ci_high']:.3f}] ({x['ci_coverage']:.0%})"
 
-    table = [{"dtype": r["dtype"], "new tokens": r["new_tokens"], "transformers ms": f"{r['transformers_ms']:.2f}",
-              "static ms": f"{r['static_ms']:.2f}", "static over transformers": ci(r["speedup"]),
+    table = [{"dtype": r["dtype"], "new tokens": r["new_tokens"],
+              **({"transformers ms": f"{r['transformers_ms']:.2f}", "static over transformers": ci(r["speedup"]),
+                  "max |logit diff|": f"{r['max_abs_logit_diff']:.1e}"} if "transformers_ms" in r else {}),
+              "static ms": f"{r['static_ms']:.2f}",
               "r = ms(q) / ms(1)": ci(r["verify_cost"]) if "verify_cost" in r else "",
-              "max |logit diff|": f"{r['max_abs_logit_diff']:.1e}",
               **({"plain-weights ms": f"{r['plain_ms']:.2f}", "packed over plain": ci(r["packed_speedup"]),
                   "plain r": ci(r["plain_verify_cost"]) if "plain_verify_cost" in r else ""}
                  if "plain_ms" in r else {}),
-              **({"oneDNN ms": f"{r['onednn_ms']:.2f}", "bf16_linear over oneDNN": ci(r["few_rows_speedup"]),
+              **({"oneDNN ms": f"{r['onednn_ms']:.2f}", "ours over oneDNN": ci(r["few_rows_speedup"]),
                   "oneDNN r": ci(r["onednn_verify_cost"]) if "onednn_verify_cost" in r else ""}
-                 if "onednn_ms" in r else {})} for r in result["results"]]
+                 if "onednn_ms" in r else {}),
+              **({"bf16_linear ms": f"{r['bf16_linear_ms']:.2f}", "amx_linear over bf16_linear": ci(r["amx_speedup"]),
+                  "bf16_linear r": ci(r["bf16_linear_verify_cost"]) if "bf16_linear_verify_cost" in r else ""}
+                 if "bf16_linear_ms" in r else {})} for r in result["results"]]
     print(format_table(table, list(table[0])))
     if result["dtypes"]:
         table = [{"new tokens": r["new_tokens"], "static": f"{r['dtype']} over {r['over']}",
@@ -320,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="with --model: cpu or cuda")
     p.add_argument("--dtypes", default="float32", help="with --model: dtypes, comma-separated, timed in the same "
                                                        "rounds (e.g. float32,bfloat16: the second against the first)")
+    p.add_argument("--ways", default=",".join(FORWARDS),
+                   help="with --model: the forwards timed, comma-separated, of " + ", ".join(FORWARDS)
+                        + " (static, ours as the engine runs it, always; where a way does not apply it is left out)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -327,11 +355,15 @@ def main(argv: list[str] | None = None) -> int:
         dtypes = tuple(args.dtypes.split(","))
         if bad := [d for d in dtypes if d not in DTYPES]:
             p.error(f"--dtypes: unknown dtype {bad[0]!r}: choose from {', '.join(DTYPES)}")
+        ways = tuple(args.ways.split(","))
+        if bad := [w for w in ways if w not in FORWARDS]:
+            p.error(f"--ways: unknown forward {bad[0]!r}: choose from {', '.join(FORWARDS)}")
         name = Path(args.model).stem if args.model.endswith(".gguf") else Path(args.model.rstrip("/")).name
         out = args.out or Path(f"results/bench/forward-{name.lower()}-{args.device}.json")
         result = run_model(args.model, context=args.context or 600,
                            new_tokens=tuple(int(x) for x in args.new_tokens.split(",")), rounds=args.rounds or 10,
-                           calls=args.calls or 10, threads=args.threads, device=args.device, dtypes=dtypes, out=out)
+                           calls=args.calls or 10, threads=args.threads, device=args.device, dtypes=dtypes, out=out,
+                           ways=ways)
         print_model_table(result)
     else:
         out = args.out or Path("results/bench/forward-cpu.json")

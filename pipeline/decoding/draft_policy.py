@@ -8,7 +8,10 @@ Two rules, as transformers' assisted generation has them, alone or together (:cl
                passes γ_max
   confidence   ``assistant_confidence_threshold`` (the "dynamic speculation lookahead"): a row stops proposing once
                the draft's confidence at a position, the largest probability of its distribution there, falls below
-               the threshold; the position that fell is still proposed (as transformers does)
+               the threshold; the position that fell is still proposed (as transformers does). On a CPU a row's
+               proposal ends there and the step stops drafting where every row's has, as transformers' does
+               (``in_step``: reading that is a read of values on the host, no sync), and each row starts every step
+               wanting its most, γ_max; elsewhere rows pad, and guess their next length (below)
 
 Exactness. Each rule decides from the draft's own distributions (the confidence at positions already drafted) and from
 what earlier steps emitted and accepted, never from the target's logits of the step being drafted; the verify step
@@ -29,7 +32,8 @@ What a row wants next is decided on the host from what the step's one sync bring
 row's confident length (how many positions it proposed before stopping), copied to pinned host memory without
 blocking before that sync (:meth:`DraftLengths.record`). With the confidence rule alone, a row wants its last
 confident length next, one more after a step in which its confidence never fell. Saving draft forwards inside a
-step would need a host read per draft position (transformers does one); this engine does not (docs/tuning.md).
+step would need a host read per draft position (transformers does one); on a GPU, where that read is a sync, this
+engine does not; on a CPU, where it is free, it does (``in_step``, set by the engine; docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -47,11 +51,14 @@ SCHEDULES = ("constant", "heuristic")
 class DraftPolicy:
     """How long the draft drafts. schedule: "constant" (γ every step) or "heuristic" (see the module docstring);
     confidence: stop a row's proposals after the first position whose draft confidence is below it (0: never);
-    gamma_max: the most tokens a step may draft (None: γ)."""
+    gamma_max: the most tokens a step may draft (None: γ); in_step: the confidence rule stops the step's draft
+    forwards where every row has stopped, and the rule alone has each row want γ_max every step (the engine sets it
+    on a CPU: :meth:`on`)."""
 
     schedule: str = "constant"
     confidence: float = 0.0
     gamma_max: int | None = None
+    in_step: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -60,6 +67,13 @@ class DraftPolicy:
     def ceiling(self, gamma: int) -> int:
         """The most draft tokens a step may propose with starting draft length ``gamma``."""
         return max(gamma, self.gamma_max or gamma)
+
+    def on(self, device: torch.device) -> DraftPolicy:
+        """The policy as the engine runs it on ``device``: the confidence rule stops in the step on a CPU, where
+        reading whether every row has stopped costs no sync."""
+        from dataclasses import replace
+
+        return replace(self, in_step=self.confidence > 0 and device.type == "cpu")
 
     @classmethod
     def of(cls, config) -> DraftPolicy | None:
@@ -91,7 +105,9 @@ class DraftLengths:
     """
 
     def __init__(self, policy: DraftPolicy, gamma: int, ceiling: int) -> None:
-        self.policy, self.start, self.ceiling = policy, gamma, ceiling
+        # the confidence rule alone, stopping in the step, wants γ_max from the first step on
+        in_step_only = policy.in_step and policy.schedule == "constant"
+        self.policy, self.start, self.ceiling = policy, ceiling if in_step_only else gamma, ceiling
         self.want: dict[int, int] = {}
         self._rows: list[int] = []
         self._gamma = 0
@@ -152,6 +168,8 @@ class DraftLengths:
             if self.policy.schedule == "heuristic":
                 hit = accepted[r] - self._accepted[r] >= own   # every token it drafted for itself was accepted
                 self.want[r] = min(self.want[r] + 2, self.ceiling) if hit else max(1, self.want[r] - 1)
+            elif self.policy.in_step:                          # the confidence rule alone, stopping in the step
+                self.want[r] = self.ceiling
             else:                                              # the confidence rule alone
                 self.want[r] = max(1, own) if fell else min(own + 1, self.ceiling)
         self._confident = self._ready = None

@@ -121,7 +121,8 @@ class SpeculativeEngine:
         self.device = torch.device(device)
         self.mask = LogitMask(suppress_tokens, begin_suppress_tokens, self.device)
         # adaptive draft length: γ is where each row starts, self.gamma the most a step drafts
-        self.policy = draft_policy if draft_policy is not None and draft_policy.adaptive and gamma > 0 else None
+        self.policy = draft_policy.on(self.device) if draft_policy is not None and draft_policy.adaptive \
+            and gamma > 0 else None
         self.gamma_start = gamma
         self.gamma = self.policy.ceiling(gamma) if self.policy is not None else gamma
         self._lengths: DraftLengths | None = None
@@ -274,8 +275,10 @@ class SpeculativeEngine:
         with timer.phase("draft"):
             u = rng.rand(generator, (state.batch, gamma), self.device)
             limits = None if wants is None else row_limits(wants, gamma, self.device)
+            policy = self.policy
             proposal = self.drafter.propose(DraftAsk(gamma, u, state.steps == 1, limits, wants,
-                                                     self.policy.confidence if self.policy is not None else None))
+                                                     policy.confidence if policy is not None else None,
+                                                     policy is not None and policy.in_step))
         if self.policy is not None:
             self._lengths.record(proposal.confident)
         if per_row and (proposal.width, proposal.lengths_host) != (gamma, wants):

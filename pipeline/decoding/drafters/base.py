@@ -105,6 +105,10 @@ class DraftAsk:
     wants       the same as host ints, or None
     confidence  an adaptive draft length's threshold: stop a row's draft after the first position whose largest
                 draft probability is below it (0: never); None: no adaptive length
+    in_step     with ``confidence``: each row's proposal ends where it stopped (its length: the positions it
+                proposed for itself, no padding after), and the draft runs no forward after the position where every
+                row has stopped, so the proposal may be narrower than γ; reading those is a read of values the step
+                computed, which costs no sync on a CPU, where the engine asks for it (pipeline/decoding/draft_policy.py)
     """
 
     gamma: int
@@ -113,6 +117,7 @@ class DraftAsk:
     limits: torch.Tensor | None = None
     wants: list[int] | None = None
     confidence: float | None = None
+    in_step: bool = False
 
 
 @dataclass

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.decoding.draft_policy import row_limits
 from pipeline.decoding.drafters.base import DraftAsk, Drafter, DraftPrompt, DraftSetup, Proposal, StepOutcome
 from pipeline.decoding.drafters.model import ModelDrafter
 from pipeline.decoding.drafters.ngram import NgramIndex
@@ -146,14 +147,23 @@ class LookupModelDrafter(Drafter):
         width = max(map(len, chunk))
         lookup, ids, valid, m_dev = self._to_device(found, chunk, gamma, ask.u.device)
         self.layout = StepLayout(self.model.length, width, rounds, m, list(wants))
-        self._count_proposal(m, wants, rounds)
         if not rounds:                      # every row's lookup filled its length: the draft does not run
+            self._count_proposal(m, wants, rounds)
             confident = m_dev if ask.confidence is not None else None
             return Proposal(lookup, None, ask.limits, ask.wants if ask.limits is not None else None, confident)
         logits = self._first_logits(ids, valid, len(set(map(len, chunk))) > 1)     # ragged: shorter rows have holes
         tokens, draft_logits, confident = self._draft(logits, rounds, m_dev, ask)
+        limits, wants_host, ends = ask.limits, ask.wants if ask.limits is not None else None, wants
+        if ask.in_step and ask.confidence:  # each row ends where its draft stopped (a CPU read), the step at the last
+            self.layout.rounds = tokens.shape[1]
+            ends = (m_dev + confident).tolist()
+            gamma = max(ends)
+            limits = row_limits(ends, gamma, ask.u.device)
+            wants_host = None if limits is None else ends
+            lookup = lookup[:, :gamma]
+        self._count_proposal(m, ends, self.layout.rounds)
         proposal_tokens, proposal_logits = self._assemble(lookup, m_dev, tokens, draft_logits, gamma)
-        return Proposal(proposal_tokens, proposal_logits, ask.limits, ask.wants if ask.limits is not None else None,
+        return Proposal(proposal_tokens, proposal_logits, limits, wants_host,
                         m_dev + confident if ask.confidence is not None else None)
 
     def _to_device(self, found: list[list[int]], chunk: list[list[int]], gamma: int, device: torch.device):
@@ -214,6 +224,8 @@ class LookupModelDrafter(Drafter):
             kept.append(torch.where(own[:, None], logits, one_hot))
             confident += own.long()
             stopped = ~own | (probs.amax(dim=-1) < ask.confidence)
+            if ask.in_step and j + 1 < rounds and bool(stopped.all()):   # a CPU read, no sync (DraftAsk.in_step)
+                break
         return d.target_ids(torch.stack(tokens, dim=1)), torch.stack(kept, dim=1), confident
 
     def _assemble(self, lookup: torch.Tensor, m: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,

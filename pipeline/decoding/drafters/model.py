@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.decoding.cache import CachedModel, model_kind
+from pipeline.decoding.draft_policy import row_limits
 from pipeline.decoding.drafters.base import DraftAsk, Drafter, DraftPrompt, DraftSetup, Proposal, StepOutcome
 from pipeline.samplers.contract import draft_sample, sample_from_weights
 
@@ -67,7 +68,9 @@ class ModelDrafter(Drafter):
         proposes for itself at positions i < limits[b] until the first position whose draft confidence (the largest
         probability of its distribution) is below ``ask.confidence`` (0: never), that position included; at its other
         positions it pads with the draft's argmax and one-hot logits. ``confident`` is then int64 [b], the positions
-        each row proposed for itself. No host sync."""
+        each row proposed for itself. With ``ask.in_step`` (a CPU) the draft stops after the first position where
+        every row has stopped, the proposal is that wide, and each row's own length is its confident count (no
+        padding past its fall: a row's proposal is then the same alone and in a batch). No host sync."""
         logits = self.first_logits()
         gamma, u, limits = ask.gamma, ask.u, ask.limits
         adaptive = ask.confidence is not None or limits is not None
@@ -96,9 +99,15 @@ class ModelDrafter(Drafter):
             stopped = ~own
             if ask.confidence:
                 stopped |= probs.amax(dim=-1) < ask.confidence
+            if ask.in_step and i + 1 < gamma and bool(stopped.all()):   # a CPU read, no sync (DraftAsk.in_step)
+                break
+        lengths, lengths_host = limits, ask.wants if limits is not None else None
+        if ask.in_step and ask.confidence:      # each row's draft ends where it stopped: the same alone or batched
+            lengths_host = confident.tolist()   # a CPU read, no sync
+            lengths = row_limits(lengths_host, len(proposals), confident.device)
+            lengths_host = None if lengths is None else lengths_host
         return Proposal(self.target_ids(torch.stack(proposals, dim=1)), self.target_logits(torch.stack(proposal_logits,
-                        dim=1)), limits, ask.wants if limits is not None else None,
-                        confident if ask.confidence is not None else None)
+                        dim=1)), lengths, lengths_host, confident if ask.confidence is not None else None)
 
     def target_ids(self, rows: torch.Tensor) -> torch.Tensor:
         """The draft's output rows int64 [...] as target ids (the draft reads target ids and proposes them): the same

@@ -33,6 +33,14 @@ or in a verify forward of up to 9). Past 9 rows (a prefill) oneDNN's product run
 at construction, or ``SPECSWEEP_CPU_KERNELS=0``, keeps oneDNN's for every row count. ``few_rows_kernel`` (recorded
 by a run as ``resolved.few_rows_kernel``) says which runs the few rows.
 
+On a CPU with AMX: amx_linear. There bf16_linear's arithmetic bounds it past 3-5 rows (the 1.5B's forward over 9
+tokens: 1.5 one-token forwards on the project's Xeon), and kernels/amx_linear.cpp multiplies up to cpu.AMX_ROWS (16)
+rows with tile products from the same copy (bf16_linear's layout is its operand's), for the cost of reading the
+weight: the same properties (the float32 product rounded once, a row's product independent of the others), so a
+verify forward of up to 16 tokens gives the one-token forwards' logits bit for bit. A projection whose K is not a
+multiple of 32 keeps bf16_linear's; ``cpu.turned_off(amx_only=True)`` at construction, or ``SPECSWEEP_AMX=0``, keeps
+bf16_linear's for all (docs/benchmarks.md, "A few rows on an AMX CPU").
+
 Cost. A copy of every packed projection's weight (the model's own weights stay in place for transformers'
 forward and everything else that reads them): a static forward's projections in twice their memory, three times
 with bf16_linear's copy (the 1.5B target: 3.1 GB more). A packed copy
@@ -97,10 +105,19 @@ def stack_biases(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor 
     return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)]).detach()
 
 
-def few_rows_kernel(dtype: torch.dtype) -> str:
-    """The kernel a packed projection in ``dtype`` runs over up to cpu.BF16_ROWS rows: "bf16_linear" (ours, in
-    bfloat16 where kernels/cpu.py's kernels run) or "onednn"."""
-    return "bf16_linear" if dtype == torch.bfloat16 and cpu.available() else "onednn"
+def few_rows_kernel(dtype: torch.dtype, k: int | None = None) -> str:
+    """The kernel a packed projection in ``dtype`` over ``k`` inputs runs over a few rows (:func:`row_limit`):
+    "amx_linear" (ours, in bfloat16 where the CPU has AMX and k is a multiple of cpu.AMX_K), "bf16_linear" (ours, in
+    bfloat16 where kernels/cpu.py's kernels run) or "onednn". ``k`` None: the kernel of a k that AMX takes."""
+    if dtype != torch.bfloat16 or not cpu.available():
+        return "onednn"
+    return "amx_linear" if cpu.amx_available() and (k is None or k % cpu.AMX_K == 0) else "bf16_linear"
+
+
+def row_limit(kernel: str) -> int:
+    """The most rows ``kernel`` (of :func:`few_rows_kernel`) multiplies: cpu.AMX_ROWS (16) for amx_linear,
+    cpu.BF16_ROWS (9) for bf16_linear; oneDNN's runs every row count (0 few rows of its own)."""
+    return {"amx_linear": cpu.AMX_ROWS, "bf16_linear": cpu.BF16_ROWS}.get(kernel, 0)
 
 
 class PackedLinear:
@@ -114,13 +131,16 @@ class PackedLinear:
                  few_rows: bool = True) -> None:
         self.weight = packed(weights)
         self.bias = stack_biases(weights, biases)
-        self.few_rows_kernel = few_rows_kernel(weights[0].dtype) if few_rows else "onednn"
-        self.few = packed(weights, "bf16_linear") if self.few_rows_kernel == "bf16_linear" else None
+        self.few_rows_kernel = few_rows_kernel(weights[0].dtype, weights[0].shape[1]) if few_rows else "onednn"
+        self.rows = row_limit(self.few_rows_kernel)
+        # amx_linear reads bf16_linear's layout: one copy serves either
+        self.few = packed(weights, "bf16_linear") if self.rows else None
         self.few_bias = None if self.bias is None or self.few is None else self.bias.float()
+        self._few_call = cpu.amx_linear if self.few_rows_kernel == "amx_linear" else cpu.bf16_linear
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if self.few is not None and 0 < rows <= cpu.BF16_ROWS:
-            y = cpu.bf16_linear(x.reshape(rows, x.shape[-1]), self.few, self.few_bias)
+        if 0 < rows <= self.rows:
+            y = self._few_call(x.reshape(rows, x.shape[-1]), self.few, self.few_bias)
             return y.view(*x.shape[:-1], self.few.n)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
