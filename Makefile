@@ -70,7 +70,10 @@ distill: setup
 # γ 12, on 24 articles (the 3 among them; about 17-25 minutes each: one sample of 3 articles says
 # little about the task), then prompt lookup and suffix decoding replayed on the 24 texts, as chains and token trees
 # (python -m pipeline.benchmarks.replay, with the target's forward cost over 1-17 tokens: seconds, no decoding), and
-# the replay's best, suffix decoding at factor 4, γ 16, timed on the 24 (about 25 minutes); the draft in
+# the replay's best, suffix decoding at factor 4, γ 16, timed on the 24 (about 25 minutes); on a CPU with AMX (the
+# Xeon: amx_linear's forwards, about 45 minutes a 24-article run there) the target's forward curve with amx_linear
+# against bf16_linear, the int4 draft's, prompt lookup at γ 12 (n-grams of 1-4), the draft model replayed on its
+# texts, and the replay's pick for the draft alone (up to γ 8, stopping below confidence 0.5); the draft in
 # float32 with our loop and with transformers' assisted
 # generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of
 # one line over the published rest).
@@ -120,6 +123,21 @@ pair: setup
 		--draft-tree 3,1,1,1,1 --draft-tree 2,2,1,1 --out results/bench/replay-cpu-qwen-lookup-a24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
 		--drafter suffix --suffix-factor 4 --gamma 16 --out $(PAIR_RUNS)/qwen-suffix-f4-g16-bfloat16-128-a24.json
+	$(BIN)/python -m pipeline.benchmarks.forward --model qwen2.5-coder-1.5b-instruct --dtypes bfloat16 --threads 2 \
+		--context 450 --new-tokens 1,2,3,5,7,9,11,13,15,16,17 --rounds 6 --calls 3 --ways static,bf16_linear \
+		--out results/bench/forward-qwen2.5-coder-1.5b-instruct-amx-cpu.json
+	$(BIN)/python -m pipeline.benchmarks.quant_linear --model qwen2.5-coder-0.5b-instruct --threads 2 --context 450 \
+		--new-tokens 1,2,3,5,9,13 --rounds 5 --out results/bench/quant-forward-qwen2.5-coder-0.5b-instruct-xeon-cpu.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--drafter prompt-lookup --gamma 12 --lookup-max 4 --out $(PAIR_RUNS)/qwen-lookup-g12-n4-bfloat16-128-a24.json
+	$(BIN)/python -m pipeline.benchmarks.replay $(PAIR_RUNS)/qwen-lookup-g12-n4-bfloat16-128-a24.json \
+		--forward results/bench/forward-qwen2.5-coder-1.5b-instruct-amx-cpu.json \
+		--drafters prompt-lookup,model,lookup-model --draft qwen2.5-coder-0.5b-instruct --draft-quant int4 \
+		--draft-forward results/bench/quant-forward-qwen2.5-coder-0.5b-instruct-xeon-cpu.json --gamma 4,6,8,10,12,15 \
+		--lookup-min 1 --lookup-max 4 --confidence 0,0.3,0.5,0.7 --out results/bench/replay-cpu-qwen-draft-a24.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--draft-quant int4 --gamma 8 --draft-confidence 0.5 \
+		--out $(PAIR_RUNS)/qwen-model-kall-int4-g8-conf0.5-bfloat16-128-a24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 \
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 --engine hf \

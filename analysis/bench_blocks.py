@@ -24,6 +24,7 @@ FORWARD_WRITER = "python -m pipeline.benchmarks.forward --model PATH"
 BLOCK_GAIN = "results/bench/block-gain-cpu-toy-text.json"
 DISTORTION_QWEN = "results/bench/distortion-cpu-qwen-t1-g4.json"   # `make pair-sigmoid` writes it (docs/results.md)
 REPLAY_QWEN = "results/bench/replay-cpu-qwen-lookup-a24.json"       # `make pair` writes it (docs/results.md)
+REPLAY_DRAFT = "results/bench/replay-cpu-qwen-draft-a24.json"       # `make pair` writes it on an AMX CPU
 REPLAY_ROWS = 8                                                      # the block's settings, fastest predicted first
 DETERMINISTIC = "results/bench/samplers-deterministic-cpu.json"
 # the CPU table's rows: (B, γ, V, dtype); the rows with a time in brackets: the exact column's own times
@@ -564,4 +565,46 @@ def bench_replay_qwen(root: Path) -> str:
              f"measurements: a setting is measured by `specsweep run`. Replayed on {data['provenance']['date'][:10]}"
              f"{at}.")
     return "\n".join([table(["setting", "tokens/step", "acceptance", "steps proposing",
+                              "predicted decoding speedup"], body), "", prose(after)])
+
+
+def bench_replay_draft(root: Path) -> str:
+    """docs/results.md: the int4 draft replayed on a 24-article run's texts (``python -m pipeline.benchmarks.replay
+    --drafters prompt-lookup,model,lookup-model --draft ...``, run by `make pair` on an AMX CPU): per drafter, its
+    settings with the highest predicted decoding speedup, and the draft's fixed γ against its in-step stop."""
+    data = read_source(root, REPLAY_DRAFT, "make pair (python -m pipeline.benchmarks.replay --draft ...)")
+    rows, src = data["results"], data["source"]
+
+    def what(r: dict) -> str:
+        stop = f", stops below {r['draft_confidence']:g}" if r.get("draft_confidence") else ", fixed"
+        if r["drafter"] == "model":
+            return f"the int4 draft, γ {r['gamma']}{stop}"
+        if r["drafter"] == "lookup-model":
+            return (f"prompt lookup's match (n-grams {r['lookup_min']}-{r['lookup_max']}), then the int4 draft, "
+                    f"γ {r['gamma']}{stop}")
+        return f"prompt lookup, n-grams {r['lookup_min']}-{r['lookup_max']}, γ {r['gamma']}"
+
+    def best(keep) -> list[dict]:
+        return sorted((r for r in rows if keep(r)), key=lambda r: -r["predicted_decode_speedup"])[:3]
+
+    picked = (best(lambda r: r["drafter"] == "prompt-lookup")
+              + best(lambda r: r["drafter"] == "model" and not r["draft_confidence"])
+              + best(lambda r: r["drafter"] == "model" and r["draft_confidence"])
+              + best(lambda r: r["drafter"] == "lookup-model"))
+    body = [[what(r) + (" (the run's own)" if r["own"] else ""), num(r["tokens_per_step"], 2),
+             num(r["acceptance_rate"], 2), "" if r["drafter"] == "prompt-lookup" else num(
+                 r["draft_forwards_per_step"], 2), num(r["predicted_decode_speedup"], 2) + "x"] for r in picked]
+    curve, draft = data["draft_cost_curve"], data["draft"]
+    commit = data["provenance"].get("commit")
+    at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
+    machine = data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"]
+    after = (f"{len(rows)} settings replayed on the {data['samples']} texts of {src['limit']} articles (up to "
+             f"{src['max_new_tokens']} new tokens, {src['dtype']}), the draft ({draft['model']}, "
+             f"--draft-quant {draft['quant']}) traced once per text; a step's cost from the target's forward over 1 "
+             f"to {max(map(int, data['cost_curve']))} tokens and the draft's over 1 to {max(map(int, curve))} "
+             f"(c(1) = {num(curve['1'], 3)}, c({max(map(int, curve))}) = {num(curve[str(max(map(int, curve)))], 3)} "
+             f"one-token target forwards), both measured on {machine}; past a miss the forwards are counted to the "
+             f"step's length (--after-miss {draft['after_miss']}). Predictions, not measurements: a setting is "
+             f"measured by `specsweep run`. Replayed on {data['provenance']['date'][:10]}{at}.")
+    return "\n".join([table(["setting", "tokens/step", "acceptance", "draft forwards/step",
                               "predicted decoding speedup"], body), "", prose(after)])

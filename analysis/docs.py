@@ -57,6 +57,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-block-gain": bench_blocks.bench_block_gain,
     "bench-distortion-qwen": bench_blocks.bench_distortion_qwen,
     "bench-replay-qwen": bench_blocks.bench_replay_qwen,
+    "bench-replay-draft": bench_blocks.bench_replay_draft,
     "bench-deterministic-cpu": bench_blocks.bench_deterministic_cpu,
     "bench-deterministic-gpu": gpu_blocks.bench_deterministic_gpu,
     "bench-lossless-cpu": bench_blocks.bench_lossless_cpu,

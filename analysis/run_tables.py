@@ -238,13 +238,25 @@ def dtype_weights(r: dict) -> str:
     assisted generation and runs with --no-packed-weights multiplied the models' own), "bf16_linear" where the packed
     target multiplied its few-row products with our kernel (kernels/bf16_linear.cpp, since 2026-11-29; earlier runs
     with oneDNN's), "int4_linear" where its int4 draft ran our kernel (kernels/int4_linear.cpp, since 2026-11-29;
-    earlier int4 runs ran torch's), and "int4_layers" where the draft's one-token forwards ran in one call
-    (kernels/int4_layers.cpp, since 7b0a789 on 2026-11-29; earlier ones operator by operator)."""
+    earlier int4 runs ran torch's), "int4_layers" where the draft's one-token forwards ran in one call
+    (kernels/int4_layers.cpp, since 7b0a789 on 2026-11-29; earlier ones operator by operator), and "amx_linear" where
+    the packed target's few rows ran our AMX kernel (kernels/amx_linear.cpp, on a CPU with AMX, since 00bd65a on
+    2026-12-02)."""
+    few = r.get("few_rows_kernel") if r.get("packed_weights") else None
     parts = [str(r["config"]["dtype"]), *(["packed weights"] if r.get("packed_weights") else []),
-             *(["bf16_linear"] if r.get("packed_weights") and r.get("few_rows_kernel") == "bf16_linear" else []),
+             *([few] if few in ("bf16_linear", "amx_linear") else []),
              *(["int4_linear"] if r.get("quant_kernel") == "int4_linear" else []),
              *(["int4_layers"] if r.get("row_kernel") == "int4_layers" else [])]
     return ", ".join(parts)
+
+
+def cpu_name(r: dict) -> str:
+    """The CPU the run ran on, short ("Intel Xeon", "AMD EPYC"), from its record's ``ran.machine`` (publish.py);
+    "" where the record does not say."""
+    name = r["ran"].get("machine") or ""
+    for noise in ("(R)", "(TM)", " Processor", " CPU"):
+        name = name.replace(noise, "")
+    return " ".join(name.split()[:2])
 
 
 def agreement(r: dict) -> str:
@@ -331,6 +343,12 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
              ("prompt lookup, γ 8, n-grams of 1-4 tokens (the replay's pick), on 24 articles",
               "qwen-lookup-g8-n4-bfloat16-128-a24"),
              ("suffix decoding, factor 4, γ 16, on 24 articles", "qwen-suffix-f4-g16-bfloat16-128-a24"),
+             ("prompt lookup, γ 8, n-grams of 1-4 tokens, on 24 articles", "qwen-lookup-g8-n4-bfloat16-128-a24-xeon"),
+             ("prompt lookup, γ 12, n-grams of 1-4 tokens (the replay's pick over amx_linear's forwards), on 24 "
+              "articles", "qwen-lookup-g12-n4-bfloat16-128-a24"),
+             ("draft in int4, whole head, γ 6, on 24 articles", "qwen-model-kall-int4-g6-bfloat16-128-a24-xeon"),
+             ("draft in int4, whole head, up to γ 8, drafting stops in the step below confidence 0.5 (the replay's "
+              "pick), on 24 articles", "qwen-model-kall-int4-g8-conf0.5-bfloat16-128-a24"),
              ("draft, γ 4, our loop", "qwen-model-g4-float32-24"),
              ("draft, γ 4, transformers' assisted generation", "qwen-model-g4-float32-24-hf"))
 
@@ -384,7 +402,8 @@ TABLES = (
     # README.md and docs/results.md, "A real draft that pays": the Qwen2.5-Coder pair (make pair)
     RunTable("readme-pair", "pair", "Qwen2.5-Coder-1.5B-Instruct with",
              tuple(Row(label, {"run": run}) for label, run in PAIR_RUNS),
-             (Column("dtype", "{run}", dtype_weights), Column("articles", "{run}", setting("limit")),
+             (Column("CPU", "{run}", cpu_name),
+              Column("dtype", "{run}", dtype_weights), Column("articles", "{run}", setting("limit")),
               Column("new tokens", "{run}", setting("max_new_tokens")),
               Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
               Column("Leviathan's theory", "{run}", _draft_model_theory),
