@@ -128,6 +128,8 @@ pair: setup
 		--out results/bench/forward-qwen2.5-coder-1.5b-instruct-amx-cpu.json
 	$(BIN)/python -m pipeline.benchmarks.quant_linear --model qwen2.5-coder-0.5b-instruct --threads 2 --context 450 \
 		--new-tokens 1,2,3,5,9,13 --rounds 5 --out results/bench/quant-forward-qwen2.5-coder-0.5b-instruct-xeon-cpu.json
+	SPECSWEEP_AMX=0 $(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--drafter prompt-lookup --gamma 8 --lookup-max 4 --out $(PAIR_RUNS)/qwen-lookup-g8-n4-bfloat16-128-a24-xeon.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
 		--drafter prompt-lookup --gamma 12 --lookup-max 4 --out $(PAIR_RUNS)/qwen-lookup-g12-n4-bfloat16-128-a24.json
 	$(BIN)/python -m pipeline.benchmarks.replay $(PAIR_RUNS)/qwen-lookup-g12-n4-bfloat16-128-a24.json \
