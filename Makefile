@@ -71,9 +71,10 @@ distill: setup
 # little about the task), then prompt lookup and suffix decoding replayed on the 24 texts, as chains and token trees
 # (python -m pipeline.benchmarks.replay, with the target's forward cost over 1-17 tokens: seconds, no decoding), and
 # the replay's best, suffix decoding at factor 4, γ 16, timed on the 24 (about 25 minutes); on a CPU with AMX (the
-# Xeon: amx_linear's forwards, about 45 minutes a 24-article run there) the target's forward curve with amx_linear
-# against bf16_linear, the int4 draft's, prompt lookup at γ 12 (n-grams of 1-4), the draft model replayed on its
-# texts, and the replay's pick for the draft alone (up to γ 8, stopping below confidence 0.5); the draft in
+# Xeon: amx_linear's forwards, about 45 minutes a 24-article run there) prompt lookup at γ 8 (n-grams of 1-4) with
+# bf16_linear's few rows (SPECSWEEP_AMX=0), the target's forward curve with amx_linear against bf16_linear, the int4
+# draft's, prompt lookup at γ 12 (n-grams of 1-4), the draft model replayed on its texts, the replay's pick for the
+# draft alone (up to γ 8, stopping below confidence 0.5) and the draft at a fixed γ 6 beside it; the draft in
 # float32 with our loop and with transformers' assisted
 # generation (their tokens compared). Then `make publish PROFILE=pair` and `make docs` (KEEP=1 publishes the runs of
 # one line over the published rest).
@@ -140,6 +141,8 @@ pair: setup
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
 		--draft-quant int4 --gamma 8 --draft-confidence 0.5 \
 		--out $(PAIR_RUNS)/qwen-model-kall-int4-g8-conf0.5-bfloat16-128-a24.json
+	$(BIN)/specsweep run $(PAIR) --max-new-tokens 128 --dtype bfloat16 --limit 24 --samples-per-repeat 24 \
+		--draft-quant int4 --gamma 6 --out $(PAIR_RUNS)/qwen-model-kall-int4-g6-bfloat16-128-a24-xeon.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 \
 		--out $(PAIR_RUNS)/qwen-model-g4-float32-24.json
 	$(BIN)/specsweep run $(PAIR) --max-new-tokens 24 --limit 2 --samples-per-repeat 2 --dtype float32 --engine hf \
