@@ -115,9 +115,9 @@ def record(result: dict) -> dict:
                                          if measurement.get("threads") else None)},
             "ran": {"date": provenance.get("date"),
                     "device": device_label(provenance.get("device"), (result.get("resolved") or {}).get("device")),
-                    # the CPU's model name (None in results files written before runs recorded it: the summary's
-                    # machine, which published them, ran them)
-                    "machine": (provenance.get("device") or {}).get("cpu_model"),
+                    # the CPU's model name; a results file written before runs recorded it was run by the machine
+                    # that publishes it
+                    "machine": (provenance.get("device") or {}).get("cpu_model") or machine()["cpu"],
                     # the code that ran it (None in results files written before runs recorded it)
                     **{k: (provenance.get("commit") or {}).get(k) for k in ("commit", "dirty")}}}
 

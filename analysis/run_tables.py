@@ -329,7 +329,8 @@ PAIR_RUNS = (("draft, head cut to 32768 tokens, γ 3", "qwen-model-k32768-g3-bfl
              ("draft in int4, whole head, its prefill int8 by int8 (int4+a8), γ 5",
               "qwen-model-kall-int4+a8-g5-bfloat16-128"),
              *((f"draft in int4, head cut to 32768 tokens, up to γ {g}, drafting stops below confidence 0.4 "
-                "(--draft-confidence; before 2026-12-02, rows padded after their fall)", f"qwen-model-k32768-int4-g{g}-conf0.4-bfloat16-128") for g in (6, 8)),
+                "(--draft-confidence; before 2026-12-02, rows padded after their fall)",
+                f"qwen-model-k32768-int4-g{g}-conf0.4-bfloat16-128") for g in (6, 8)),
              *((f"prompt lookup, γ {g}", f"qwen-lookup-g{g}-bfloat16-128") for g in (4, 6, 8, 10, 12)),
              ("prompt lookup's match, then the draft (head: 32768 tokens), γ 4",
               "qwen-lookup-model-k32768-g4-bfloat16-128"),

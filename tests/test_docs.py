@@ -244,14 +244,16 @@ def test_a_record_keeps_the_commit_its_run_recorded_and_the_line_counts_runs_by_
 
 
 def test_each_record_names_the_cpu_it_ran_on_and_the_line_names_each_cpu_when_they_differ(tmp_path, monkeypatch):
-    """A results file's `provenance.device.cpu_model` is its record's `ran.machine`; a kept record from before runs
-    recorded it ran on the machine that published it; one CPU gives the one-machine line, two give each with its
-    runs and dates."""
+    """A results file's `provenance.device.cpu_model` is its record's `ran.machine`; a record from before runs
+    recorded it, published fresh or kept, ran on the machine that published it; one CPU gives the one-machine line,
+    two give each with its runs and dates."""
     monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": "p" * 40, "dirty": False})
     monkeypatch.setattr(publish, "machine", lambda: {"cpu": "AMD EPYC", "cores": 2, "gpus": []})
     folder = tmp_path / "results" / "pair" / "runs"
     write_runs(folder, {"old": run_result("cnn_dailymail", 4, 1.2)})          # written before runs recorded it
     assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    first = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
+    assert first["runs"]["old"]["ran"]["machine"] == "AMD EPYC"              # published fresh: its publisher's CPU
     assert " ".join(run_tables.provenance("pair")(tmp_path).split()).startswith(
         "Measured on AMD EPYC (2 cores), 2026-11-27, specsweep")
     (folder / "old.json").unlink()
@@ -336,11 +338,11 @@ def test_the_pair_table_gives_leviathans_theory_only_for_a_draft_model_proposing
     write_runs(tmp_path / "results" / "pair" / "runs", runs)
     assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
     rows = {row[0]: row for row in table(tmp_path, "readme-pair")}
+    label = {name: label for label, name in run_tables.PAIR_RUNS}
     column = rows["Qwen2.5-Coder-1.5B-Instruct with"].index("Leviathan's theory")
-    assert rows["draft in int4, head cut to 32768 tokens, γ 6"][column] == "2.00"
-    assert rows["draft in int4, head cut to 32768 tokens, up to γ 6, drafting stops below confidence 0.4 "
-                "(--draft-confidence)"][column] == ""
-    assert rows["prompt lookup, γ 4"][column] == ""
+    assert rows[label["qwen-model-k32768-int4-g6-bfloat16-128"]][column] == "2.00"
+    assert rows[label["qwen-model-k32768-int4-g6-conf0.4-bfloat16-128"]][column] == ""
+    assert rows[label["qwen-lookup-g4-bfloat16-128"]][column] == ""
 
 
 def test_the_toy_tables_are_rendered_from_the_published_summary(tmp_path):

@@ -15,11 +15,11 @@ position could differ in the last bit from the one-token forward's (docs/results
 that is masked whole adds exact zeros, so any multiple of 512 keys gives the same output (random data of the 1.5B's
 shape: 0 of 200 differ, where 16 keys more than the query needs differ in 2-7 of 150; tests/test_packed.py). With
 whole blocks, projections whose rows do not depend on one another (the Llama family's packed ones: bf16_linear up to
-kernels/cpu.py's BF16_ROWS rows, amx_linear up to AMX_ROWS on a CPU with AMX: packed.row_limit), and at least 4 query heads per key/value head (with fewer, sdpa's output rows
-depend on how many there are: 13-38 of 360 rows on random data with 1-3; the 1.5B and 0.5B have 6 and 7, SmolLM2-135M
-3), a forward over that many tokens gives each position the one-token forward's logits bit for bit. Forwards in
-bfloat16 and float16 read whole blocks (StaticForward.whole_key_blocks); in float32 and on a GPU the keys end at the
-last new token."""
+kernels/cpu.py's BF16_ROWS rows, amx_linear up to AMX_ROWS on a CPU with AMX: packed.row_limit), and at least 4
+query heads per key/value head (with fewer, sdpa's output rows depend on how many there are: 13-38 of 360 rows on
+random data with 1-3; the 1.5B and 0.5B have 6 and 7, SmolLM2-135M 3), a forward over that many tokens gives each
+position the one-token forward's logits bit for bit. Forwards in bfloat16 and float16 read whole blocks
+(StaticForward.whole_key_blocks); in float32 and on a GPU the keys end at the last new token."""
 
 
 def key_width(end: int, device: torch.device, whole_blocks: bool = True) -> int:
