@@ -174,7 +174,7 @@ def _machines(data: dict, when: str) -> str:
     m = data["machine"]
     dates: dict[str, list[str]] = {}
     for r in data["runs"].values():
-        dates.setdefault(r["ran"].get("machine") or m["cpu"], []).append((r["ran"].get("date") or "")[:10])
+        dates.setdefault(short_cpu(r["ran"].get("machine") or m["cpu"]), []).append((r["ran"].get("date") or "")[:10])
     if len(dates) == 1:
         return f"{next(iter(dates))} ({m['cores']} cores), {when}"
 
@@ -250,13 +250,17 @@ def dtype_weights(r: dict) -> str:
     return ", ".join(parts)
 
 
-def cpu_name(r: dict) -> str:
-    """The CPU the run ran on, short ("Intel Xeon", "AMD EPYC"), from its record's ``ran.machine`` (publish.py);
-    "" where the record does not say."""
-    name = r["ran"].get("machine") or ""
+def short_cpu(name: str) -> str:
+    """A CPU's model name, short: "Intel(R) Xeon(R) Processor" -> "Intel Xeon", "AMD EPYC 7B13" -> "AMD EPYC"."""
     for noise in ("(R)", "(TM)", " Processor", " CPU"):
         name = name.replace(noise, "")
     return " ".join(name.split()[:2])
+
+
+def cpu_name(r: dict) -> str:
+    """The CPU the run ran on, short (:func:`short_cpu`), from its record's ``ran.machine`` (publish.py); "" where
+    the record does not say."""
+    return short_cpu(r["ran"].get("machine") or "")
 
 
 def agreement(r: dict) -> str:

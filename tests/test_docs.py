@@ -257,17 +257,17 @@ def test_each_record_names_the_cpu_it_ran_on_and_the_line_names_each_cpu_when_th
     assert " ".join(run_tables.provenance("pair")(tmp_path).split()).startswith(
         "Measured on AMD EPYC (2 cores), 2026-11-27, specsweep")
     (folder / "old.json").unlink()
-    monkeypatch.setattr(publish, "machine", lambda: {"cpu": "Intel Xeon", "cores": 2, "gpus": []})
+    monkeypatch.setattr(publish, "machine", lambda: {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "gpus": []})
     runs = {name: run_result("cnn_dailymail", 4, 1.3) for name in ("a", "b")}
     for result in runs.values():
-        result["provenance"]["device"]["cpu_model"] = "Intel Xeon"
+        result["provenance"]["device"]["cpu_model"] = "Intel(R) Xeon(R) Processor"
         result["provenance"]["date"] = "2026-12-02T01:00:00+00:00"
     write_runs(folder, runs)
     assert publish.main(["--profile", "pair", "--root", str(tmp_path), "--keep"]) == 0
     summary = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
-    assert [summary["runs"][n]["ran"]["machine"] for n in ("a", "b", "old")] == ["Intel Xeon", "Intel Xeon",
-                                                                                "AMD EPYC"]
-    assert summary["measured"]["machines"] == ["AMD EPYC", "Intel Xeon"]
+    xeon = "Intel(R) Xeon(R) Processor"
+    assert [summary["runs"][n]["ran"]["machine"] for n in ("a", "b", "old")] == [xeon, xeon, "AMD EPYC"]
+    assert summary["measured"]["machines"] == ["AMD EPYC", xeon]
     assert " ".join(run_tables.provenance("pair")(tmp_path).split()).startswith(
         "Measured on Intel Xeon (2 runs, 2026-12-02) and AMD EPYC (1 run, 2026-11-27), 2 cores each, specsweep")
     assert env_info.device_info("cpu")["cpu_model"] == env_info.cpu_model()
