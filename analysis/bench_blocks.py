@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .doc_sources import ci, commit_text, interval, micros, num, percent, prose, read_source, signed, table
 from .pareto import pareto_mask
-from .run_tables import rule_params
+from .run_tables import rule_params, short_cpu
 
 REDESIGN = "results/bench/redesign-engine-cpu.json"
 REDESIGN_LOOPS = (("ours_speculative", "ours, speculative"), ("ours_autoregressive", "ours, γ = 0"),
@@ -264,7 +264,7 @@ def bench_forward_amx(root: Path) -> str:
                      f"{r['bf16_linear_max_abs_logit_diff']:.2g}"])
     s, load, device = data["settings"], data["load_average"], data["provenance"]["device"]
     low, high = sorted((load["before"][0], load["after"][0]))
-    note = (f"Qwen2.5-Coder-1.5B-Instruct in bfloat16 on {device.get('cpu_model') or device['cpu']} "
+    note = (f"Qwen2.5-Coder-1.5B-Instruct in bfloat16 on {short_cpu(device.get('cpu_model') or device['cpu'])} "
             f"({s['threads']} threads), one forward of q new tokens after {s['context']} cached ones, median of "
             f"{s['rounds']} rounds of {s['calls']} calls; amx_linear over bf16_linear: bf16_linear's time over "
             "amx_linear's per round, the median over rounds with its interval; r: ms(q) over ms(1) per round. Past 16 "
@@ -597,7 +597,7 @@ def bench_replay_draft(root: Path) -> str:
     curve, draft = data["draft_cost_curve"], data["draft"]
     commit = data["provenance"].get("commit")
     at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
-    machine = data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"]
+    machine = short_cpu(data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"])
     after = (f"{len(rows)} settings replayed on the {data['samples']} texts of {src['limit']} articles (up to "
              f"{src['max_new_tokens']} new tokens, {src['dtype']}), the draft ({draft['model']}, "
              f"--draft-quant {draft['quant']}) traced once per text; a step's cost from the target's forward over 1 "
