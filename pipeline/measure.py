@@ -124,16 +124,18 @@ def plausibility(measured: float | None, predicted: float | None) -> float | Non
 
 def flag_reasons(interval: MedianCI, what: str, predicted: float | None = None,
                  max_relative_width: float = MAX_RELATIVE_WIDTH,
-                 plausible: tuple[float, float] = PLAUSIBLE, cpu_wait: float | None = None,
+                 plausible: tuple[float, float] | None = None, cpu_wait: float | None = None,
                  max_cpu_wait: float = MAX_CPU_WAIT) -> list[str]:
     """Why a measurement should not be trusted (empty: no reason found).
 
     interval    the median and interval of the measured figure (a speedup, or tokens/s for γ = 0)
     what        its name in the message ("speedup", "tokens/s")
     predicted   the speedup the run's own tokens per step and forward costs predict (None: no plausibility check)
+    plausible   the range of measured / predicted that passes (None: PLAUSIBLE, read when called)
     cpu_wait    the part of its threads' ready time the measurement spent waiting for a CPU, in [0, 1]
                 (None: unknown, no contention check)
     """
+    plausible = PLAUSIBLE if plausible is None else plausible
     reasons = []
     if interval.relative_width > max_relative_width:
         reasons.append(f"spread: the repeats disagree, {what} {interval.median:.3g} with a "
