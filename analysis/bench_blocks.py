@@ -53,7 +53,12 @@ SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # `bench engine` on the Qwen2.5-Coder pair, one file per setting of our loop (docs/benchmarks.md has the commands)
 ENGINE_QWEN = ("results/bench/engine-cpu-qwen-bfloat16-int4-g5.json",
                "results/bench/engine-cpu-qwen-bfloat16-g4.json",
-               "results/bench/engine-cpu-qwen-bfloat16-lookup-g4.json")
+               "results/bench/engine-cpu-qwen-bfloat16-lookup-g4.json",
+               "results/bench/engine-cpu-xeon-qwen-bfloat16-lookup-g12.json",
+               "results/bench/engine-cpu-xeon-qwen-bfloat16-g4.json")
+# results written before provenance recorded the CPU model (2026-12-02) all ran on this machine (CHANGELOG.md,
+# "Pretrained pairs and dtypes", 2026-12-02)
+UNRECORDED_CPU = "AMD EPYC"
 ENGINE_QWEN_RATIOS = (("speculative_over_hf_assisted", "ours / HF assisted at equal γ"),
                       ("speculative_over_hf_assisted_default", "ours / HF assisted out of the box"),
                       ("ours_speculative_over_autoregressive", "ours / our γ = 0 loop"),
@@ -471,10 +476,12 @@ def bench_engine_qwen(root: Path) -> str:
             cells.append(cell + (" (not equal γ)" if name == "speculative_over_hf_assisted" and not s["equal_gamma"]
                                  else ""))
         ours = describe_ours(s["ours"])
+        device = data["provenance"]["device"]
         body.append([ours if s["ours"].get("drafter", "model") != "model" else f"draft model, {ours}",
+                     short_cpu(device["cpu_model"]) if device.get("cpu_model") else UNRECORDED_CPU,
                      f"{s['prompts']['limit']} x {s['max_new_tokens']}",
                      SHORT_DTYPE[s["dtype"]], *cells])
-    header = ["our loop", "articles x tokens", "dtype",
+    header = ["our loop", "CPU", "articles x tokens", "dtype",
               *(label for _, label in ENGINE_QWEN_RATIOS)]
     default = data["settings"]["hf_assisted_default"]
     after = (f"T = 0, EOS masked (every loop emits the tokens asked for), {data['settings']['repeats']} interleaved "

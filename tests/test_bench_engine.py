@@ -144,19 +144,20 @@ def test_our_draft_settings_reach_our_loop_only(pair, tmp_path, monkeypatch):
 
 
 def test_another_drafter_reaches_our_loop_only_and_is_no_comparison_of_loops(pair, tmp_path, monkeypatch):
-    """--drafter prompt-lookup: our loop drafts from the prompt, HF's assisted loops still with the draft model, so
-    ours against HF's assisted loop at equal γ is a comparison of settings and its goal is not judged."""
+    """--drafter prompt-lookup: our loop drafts from the prompt (with --lookup-min/--lookup-max's n-grams), HF's
+    assisted loops still with the draft model, so ours against HF's assisted loop at equal γ is a comparison of
+    settings and its goal is not judged."""
     engines = record_engines(monkeypatch)
-    result = _bench(pair, tmp_path, "--drafter", "prompt-lookup")
+    result = _bench(pair, tmp_path, "--drafter", "prompt-lookup", "--lookup-min", "2", "--lookup-max", "4")
     speculative = [e for e in engines if e.drafter is not None]
-    assert speculative and all(isinstance(e.drafter, LookupDrafter) and e.drafter.settings["drafter"] == "prompt-lookup"
-                               for e in speculative)
+    assert speculative and all(isinstance(e.drafter, LookupDrafter) and e.drafter.settings == {
+        "drafter": "prompt-lookup", "lookup_min": 2, "lookup_max": 4} for e in speculative)
     s = result["settings"]
     assert s["ours"]["drafter"] == "prompt-lookup" and not s["equal_gamma"]
     assert result["goals"]["T=0.0"]["speculative_at_least_hf_assisted_met"] is None
     ours = next(r for r in result["results"] if r["loop"] == "ours_speculative")
     assert ours["identical_to_hf_assisted"]                                      # lossless at T = 0 (float32)
-    assert bench.describe_ours(s["ours"]) == "prompt-lookup, γ 2"
+    assert bench.describe_ours(s["ours"]) == "prompt-lookup, γ 2, n-grams of 2-4 tokens"
 
 
 @pytest.mark.parametrize(("flags", "says"), [

@@ -90,6 +90,9 @@ from pipeline.stack import build_drafter
 from pipeline.synthetic import save_pair
 from pipeline.tasks.text import check_chat_template
 
+LOOKUP_DRAFTERS = ("prompt-lookup", "lookup-model")
+"""Our loop's drafters that match n-grams (--lookup-min, --lookup-max)."""
+
 SYNTHETIC = {"layers": 8, "width": 256, "draft_layers": 1, "noise": 0.02, "deep_layer_scale": 0.1}
 SYNTHETIC_PROMPTS = [
     "the storm hit the city", "police said the plane was", "a new report on the state of the world",
@@ -161,6 +164,8 @@ def _settings(given: RunConfig, bench: _Bench, repeats: int, dtype_choice: str |
                         "chat_template": config.chat_template, "max_prompt_tokens": config.max_prompt_tokens,
                         "limit": config.limit, "subset_seed": config.seed if config.limit else None},
             "ours": {"drafter": config.drafter, "gamma": config.gamma, "draft_schedule": config.draft_schedule,
+                     **({"lookup_min": config.lookup_min, "lookup_max": config.lookup_max}
+                        if config.drafter in LOOKUP_DRAFTERS else {}),
                      "draft_confidence": config.draft_confidence, "gamma_max": config.gamma_max,
                      "draft_vocab": config.draft_vocab, "draft_quant": config.draft_quant},
             "equal_gamma": bench.equal_gamma,
@@ -519,6 +524,8 @@ def describe_ours(ours: dict) -> str:
     parts = [f"heuristic from γ {ours['gamma']}" if ours["draft_schedule"] == "heuristic" else f"γ {ours['gamma']}"]
     if ours.get("drafter", "model") != "model":      # files written before --drafter: the draft model
         parts.insert(0, ours["drafter"])
+    if ours.get("drafter") in LOOKUP_DRAFTERS and "lookup_min" in ours:  # files before --lookup-min: n-grams 1-3
+        parts.append(f"n-grams of {ours['lookup_min']}-{ours['lookup_max']} tokens")
     if ours["draft_confidence"]:
         parts.append(f"confidence {ours['draft_confidence']:g}")
     if ours["gamma_max"] is not None and ours["gamma_max"] != ours["gamma"]:

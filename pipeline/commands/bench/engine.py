@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="our loop only (HF's assisted loops draft with the draft model): "
                              + run_help("drafter") + " (default: model; another drafter makes the comparison at "
                              "equal γ one of settings, not of loops)")
+    parser.add_argument("--lookup-min", type=int, default=1, help="our loop only: " + run_help("lookup_min"))
+    parser.add_argument("--lookup-max", type=int, default=3, help="our loop only: " + run_help("lookup_max"))
     parser.add_argument("--draft-vocab", type=int, help="our loop only (HF's keeps the whole head): "
                         + run_help("draft_vocab"))
     parser.add_argument("--draft-quant", default="none", choices=DRAFT_QUANTS,
@@ -94,7 +96,8 @@ def settings_of(args: argparse.Namespace) -> RunConfig:
         raise SpecsweepError(f"--limit must be >= 1; got {args.limit}")
     config = RunConfig(target=args.target, draft=args.draft, data=args.data, task=args.task,
                        chat_template=args.chat_template, max_prompt_tokens=args.max_prompt_tokens, limit=args.limit,
-                       gamma=args.gamma, drafter=args.drafter, draft_vocab=args.draft_vocab,
+                       gamma=args.gamma, drafter=args.drafter, lookup_min=args.lookup_min,
+                       lookup_max=args.lookup_max, draft_vocab=args.draft_vocab,
                        draft_quant=args.draft_quant, draft_schedule=args.draft_schedule,
                        draft_confidence=args.draft_confidence, gamma_max=args.gamma_max, dtype=args.dtype,
                        max_new_tokens=args.max_new_tokens)
