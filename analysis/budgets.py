@@ -27,6 +27,7 @@ from pipeline.errors import SpecsweepError
 from pipeline.io import write_json_atomic
 
 from .doc_sources import read_source, table
+from .run_tables import short_cpu
 
 PATH = "results/published/budgets.json"
 BUDGETS = {"make": 480, "make test": 600, "make real": 2400}     # seconds
@@ -101,7 +102,7 @@ def render(root: Path) -> str:
             continue
         took = _minutes(e["seconds"]) + ("" if e["returncode"] == 0 else f" (failed: exit {e['returncode']})")
         verdict = "within" if e["within"] and e["returncode"] == 0 else "**over**" if not e["within"] else "failed"
-        where = f"{e['date'][:10]}, {e['machine']['cpu']} ({e['machine']['cores']} cores), at " \
+        where = f"{e['date'][:10]}, {short_cpu(e['machine']['cpu'])} ({e['machine']['cores']} cores), at " \
                 f"{(e['commit'] or 'an unknown commit')[:7]}"
         rows.append([f"`{name}`", WHAT[name], _minutes(BUDGETS[name]), took, verdict, where])
     return table(["command", "what it runs", "budget", "took", "", "measured"], rows)
