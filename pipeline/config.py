@@ -24,6 +24,8 @@ ENGINES = ("specsweep", "hf")
 DRAFTERS = ("model", "prompt-lookup", "suffix", "lookup-model")
 MODEL_DRAFTERS = ("model", "lookup-model")
 """The drafters that run the --draft model (the others search the text itself)."""
+LOOKUP_DRAFTERS = ("prompt-lookup", "lookup-model")
+"""The drafters that match n-grams of the text (--lookup-min, --lookup-max)."""
 DRAFT_QUANTS = ("none", "int8", "int4", "int8+a8", "int4+a8")
 """How a draft model's weights are stored in its static forward (pipeline/decoding/static/quant.py's MODES, named here
 so that the settings load no torch)."""

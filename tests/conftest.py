@@ -78,11 +78,3 @@ def _machine_cache_in_a_temporary_folder(tmp_path_factory):
         os.environ["SPECSWEEP_MODELS_DIR"] = str(models)
     yield
 
-
-def pytest_collection_modifyitems(config, items):
-    """The slowest test files first (tests/file_durations.json), each file's tests in their own order, so that
-    pytest-xdist's ``--dist loadfile`` workers finish together (tests/file_durations.py says how to refresh it)."""
-    from file_durations import load
-
-    seconds = load()
-    items.sort(key=lambda item: -seconds.get(item.path.name, 0.0))

@@ -67,7 +67,7 @@ from transformers.utils import is_sklearn_available
 
 from pipeline.benchmarks.prompts import prompts_of
 from pipeline.benchmarks.timing import format_table
-from pipeline.config import RunConfig
+from pipeline.config import LOOKUP_DRAFTERS, RunConfig
 from pipeline.decoding.draft_policy import DraftPolicy
 from pipeline.decoding.drafters.cross_tokenizer import build_bridge, same_vocabulary
 from pipeline.decoding.engine import SpeculativeEngine
@@ -89,9 +89,6 @@ from pipeline.samplers import get_sampler
 from pipeline.stack import build_drafter
 from pipeline.synthetic import save_pair
 from pipeline.tasks.text import check_chat_template
-
-LOOKUP_DRAFTERS = ("prompt-lookup", "lookup-model")
-"""Our loop's drafters that match n-grams (--lookup-min, --lookup-max)."""
 
 SYNTHETIC = {"layers": 8, "width": 256, "draft_layers": 1, "noise": 0.02, "deep_layer_scale": 0.1}
 SYNTHETIC_PROMPTS = [

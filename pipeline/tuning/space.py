@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 import yaml
 
-from pipeline.config import DRAFT_QUANTS, DRAFTERS, MODEL_DRAFTERS, RunConfig
+from pipeline.config import DRAFT_QUANTS, DRAFTERS, LOOKUP_DRAFTERS, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
 from pipeline.decoding.static import QUANTIZED_FAMILIES
 from pipeline.dtypes import DTYPES
@@ -264,7 +264,7 @@ class SearchSpace:
 
     def _suggest_drafter(self, trial, drafter: str) -> dict:
         """The trial's drafter and its parameters as run settings."""
-        if drafter in ("prompt-lookup", "lookup-model"):
+        if drafter in LOOKUP_DRAFTERS:
             return {"drafter": drafter, "lookup_min": 1,
                     "lookup_max": trial.suggest_int("lookup_max", *self.lookup_max)}
         if drafter == "suffix":
