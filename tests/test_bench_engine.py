@@ -170,6 +170,8 @@ def test_another_drafter_reaches_our_loop_only_and_is_no_comparison_of_loops(pai
     (["--draft-schedule", "heuristic", "--gamma-max", "2"], "--gamma-max must be >= --gamma (4)"),
     (["--draft-schedule", "sometimes"], "--draft-schedule 'sometimes' is not one of"),
     (["--draft-vocab", "1"], "--draft-vocab 1: give K >= 2"),
+    (["--drafter", "prompt-lookup", "--lookup-min", "5", "--lookup-max", "2"],
+     "need 1 <= --lookup-min <= --lookup-max"),
     (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
     (["--limit", "0"], "--limit must be >= 1"),
     (["--temperature", "0,hot"], "--temperature '0,hot'"),
