@@ -22,9 +22,9 @@ FORWARD_WHISPER = (("whisper-base decoder (6 layers, 512 wide, 51865-token head)
                     "results/bench/forward-whisper-base-distilled-cpu.json"))
 FORWARD_WRITER = "python -m pipeline.benchmarks.forward --model PATH"
 BLOCK_GAIN = "results/bench/block-gain-cpu-toy-text.json"
-DISTORTION_QWEN = "results/bench/distortion-cpu-qwen-t1-g4.json"   # `make pair-sigmoid` writes it (docs/results.md)
-REPLAY_QWEN = "results/bench/replay-cpu-qwen-lookup-a24.json"       # `make pair` writes it (docs/results.md)
-REPLAY_DRAFT = "results/bench/replay-cpu-qwen-draft-a24.json"       # `make pair` writes it on an AMX CPU
+DISTORTION_QWEN = "results/bench/distortion-cpu-qwen-t1-g4.json"   # the sigmoid profile writes it (docs/results.md)
+REPLAY_QWEN = "results/bench/replay-cpu-qwen-lookup-a24.json"       # the pair profile writes it (docs/results.md)
+REPLAY_DRAFT = "results/bench/replay-cpu-qwen-draft-a24.json"       # the pair profile writes it on an AMX CPU
 REPLAY_ROWS = 8                                                      # the block's settings, fastest predicted first
 DETERMINISTIC = "results/bench/samplers-deterministic-cpu.json"
 # the CPU table's rows: (B, γ, V, dtype); the rows with a time in brackets: the exact column's own times
@@ -46,7 +46,8 @@ FORWARD_AMX_WRITER = ("python -m pipeline.benchmarks.forward --model qwen2.5-cod
                       "--threads 2 --context 450 --new-tokens 1,2,3,5,7,9,11,13,15,16,17 --rounds 6 --calls 3 "
                       "--ways static,bf16_linear (on a CPU with AMX)")
 FORWARD_CURVE_WRITER = ("python -m pipeline.benchmarks.forward --model qwen2.5-coder-1.5b-instruct --dtypes bfloat16 "
-                        "--threads 2 --context 450 --new-tokens 1,2,3,5,7,9,11,13,17 --rounds 6 --calls 3 (make pair)")
+                        "--threads 2 --context 450 --new-tokens 1,2,3,5,7,9,11,13,17 --rounds 6 --calls 3 "
+                        "(the pair profile)")
 SERVE_TOY = "results/bench/serve-cpu-toy-text.json"
 SERVE_SMOLLM2 = "results/bench/serve-cpu-smollm2-prompt-lookup.json"
 SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -493,10 +494,10 @@ def bench_engine_qwen(root: Path) -> str:
 
 def bench_distortion_qwen(root: Path) -> str:
     """docs/results.md's distortion map of the sigmoid on the Qwen2.5-Coder pair (`specsweep bench distortion`, run
-    by `make pair-sigmoid`): exact (the zero check), typical and the sigmoid at the registry's parameters, then the
+    by the sigmoid profile): exact (the zero check), typical and the sigmoid at the registry's parameters, then the
     other sigmoid settings no setting beats on both distortion and acceptance (the front), by acceptance; the chosen
     one marked."""
-    data = read_source(root, DISTORTION_QWEN, "make pair-sigmoid (specsweep bench distortion)")
+    data = read_source(root, DISTORTION_QWEN, "the sigmoid profile (specsweep bench distortion)")
     s, rows, choice = data["settings"], data["results"], data["choice"]
     sigmoid = [r for r in rows if r["rule"] == "sigmoid"]
     on = pareto_mask([r["acceptance"] for r in sigmoid], [-r["distortion"] for r in sigmoid])
@@ -543,9 +544,9 @@ def _best_tree(rows: list[dict], what) -> str:
 
 def bench_replay_qwen(root: Path) -> str:
     """docs/results.md: prompt lookup and suffix decoding replayed on the 24-article lookup run's texts
-    (``python -m pipeline.benchmarks.replay``, run by `make pair`): the run's own setting with what it measured,
+    (``python -m pipeline.benchmarks.replay``, run by the pair profile): the run's own setting with what it measured,
     then the settings with the highest predicted decoding speedup."""
-    data = read_source(root, REPLAY_QWEN, "make pair (python -m pipeline.benchmarks.replay)")
+    data = read_source(root, REPLAY_QWEN, "the pair profile (python -m pipeline.benchmarks.replay)")
     rows, measured, src = data["results"], data["run_measured"], data["source"]
     own = next(r for r in rows if r["own"])
     ranked = sorted(rows, key=lambda r: -r["predicted_decode_speedup"])
@@ -577,9 +578,9 @@ def bench_replay_qwen(root: Path) -> str:
 
 def bench_replay_draft(root: Path) -> str:
     """docs/results.md: the int4 draft replayed on a 24-article run's texts (``python -m pipeline.benchmarks.replay
-    --drafters prompt-lookup,model,lookup-model --draft ...``, run by `make pair` on an AMX CPU): per drafter, its
+    --drafters prompt-lookup,model,lookup-model --draft ...``, run by the pair profile on an AMX CPU): per drafter, its
     settings with the highest predicted decoding speedup, and the draft's fixed γ against its in-step stop."""
-    data = read_source(root, REPLAY_DRAFT, "make pair (python -m pipeline.benchmarks.replay --draft ...)")
+    data = read_source(root, REPLAY_DRAFT, "the pair profile (python -m pipeline.benchmarks.replay --draft ...)")
     rows, src = data["results"], data["source"]
 
     def what(r: dict) -> str:

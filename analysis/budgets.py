@@ -8,7 +8,7 @@ budget, the date, the machine and the clone's commit. A command that fails is re
 written (its time says how far it got). A run timed by another tool can be added from GNU time's verbose log
 (``/usr/bin/time -v CMD 2> LOG``): ``record NAME --time-log LOG --cwd CLONE --date ISO``.
 
-README.md's generated block ``budgets`` renders the table (``make docs``).
+docs/testing.md's generated block ``budgets`` renders the table (``make docs``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from .doc_sources import read_source, table
 from .run_tables import short_cpu
 
 PATH = "results/published/budgets.json"
-BUDGETS = {"make": 480, "make test": 600, "make real": 2400}     # seconds
+BUDGETS = {"make": 480, "make test": 600, "make profile PROFILE=real": 2400}     # seconds
 WHAT = {"make": "`dvc repro` of the default profile (toy pairs), from no data, models or results",
         "make test": "the test suite (`python -m pytest` in parallel workers), what CI runs",
-        "make real": "`dvc repro` of the real profile (pretrained models), from no data, models or results"}
+        "make profile PROFILE=real": "`dvc repro` of the real profile (pretrained models), from no data, models or "
+                                     "results"}
 
 
 def _load(root: Path) -> dict:
@@ -90,7 +91,8 @@ def _minutes(seconds: float) -> str:
 
 
 def render(root: Path) -> str:
-    """README's table: each command, what it does, its budget, the time measured, when, where and at which commit."""
+    """docs/testing.md's table: each command, what it does, its budget, the time measured, when, where and at which
+    commit."""
     commands = _load(root)["commands"]
     if not commands:
         raise SpecsweepError(f"{PATH} holds no timings: `python -m pipeline.analysis.budgets time ...` writes them")

@@ -4,7 +4,7 @@ A generated block is every line between a line ``<!-- BEGIN GENERATED name -->``
 ``<!-- END GENERATED -->``. :data:`REGISTRY` maps each name to the function that renders it (the repository root ->
 Markdown) from committed files only: the benchmarks' JSON (results/bench/, kernels/results/), the profiles'
 published summaries (results/published/<profile>/summary.json, analysis/publish.py) and the paired comparisons of
-results/published/trees/ (`make trees`, analysis/tree_blocks.py).
+results/published/trees/ (the trees profile, analysis/tree_blocks.py).
 
     python -m pipeline.analysis.docs            rewrite every block that differs (make docs)
     python -m pipeline.analysis.docs --check    exit 1 and print a unified diff per block that differs (make check-docs)
@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
 
-from . import bench_blocks, budgets, gpu_blocks, run_tables, tree_blocks
+from . import bench_blocks, budgets, gpu_blocks, headline, run_tables, tree_blocks
 from .run_tables import TABLES
 
 BEGIN = re.compile(r"<!-- BEGIN GENERATED (\S+) -->")
@@ -35,7 +35,10 @@ END = "<!-- END GENERATED -->"
 # block name -> its renderer (root -> Markdown, without the marker lines)
 REGISTRY: dict[str, Callable[[Path], str]] = {
     # README.md
-    "readme-gpu": gpu_blocks.readme_gpu,
+    "headline": headline.render,
+    # docs/gpu.md
+    "gpu-summary": gpu_blocks.gpu_summary,
+    # docs/testing.md
     "budgets": budgets.render,
     # docs/benchmarks.md
     "bench-kernels-gpu": gpu_blocks.bench_kernels_gpu,

@@ -66,7 +66,7 @@ def _kernel_rows(data: dict) -> dict[tuple, dict]:
     return {(r["B"], r["gamma"], r["V"], r["dtype"], r["impl"], r["sampler"]): r for r in _chain_results(data)}
 
 
-def _kernel_figures(data: dict) -> dict:
+def kernel_figures(data: dict) -> dict:
     """The figures the README and benchmarks.md quote from a `bench kernels` JSON."""
     rows = _kernel_rows(data)
     goal, large = KERNEL_ROWS[0], KERNEL_ROWS[-1]
@@ -98,15 +98,15 @@ def _config(c: tuple) -> str:
     return f"B = {b}, γ {gamma}, V = {v} in {SHORT_DTYPE[dtype]}"
 
 
-def readme_gpu(root: Path) -> str:
-    """README's GPU paragraph: the exact kernel at the goal configuration, eager and replayed, and our loop against
+def gpu_summary(root: Path) -> str:
+    """gpu.md's summary paragraph: the exact kernel at the goal configuration, eager and replayed, and our loop against
     HF's, from the last GPU run (its card named from the provenance)."""
     kernels = read_source(root, KERNELS, KERNELS_WRITER)
-    f = _kernel_figures(kernels)
+    f = kernel_figures(kernels)
     eager = kernels["goals"]["eager"]
     engine = _engine_ratios(read_source(root, ENGINE, ENGINE_WRITER))
     large = KERNEL_ROWS[-1]
-    return prose(f"**On a GPU** (`bash kernels/gpu_validate.sh`, [docs/gpu.md](docs/gpu.md); the last run on an "
+    return prose(f"**In short** (`bash kernels/gpu_validate.sh`; the last run on an "
             f"{card(kernels)}): the exact verify kernel takes {micros(f['goal']['graph_s'])} µs at "
             f"{_config(KERNEL_ROWS[0])} under a CUDA graph, {times(f['over_torch_b1'])} faster than the torch "
             f"reference, and at B = {large[0]} (γ {large[1]}, V = {large[2]}) is within "
@@ -115,7 +115,7 @@ def readme_gpu(root: Path) -> str:
             f"{eager['b1_speedup_over_hf']:.1f}x faster than HF's step (goal 20x: "
             f"{met(eager['b1_20x_faster_than_hf'])}). Our loop against transformers' assisted generation on a "
             f"launch-bound synthetic pair: {engine[0.0]['spec_over_hf']} at T = 0, {engine[1.0]['spec_over_hf']} at "
-            "T = 1 ([docs/benchmarks.md](docs/benchmarks.md#bench-engine-on-a-gpu)).")
+            "T = 1 ([benchmarks.md](benchmarks.md#bench-engine-on-a-gpu)).")
 
 
 def bench_kernels_gpu(root: Path) -> str:
@@ -123,7 +123,7 @@ def bench_kernels_gpu(root: Path) -> str:
     data = read_source(root, KERNELS, KERNELS_WRITER)
     prov, settings = data["provenance"], data["settings"]
     rows = _kernel_rows(data)
-    f = _kernel_figures(data)
+    f = kernel_figures(data)
     shown = [rows[(*c, impl, s)] for c in KERNEL_ROWS for impl, s in
              (("cupy", "exact"), ("cupy", "sigmoid"), ("cupy", "greedy"), ("torch", "exact"))]
     spread = max((max(r["graph_times_s"]) - min(r["graph_times_s"])) / r["graph_s"] for r in shown)
@@ -447,7 +447,7 @@ def gpu_machine(root: Path) -> str:
 def gpu_kernels_bullet(root: Path) -> str:
     """docs/gpu.md: the `kernels` step's outcome."""
     data = read_source(root, KERNELS, KERNELS_WRITER)
-    f = _kernel_figures(data)
+    f = kernel_figures(data)
     trees = [r for r in data["results"] if "tree" in r]
     done = "all" if data.get("complete") else f"not all (stopped: {len(data.get('stopped') or [])})"
     return prose(f"- `kernels`: {done} {f['n_configs']} chain configurations and {len(trees)} token-tree rows, "

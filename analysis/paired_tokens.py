@@ -13,7 +13,7 @@ printed: each side's tokens per step over all its samples, on how many prompts A
 how many both sides emitted the same tokens (under every seed, the files paired by seed). ``--out`` writes the figures
 as JSON, with what each side ran (its files, the settings of its first file, its seeds, when and on what its runs
 ran) and where the comparison was made (the date, the machine, specsweep's version and the git commit), so a page can
-publish it (docs/trees.md, `make trees`).
+publish it (docs/trees.md, the trees profile).
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ COMBINE = ("pooled", "mean")
 SETTINGS = ("task", "data", "target", "draft", "drafter", "draft_tree", "tree_children", "gamma", "sampler", "backend",
             "dtype", "temperature", "limit", "max_new_tokens", "max_prompt_tokens", "threads", "device", "repeats",
             "samples_per_repeat")
+
+
+def side_paths(arg: str) -> list[str]:
+    """One side's results files: comma-separated files, or a folder (a pipeline stage's output): its *.json files."""
+    if Path(arg).is_dir():
+        files = sorted(str(p) for p in Path(arg).glob("*.json"))
+        if not files:
+            raise SpecsweepError(f"{arg} holds no results files (*.json): run its stage first")
+        return files
+    return arg.split(",")
 
 
 def load_side(paths: list[str]) -> list[dict]:
@@ -149,8 +159,8 @@ def published(command: str, a_paths: list[str], a: list[dict], b_paths: list[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.analysis.paired_tokens",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("a", help="setting A: comma-separated results files (one per seed)")
-    parser.add_argument("b", help="setting B: comma-separated results files, the same seeds and prompts")
+    parser.add_argument("a", help="setting A: comma-separated results files (one per seed), or a folder of them")
+    parser.add_argument("b", help="setting B: comma-separated results files, the same seeds and prompts, or a folder")
     parser.add_argument("--per-prompt", default="pooled", choices=COMBINE,
                         help="a prompt's tokens per step over the seeds: pooled (its tokens over its steps) or mean "
                              "(of each seed's ratio)")
@@ -159,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's generator seed")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
-    a_paths, b_paths = args.a.split(","), args.b.split(",")
     try:
+        a_paths, b_paths = side_paths(args.a), side_paths(args.b)
         a, b = load_side(a_paths), load_side(b_paths)
         r = compare(a, b, args.per_prompt, args.resamples, args.confidence, args.seed)
     except SpecsweepError as e:

@@ -1,8 +1,10 @@
-"""`make publish [PROFILE=default|real]`: a profile's run results, made small, into results/published/<profile>/.
+"""`make publish PROFILE=name`: a profile's run results, made small, into results/published/<profile>/.
 
-``dvc repro`` of a profile writes one results file per run under its runs folder (results/runs, or real/results/runs
-for ``make real``; pipeline/result.py); they are large (every sample's text) and not committed. This writes the
-figures the tables of README.md and docs/ read from them into one file, results/published/<profile>/summary.json:
+``dvc repro`` of a profile writes one results file per run under its runs folder (results/runs for the default
+profile, workspaces/<name>/results/runs for ``make profile PROFILE=name``; pipeline/result.py); they are large (every
+sample's text) and not committed. The outputs of its benchmark stages (params ``benchmarks``) are copied as they are
+into results/published/<profile>/results/bench/. This writes the figures the tables of README.md and docs/ read from
+the runs into one file, results/published/<profile>/summary.json:
 
     published   what the file is, and the command that writes it
     profile, source
@@ -37,28 +39,17 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from pipeline.env_info import git_commit, machine, omp_wait_label, versions
 from pipeline.errors import SpecsweepError
-from pipeline.io import write_json_atomic
+from pipeline.io import write_json_atomic, write_text_atomic
 from pipeline.result import read_result
 from pipeline.results_table import device_label
 from pipeline.rules import RULES
 
-PROFILES = {"default": ("results/runs", "make", "the default profile (params.yaml: toy pairs, offline, CPU)"),
-            "real": ("real/results/runs", "make real", "the real profile (params.real.yaml: pretrained models, "
-                                                        "real data, offline, CPU)"),
-            "pair": ("results/pair/runs", "make pair", "the Qwen2.5-Coder 0.5B -> 1.5B pair on fixture articles "
-                                                        "(Makefile: pair)"),
-            "pair-spec-bench": ("results/pair/spec-bench", "make pair-spec-bench",
-                                "the Qwen2.5-Coder 0.5B -> 1.5B pair on Spec-Bench's coding questions "
-                                "(Makefile: pair-spec-bench)"),
-            "pair-spec-bench-categories": ("results/pair/spec-bench-categories", "make pair-spec-bench-categories",
-                                           "the Qwen2.5-Coder 0.5B -> 1.5B pair on every Spec-Bench category "
-                                           "(Makefile: pair-spec-bench-categories)"),
-            "pair-sigmoid": ("results/pair/sigmoid/runs", "make pair-sigmoid",
-                             "the Qwen2.5-Coder 0.5B -> 1.5B pair at T = 1: exact, sigmoid (the registry's alpha "
-                             "and beta, and those the distortion map chose) and typical, and the study's trials "
-                             "(Makefile: pair-sigmoid)")}
+WORKSPACES = "workspaces"
+"""Where `make profile PROFILE=name` runs a profile other than the default one: <WORKSPACES>/<name>/ (Makefile)."""
 FOLDER = "results/published"
 RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_schedule",
                  "draft_confidence", "draft_tree", "draft_vocab", "draft_quant", "engine", "dtype", "temperature",
@@ -135,12 +126,57 @@ def packed_target(result: dict) -> bool | None:
     return bool(config["packed_weights"]) and config.get("engine") == "specsweep" and config.get("device") == "cpu"
 
 
-def summary(profile: str, root: Path, keep: bool = False) -> dict:
+def profile_file(profile: str) -> str:
+    """The params file of ``profile``: params.yaml for the default profile, else params.<profile>.yaml."""
+    return "params.yaml" if profile == "default" else f"params.{profile}.yaml"
+
+
+def workspace(profile: str, workspaces: str = WORKSPACES) -> str:
+    """The folder ``profile``'s `dvc repro` runs in, from the repository root ('.' for the default profile)."""
+    return "." if profile == "default" else f"{workspaces}/{profile}"
+
+
+def profile_source(profile: str, root: Path, workspaces: str = WORKSPACES) -> tuple[str, str, str]:
+    """(its runs folder from ``root``, the command that fills it, what the profile is: its params file's first
+    comment line where the file is there) of ``profile``."""
+    params = Path(root) / profile_file(profile)
+    first = next((line.lstrip("# ").strip() for line in params.read_text(encoding="utf-8").splitlines()
+                  if line.startswith("#")), "") if params.is_file() else ""
+    what = f"the {profile} profile ({params.name}" + (f": {first.rstrip(':.,')})" if first else ")")
+    command = "make" if profile == "default" else f"make profile PROFILE={profile}"
+    runs_dir = "results/runs" if profile == "default" else f"{workspace(profile, workspaces)}/results/runs"
+    return runs_dir, command, what
+
+
+def benchmark_outs(profile: str, root: Path) -> list[str]:
+    """The outputs of the profile's benchmark stages (params ``benchmarks``, dvc.yaml's bench stage), from its
+    workspace: what `make publish` copies into results/published/<profile>/."""
+    path = Path(root) / profile_file(profile)
+    params = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.is_file() else {}
+    return [bench["out"] for bench in (params.get("benchmarks") or {}).values()]
+
+
+def publish_benchmarks(profile: str, root: Path, workspaces: str = WORKSPACES) -> list[Path]:
+    """Copy the profile's benchmark outputs from its workspace into results/published/<profile>/, under the same
+    relative paths (results/bench/...); an output its stage has not written is a one-line error."""
+    base = Path(root) / workspace(profile, workspaces)
+    copied = []
+    for out in benchmark_outs(profile, root):
+        src = base / out
+        if not src.exists():
+            raise SpecsweepError(f"{src} does not exist: run `make profile PROFILE={profile}` first")
+        files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
+        for f in files:
+            dest = Path(root) / FOLDER / profile / f.relative_to(base)
+            write_text_atomic(dest, f.read_text(encoding="utf-8"))
+            copied.append(dest)
+    return copied
+
+
+def summary(profile: str, root: Path, keep: bool = False, workspaces: str = WORKSPACES) -> dict:
     """The published summary of ``profile`` from its runs folder under ``root``; ``keep``: with the previous summary's
     records of runs the folder lacks (see the module docstring)."""
-    if profile not in PROFILES:
-        raise SpecsweepError(f"no profile {profile!r} to publish: choose one of {', '.join(PROFILES)}")
-    runs_dir, command, what = PROFILES[profile]
+    runs_dir, command, what = profile_source(profile, root, workspaces)
     folder = Path(root) / runs_dir
     if not folder.is_dir():
         raise SpecsweepError(f"{runs_dir} does not exist: run `{command}` first, then `make publish PROFILE={profile}`")
@@ -182,17 +218,23 @@ def summary(profile: str, root: Path, keep: bool = False) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.analysis.publish", description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="default", help=f"one of {', '.join(PROFILES)} (default: default)")
+    parser.add_argument("--profile", default="default",
+                        help="default (params.yaml), or NAME for params.NAME.yaml (default: default)")
+    parser.add_argument("--workspaces", default=WORKSPACES,
+                        help=f"the folder of the profiles' workspaces (default: {WORKSPACES}; Makefile: WORKSPACES)")
     parser.add_argument("--root", default=".", help="the repository root (default: the working directory)")
     parser.add_argument("--keep", action="store_true", help="keep the previous summary's records of runs the runs "
                                                              "folder lacks")
     args = parser.parse_args(argv)
     try:
-        data = summary(args.profile, Path(args.root), args.keep)
+        data = summary(args.profile, Path(args.root), args.keep, args.workspaces)
+        copied = publish_benchmarks(args.profile, Path(args.root), args.workspaces)
     except SpecsweepError as e:
         print(f"publish: error: {e}", file=sys.stderr)
         return 2
     out = write_json_atomic(Path(args.root) / summary_path(args.profile), data)
+    for path in copied:
+        print(f"copied {path}")
     kept = sum(len(k["runs"]) for k in data.get("kept", ()))
     kept = f", {kept} kept from the previous summary" if kept else ""
     print(f"wrote {out} ({len(data['runs'])} runs{kept}); then `make docs` and commit both")

@@ -163,9 +163,20 @@ def provenance(profile: str) -> Callable[[Path], str]:
         where = f" at {ranked[0][0]}" if len(ranked) == 1 else ": " + ", ".join(
             f"{n} run{'' if n == 1 else 's'} at {code}" if i == 0 else f"{n} at {code}"
             for i, (code, n) in enumerate(ranked))
-        return prose(f"Measured on {_machines(data, when)}, specsweep {data['version']}{where}."
-                     f"{_omp_wait(data['runs'].values())}")
+        return prose(f"Measured on {_machines(data, when)}, {made_by(profile, data)}, specsweep {data['version']}"
+                     f"{where}.{_omp_wait(data['runs'].values())}")
     return render
+
+
+def made_by(profile: str, data: dict) -> str:
+    """What wrote a published summary's runs: the profile's `dvc repro` ("by `make profile PROFILE=real`"), or, for
+    runs published before every experiment was a profile, the hand-run commands that wrote its ``source`` folder."""
+    source = data.get("source") or ""
+    if profile == "default" and source == "results/runs":
+        return "by `make`"
+    if source in (f"{profile}/results/runs", f"workspaces/{profile}/results/runs"):
+        return f"by `make profile PROFILE={profile}`"
+    return f"by hand-run commands into {source}, before this experiment was a profile"
 
 
 def _machines(data: dict, when: str) -> str:
@@ -188,7 +199,7 @@ def _machines(data: dict, when: str) -> str:
 
 
 def sigmoid_study(root: Path) -> str:
-    """The table of `make pair-sigmoid`'s study: a row per trial (its α and β, paired speedup, ROUGE-L and ROUGE-L
+    """The table of the sigmoid profile's study: a row per trial (its α and β, paired speedup, ROUGE-L and ROUGE-L
     against the target alone's). The tuned row's α and β come from the distortion map, not from these trials
     (bench_blocks.bench_distortion_qwen)."""
     profile = "pair-sigmoid"
@@ -196,7 +207,7 @@ def sigmoid_study(root: Path) -> str:
     trials = sorted(name for name in runs if name.startswith("study/trials/"))
     if "qwen-ar-t1-bfloat16" not in runs or not trials:
         raise SpecsweepError(f"{summary_path(profile)} holds no {'study trials' if trials else 'target alone'}: run "
-                             "`make pair-sigmoid`, then publish it again")
+                             "the sigmoid profile, then publish it again")
     key = quality_metric("cnn_dailymail").key
     reference = runs["qwen-ar-t1-bfloat16"]["quality"][key]
     body = [[str(int(name.rsplit("/", 1)[1])), rule_params(runs[name]), speedup(runs[name]),
@@ -287,7 +298,7 @@ def by(key: str, name: str) -> Callable[[dict], str]:
         f = (r.get(key) or {}).get(name)
         if not f or f.get("speedup") is None:
             raise SpecsweepError(f"a published Spec-Bench run has no timed {name!r} in {key}: run it on every "
-                                 "category (make pair-spec-bench-categories) and publish it again")
+                                 "category (the spec-bench profile) and publish it again")
         return (f"{interval(f['speedup'], f['speedup_ci_low'], f['speedup_ci_high'])}, "
                 f"{num(f['mean_accepted_tokens'], 1)}")
     return cell
@@ -369,9 +380,7 @@ NO_TUNED_SIGMOID = "none: no α and β of the distortion map are within its boun
 SPEED_COLUMNS = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "c")
 
 TABLES = (
-    # README.md, "Toy pairs": paired speedups of the main grid
-    RunTable("readme-toy", "default", "pair", TOY_PAIRS, _main_grid(speedup)),
-    # docs/results.md, "Speedups of the default profile": the same with the unpaired figure
+    # docs/results.md, "Speedups of the default profile": paired speedups of the main grid with the unpaired figure
     RunTable("results-toy-speedups", "default", "pair", TOY_PAIRS, _main_grid(speedup_unpaired)),
     # docs/results.md: the other rules and prompt lookup at γ 4, with quality
     RunTable("results-toy-rules", "default", "pair", TOY_PAIRS,
@@ -390,8 +399,8 @@ TABLES = (
     RunTable("results-toy-theory", "default", "text run",
              tuple(Row(f"{rule} γ {g}", {"run": f"text-main-float32/text-{rule}-torch-g{g}-float32"})
                    for rule in ("exact", "greedy") for g in (2, 4)), THEORY),
-    # README.md, "Pretrained models": the real profile's runs (make real), each row one run
-    RunTable("readme-real", "real", "target, drafter",
+    # docs/results.md, "The real profile": its runs (make profile PROFILE=real), each row one run
+    RunTable("results-real", "real", "target, drafter",
              tuple(Row(label, {"run": run, "pair": pair}, empty=() if pair else ("target alone (bfloat16)",))
                    for label, run, pair in REAL_RUNS),
              (Column("dtype", "{run}", dtype_weights), Column("γ", "{run}", setting("gamma")),
@@ -404,8 +413,8 @@ TABLES = (
               Column("quality", "{run}", named_quality),
               Column("target alone (bfloat16)", "{pair}-ar-bfloat16", named_quality),
               Column("identical to the target alone", "{run}", agreement))),
-    # README.md and docs/results.md, "A real draft that pays": the Qwen2.5-Coder pair (make pair)
-    RunTable("readme-pair", "pair", "Qwen2.5-Coder-1.5B-Instruct with",
+    # docs/results.md: the Qwen2.5-Coder pair on CNN/DailyMail
+    RunTable("results-pair", "pair", "Qwen2.5-Coder-1.5B-Instruct with",
              tuple(Row(label, {"run": run}) for label, run in PAIR_RUNS),
              (Column("CPU", "{run}", cpu_name),
               Column("dtype", "{run}", dtype_weights), Column("articles", "{run}", setting("limit")),
@@ -419,7 +428,7 @@ TABLES = (
               Column("ROUGE-L", "{run}", lambda r: quality_text(r, 1)),
               Column("identical to the target alone", "{run}", agreement),
               Column("tokens (sha256)", "{run}", tokens_digest))),
-    # README.md and docs/results.md: the pair on Spec-Bench's coding questions (make pair-spec-bench)
+    # docs/results.md: the pair on Spec-Bench's coding questions
     RunTable("pair-spec-bench", "pair-spec-bench", "Qwen2.5-Coder-1.5B-Instruct with",
              tuple(Row(label, {"run": run}) for label, run in PAIR_SPEC_BENCH_RUNS),
              (Column("γ", "{run}", setting("gamma")), Column("paired speedup", "{run}", speedup),
@@ -429,7 +438,7 @@ TABLES = (
               Column("r", "{run}", metric("verify_cost_ratio")),
               Column("turns identical to the target alone", "{run}", agreement),
               Column("tokens before the first difference", "{run}", prefix_share))),
-    # docs/results.md: the draft's head cut to K tokens (make pair)
+    # docs/results.md: the draft's head cut to K tokens (the pair profile)
     RunTable("pair-vocab", "pair", "draft head",
              tuple(Row(label, {"k": k}) for label, k in (("whole (151936 tokens)", "None"), ("32768 tokens", "32768"),
                                                         ("8192 tokens", "8192"))),
@@ -437,7 +446,7 @@ TABLES = (
                  ("acceptance", metric("acceptance_rate")), ("tokens/step", metric("mean_accepted_tokens")),
                  ("c", metric("cost_ratio")), ("r", metric("verify_cost_ratio")), ("paired speedup", speedup),
                  ("identical to the target alone", agreement)))),
-    # README.md and docs/results.md: the pair on every Spec-Bench category (make pair-spec-bench-categories), the
+    # README.md and docs/results.md: the pair on every Spec-Bench category (the spec-bench profile), the
     # leaderboard's groups, then MT-Bench's categories
     RunTable("pair-spec-bench-groups", "pair-spec-bench-categories", "drafter",
              tuple(Row(label, {"run": run}) for label, run in PAIR_SBC_RUNS),
@@ -447,7 +456,7 @@ TABLES = (
              tuple(Row(label, {"run": run}) for label, run in PAIR_SBC_RUNS),
              tuple(Column(c, "{run}", by("by_category", c)) for c in MT_BENCH)),
     # README.md and docs/results.md, "The paper's table on the pair": the rules at T = 1, sigmoid's α and β from the
-    # registry and from a study (make pair-sigmoid)
+    # registry and from a study (the sigmoid profile)
     RunTable("pair-sigmoid", "pair-sigmoid", "rule, T = 1, γ 4",
              tuple(Row(label, {"run": run}, empty=SPEED_COLUMNS if run.startswith("qwen-ar") else (),
                        absent=NO_TUNED_SIGMOID if run == TUNED_SIGMOID else None)
@@ -457,7 +466,7 @@ TABLES = (
               Column("acceptance", "{run}", metric("acceptance_rate")),
               Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
               Column("c", "{run}", metric("cost_ratio")))),
-    # docs/results.md, "The paper's table on a real pair": the rules at T = 1 (make real)
+    # docs/results.md, "The paper's table on a real pair": the rules at T = 1 (the real profile)
     RunTable("results-real-sampling", "real", "rule, T = 1, γ 4",
              tuple(Row(rule, {"run": f"qwen-sampling-bfloat16/qwen-sampling-bfloat16-{rule}-torch-g4"})
                    for rule in ("exact", "sigmoid", "typical")),

@@ -1,8 +1,9 @@
-"""The generated blocks of docs/trees.md, from the paired comparisons `make trees` commits in results/published/trees/.
+"""The generated blocks of docs/trees.md, from the paired comparisons the trees profile publishes.
 
-Each file there is one `python -m pipeline.analysis.paired_tokens --out` comparison (A: a `3,2,1` tree of a drafter
-without a model, B: the chain of its depth, γ = 3; the same 100 toy text prompts at one temperature), named
-``<drafter>-t<T>.json``. A file whose sides ran other settings than its name says is a one-line error.
+Each comparison is one benchmark stage of params.trees.yaml, `python -m pipeline.analysis.paired_tokens --out` (A: a
+`3,2,1` tree of a drafter without a model, B: the chain of its depth, γ = 3; the same 100 toy text prompts at one
+temperature); `make publish PROFILE=trees` copies them into results/published/trees/results/bench/, named
+``trees-<drafter>-t<T>.json``. A file whose sides ran other settings than its name says is a one-line error.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pipeline.errors import SpecsweepError
 from .doc_sources import commit_text, listing, num, prose, read_source, signed, table
 
 FOLDER = "results/published/trees"
-WRITER = "make trees"
+WRITER = "make profile PROFILE=trees"
 TREE = "3,2,1"
 NODES = 15                      # 3 + 3·2 + 6·1: the tokens a `3,2,1` tree scores per step besides the root
 CHAIN = 3                       # the chain of the tree's depth
@@ -24,7 +25,7 @@ TEMPERATURES = (1, 0)
 
 def comparison_path(drafter: str, temperature: int) -> str:
     """The committed comparison of ``drafter``'s tree and chain at ``temperature``, from the repository root."""
-    return f"{FOLDER}/{drafter}-t{temperature}.json"
+    return f"{FOLDER}/results/bench/trees-{drafter}-t{temperature}.json"
 
 
 def read_comparison(root: Path, drafter: str, temperature: int) -> dict:

@@ -15,7 +15,7 @@ from pipeline.env_info import bounded_omp_wait
 from pipeline.errors import OneLineParser, SpecsweepError
 
 # name -> module in pipeline.commands, in the order --help lists them
-SUBCOMMANDS = ("run", "fetch", "bench", "tune", "report", "toy", "show", "serve", "export", "distill", "speak")
+SUBCOMMANDS = ("run", "init", "fetch", "bench", "tune", "report", "toy", "show", "serve", "export", "distill", "speak")
 
 
 def build_parser() -> argparse.ArgumentParser:

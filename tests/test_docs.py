@@ -39,8 +39,8 @@ def copy_repo(tmp_path: Path) -> Path:
 def test_the_repositorys_generated_blocks_are_what_make_docs_writes(capsys):
     assert docs.main(["--check", "--root", str(ROOT)]) == 0, capsys.readouterr().out
     names = docs.block_names(ROOT)
-    assert {"readme-gpu", "bench-kernels-gpu", "bench-host-gpu", "bench-forward-qwen-cuda", "bench-block-gain",
-            "gpu-lossless", "trees-lookup"} <= names
+    assert {"headline", "gpu-summary", "bench-kernels-gpu", "bench-host-gpu", "bench-forward-qwen-cuda",
+            "bench-block-gain", "gpu-lossless", "trees-lookup"} <= names
 
 
 def test_changing_any_digit_inside_a_generated_block_makes_the_check_fail():
@@ -94,7 +94,7 @@ def test_an_unknown_block_name_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_a_block_without_its_end_line_is_a_one_line_error(tmp_path, capsys):
-    (tmp_path / "README.md").write_text("<!-- BEGIN GENERATED readme-gpu -->\n1\n")
+    (tmp_path / "README.md").write_text("<!-- BEGIN GENERATED gpu-summary -->\n1\n")
     assert "has no `<!-- END GENERATED -->` line" in one_line_error(capsys, ["--root", str(tmp_path)])
 
 
@@ -198,7 +198,7 @@ def test_a_checkout_is_dirty_for_publishing_only_when_files_outside_the_publishe
 def test_publish_keeps_the_published_runs_a_later_runs_folder_lacks_only_when_asked(tmp_path, capsys, monkeypatch):
     commits = iter("abcd")
     monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": next(commits) * 40, "dirty": False})
-    folder = tmp_path / "results" / "pair" / "runs"
+    folder = tmp_path / "workspaces" / "pair" / "results" / "runs"
     write_runs(folder, {"old": run_result("cnn_dailymail", 4, 1.2), "both": run_result("cnn_dailymail", 4, 1.3)})
     assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
     for path in folder.iterdir():
@@ -226,7 +226,7 @@ def test_a_record_keeps_the_commit_its_run_recorded_and_the_line_counts_runs_by_
     """A results file's `provenance.commit` (the code that ran it) is its record's `ran.commit`, whenever it is
     published; the line counts runs by it, and a kept record without one by the commit it was published at."""
     monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": "p" * 40, "dirty": False})
-    folder = tmp_path / "results" / "pair" / "runs"
+    folder = tmp_path / "workspaces" / "pair" / "results" / "runs"
     write_runs(folder, {"old": run_result("cnn_dailymail", 4, 1.2)})          # written before runs recorded it
     assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
     (folder / "old.json").unlink()
@@ -253,13 +253,13 @@ def test_each_record_names_the_cpu_it_ran_on_and_the_line_names_each_cpu_when_th
     two give each with its runs and dates."""
     monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": "p" * 40, "dirty": False})
     monkeypatch.setattr(publish, "machine", lambda: {"cpu": "AMD EPYC", "cores": 2, "gpus": []})
-    folder = tmp_path / "results" / "pair" / "runs"
+    folder = tmp_path / "workspaces" / "pair" / "results" / "runs"
     write_runs(folder, {"old": run_result("cnn_dailymail", 4, 1.2)})          # written before runs recorded it
     assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
     first = json.loads((tmp_path / "results/published/pair/summary.json").read_text())
     assert first["runs"]["old"]["ran"]["machine"] == "AMD EPYC"              # published fresh: its publisher's CPU
     assert " ".join(run_tables.provenance("pair")(tmp_path).split()).startswith(
-        "Measured on AMD EPYC (2 cores), 2026-11-27, specsweep")
+        "Measured on AMD EPYC (2 cores), 2026-11-27, by `make profile PROFILE=pair`, specsweep")
     (folder / "old.json").unlink()
     monkeypatch.setattr(publish, "machine", lambda: {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "gpus": []})
     runs = {name: run_result("cnn_dailymail", 4, 1.3) for name in ("a", "b")}
@@ -273,7 +273,8 @@ def test_each_record_names_the_cpu_it_ran_on_and_the_line_names_each_cpu_when_th
     assert [summary["runs"][n]["ran"]["machine"] for n in ("a", "b", "old")] == [xeon, xeon, "AMD EPYC"]
     assert summary["measured"]["machines"] == ["AMD EPYC", xeon]
     assert " ".join(run_tables.provenance("pair")(tmp_path).split()).startswith(
-        "Measured on Intel Xeon (2 runs, 2026-12-02) and AMD EPYC (1 run, 2026-11-27), 2 cores each, specsweep")
+        "Measured on Intel Xeon (2 runs, 2026-12-02) and AMD EPYC (1 run, 2026-11-27), 2 cores each, by `make "
+        "profile PROFILE=pair`, specsweep")
     assert env_info.device_info("cpu")["cpu_model"] == env_info.cpu_model()
 
 
@@ -292,7 +293,7 @@ def test_the_provenance_line_says_what_idle_openmp_workers_did_in_the_published_
     """A run's `measurement.threads.env` is published as its `omp_wait`; the line names it once where every run
     agrees, with counts where runs differ, and nothing for summaries published before runs recorded it."""
     monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": "a" * 40, "dirty": False})
-    folder = tmp_path / "results" / "pair" / "runs"
+    folder = tmp_path / "workspaces" / "pair" / "results" / "runs"
 
     def with_env(env: dict | None, speedup: float) -> dict:
         result = run_result("cnn_dailymail", 4, speedup)
@@ -322,7 +323,7 @@ def test_the_provenance_line_says_what_idle_openmp_workers_did_in_the_published_
 
 def test_publish_without_the_profiles_runs_is_a_one_line_error(tmp_path, capsys):
     err = one_line_error(capsys, ["--profile", "real", "--root", str(tmp_path)], publish)
-    assert "real/results/runs does not exist: run `make real` first" in err
+    assert "workspaces/real/results/runs does not exist: run `make profile PROFILE=real` first" in err
 
 
 def table(root: Path, name: str) -> list[list[str]]:
@@ -339,9 +340,9 @@ def test_the_pair_table_gives_leviathans_theory_only_for_a_draft_model_proposing
                  "qwen-model-k32768-int4-g6-conf0.4-bfloat16-128": run_result("cnn_dailymail", 6, 1.6),
                  "qwen-lookup-g4-bfloat16-128": run_result("cnn_dailymail", 4, 2.0, drafter="prompt-lookup")})
     runs["qwen-model-k32768-int4-g6-conf0.4-bfloat16-128"]["config"]["draft_confidence"] = 0.4
-    write_runs(tmp_path / "results" / "pair" / "runs", runs)
+    write_runs(tmp_path / "workspaces" / "pair" / "results" / "runs", runs)
     assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
-    rows = {row[0]: row for row in table(tmp_path, "readme-pair")}
+    rows = {row[0]: row for row in table(tmp_path, "results-pair")}
     label = {name: label for label, name in run_tables.PAIR_RUNS}
     column = rows["Qwen2.5-Coder-1.5B-Instruct with"].index("Leviathan's theory")
     assert rows[label["qwen-model-k32768-int4-g6-bfloat16-128"]][column] == "2.00"
@@ -352,11 +353,12 @@ def test_the_pair_table_gives_leviathans_theory_only_for_a_draft_model_proposing
 def test_the_toy_tables_are_rendered_from_the_published_summary(tmp_path):
     write_runs(tmp_path / "results" / "runs", toy_runs())
     assert publish.main(["--profile", "default", "--root", str(tmp_path)]) == 0
-    toy = table(tmp_path, "readme-toy")
+    toy = table(tmp_path, "results-toy-speedups")
     assert toy[0] == ["pair", "exact γ 2", "exact γ 4", "sigmoid γ 2", "sigmoid γ 4", "greedy γ 2", "greedy γ 4"]
-    assert toy[1] == ["text", "1.02 [0.97, 1.12]", "1.04 [0.99, 1.14]", "1.12 [1.07, 1.22]", "1.14 [1.09, 1.24]",
-                      "1.22 [1.17, 1.32]", "1.24 [1.19, 1.34]"]
-    assert table(tmp_path, "results-toy-speedups")[2][1] == "1.02 [0.97, 1.12] (1.04)"
+    assert [cell.split(" (")[0] for cell in toy[1]] == [
+        "text", "1.02 [0.97, 1.12]", "1.04 [0.99, 1.14]", "1.12 [1.07, 1.22]", "1.14 [1.09, 1.24]",
+        "1.22 [1.17, 1.32]", "1.24 [1.19, 1.34]"]
+    assert toy[2][1] == "1.02 [0.97, 1.12] (1.04)"
     rules = table(tmp_path, "results-toy-rules")
     assert rules[1][1] == "1.50 [1.45, 1.60], 0.040" and rules[2][1] == "1.50 [1.45, 1.60], 4 %"   # ROUGE-L, WER
     assert rules[2][-1] == "0.98 [0.93, 1.08], 50 %"
@@ -376,9 +378,9 @@ def test_the_real_tables_are_rendered_and_a_run_the_summary_lacks_is_a_one_line_
     for rule in ("exact", "sigmoid", "typical"):
         runs[f"qwen-sampling-bfloat16/qwen-sampling-bfloat16-{rule}-torch-g4"] = run_result("cnn_dailymail", 4, 1.2,
                                                                                              quality=0.13)
-    write_runs(tmp_path / "real" / "results" / "runs", runs)
+    write_runs(tmp_path / "workspaces" / "real" / "results" / "runs", runs)
     assert publish.main(["--profile", "real", "--root", str(tmp_path)]) == 0
-    readme = table(tmp_path, "readme-real")
+    readme = table(tmp_path, "results-real")
     head = readme[0]
     assert head[:6] == ["target, drafter", "dtype", "γ", "samples", "new tokens", "paired speedup"]
     assert readme[1][:3] == ["Qwen2.5-Coder-1.5B, 0.5B draft in int4", "float32", "4"]
@@ -393,7 +395,8 @@ def test_the_real_tables_are_rendered_and_a_run_the_summary_lacks_is_a_one_line_
     sampling = table(tmp_path, "results-real-sampling")
     assert [r[0] for r in sampling[1:]] == ["exact", "sigmoid", "typical"] and sampling[1][1] == "0.130"
 
-    (tmp_path / "real/results/runs/qwen-sampling-bfloat16/qwen-sampling-bfloat16-typical-torch-g4.json").unlink()
+    runs_dir = tmp_path / "workspaces/real/results/runs"
+    (runs_dir / "qwen-sampling-bfloat16/qwen-sampling-bfloat16-typical-torch-g4.json").unlink()
     assert publish.main(["--profile", "real", "--root", str(tmp_path)]) == 0
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "results.md").write_text(
@@ -426,7 +429,7 @@ def test_the_spec_bench_category_tables_read_each_runs_groups_and_a_missing_one_
     from pipeline.tasks.spec_bench import CATEGORIES
 
     speedups = {c: 1.0 + i / 10 for i, c in enumerate(CATEGORIES)}
-    folder = tmp_path / "results/pair/spec-bench-categories"
+    folder = tmp_path / "workspaces/pair-spec-bench-categories/results/runs"
     runs = {run: spec_bench_result(speedups, drafter=None if "model" in run else "prompt-lookup")
             for _, run in run_tables.PAIR_SBC_RUNS}
     runs["qwen-ar-bfloat16"] = run_result("spec_bench", 0, 1.0)
@@ -464,7 +467,7 @@ def test_the_sigmoid_table_shows_each_rules_parameters_and_the_study_its_trials(
             "qwen-typical-g4-t1-bfloat16": rule_run("typical", 1.6, 0.18),
             "study/trials/00000": rule_run("sigmoid", 1.1, 0.21, alpha=0.5, beta=-25.0),
             "study/trials/00001": rule_run("sigmoid", 1.55, 0.19, alpha=2.5, beta=-7.25)}
-    write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
+    write_runs(tmp_path / "workspaces/pair-sigmoid/results/runs", runs)
     assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
     rows = table(tmp_path, "pair-sigmoid")
     assert [r[0] for r in rows[1:]] == [label for label, _ in run_tables.PAIR_SIGMOID_RUNS]
@@ -477,16 +480,16 @@ def test_the_sigmoid_table_shows_each_rules_parameters_and_the_study_its_trials(
                                                                                      "α 2.50, β −7.2"]
     assert study[2][4] == "+5.0 %" and study[3][4] == "−5.0 %"
     # no setting within the distortion map's bound: no tuned run, and the table says so instead of failing
-    shutil.rmtree(tmp_path / "results/pair/sigmoid/runs")
+    shutil.rmtree(tmp_path / "workspaces/pair-sigmoid/results/runs")
     del runs["qwen-sigmoid-tuned-g4-t1-bfloat16"]
-    write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
+    write_runs(tmp_path / "workspaces/pair-sigmoid/results/runs", runs)
     assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
     rows = table(tmp_path, "pair-sigmoid")
     assert rows[4][:2] == ["sigmoid, α and β from the distortion map", run_tables.NO_TUNED_SIGMOID]
     assert set(rows[4][2:]) == {""} and rows[5][3] == "1.60 [1.55, 1.70]"    # typical still reads its run
     del runs["qwen-typical-g4-t1-bfloat16"]                               # only the tuned row may be absent
-    shutil.rmtree(tmp_path / "results/pair/sigmoid/runs")
-    write_runs(tmp_path / "results/pair/sigmoid/runs", runs)
+    shutil.rmtree(tmp_path / "workspaces/pair-sigmoid/results/runs")
+    write_runs(tmp_path / "workspaces/pair-sigmoid/results/runs", runs)
     assert publish.main(["--profile", "pair-sigmoid", "--root", str(tmp_path)]) == 0
     with pytest.raises(SpecsweepError, match="holds no run 'qwen-typical-g4-t1-bfloat16'"):
         table(tmp_path, "pair-sigmoid")
@@ -533,7 +536,7 @@ def test_the_lookup_tree_table_is_rendered_from_the_comparisons_make_trees_write
                            f"+{(1 + k) / 2:.2f} [+0.00, +{1 + k:.2f}]", "1, 0", "1 of 2"], k
     where = " ".join(text.split("\n\n")[-1].split())
     assert where.startswith("Measured on ")
-    assert where.endswith("2 prompts per run (`make trees`, results/published/trees/).")
+    assert where.endswith("2 prompts per run (`make profile PROFILE=trees`, results/published/trees/).")
 
 
 def test_a_comparison_of_other_settings_than_its_name_says_is_a_one_line_error(tmp_path, capsys):
@@ -544,8 +547,9 @@ def test_a_comparison_of_other_settings_than_its_name_says_is_a_one_line_error(t
     (tmp_path / "docs" / "trees.md").write_text("<!-- BEGIN GENERATED trees-lookup -->\n<!-- END GENERATED -->\n")
     capsys.readouterr()
     err = one_line_error(capsys, ["--check", "--root", str(tmp_path)])
-    assert "block trees-lookup: source results/published/trees/prompt-lookup-t1.json: side A ran" in err
-    assert "'drafter': 'suffix'" in err and "`make trees` writes it" in err
+    assert ("block trees-lookup: source results/published/trees/results/bench/trees-prompt-lookup-t1.json: "
+            "side A ran") in err
+    assert "'drafter': 'suffix'" in err and "`make profile PROFILE=trees` writes it" in err
 
 
 def test_the_qwen_engine_table_says_when_ours_against_hf_assisted_is_no_comparison_of_loops(tmp_path):

@@ -295,7 +295,7 @@ def test_a_draft_without_a_quantised_forward_is_refused_in_one_line(tmp_path, ca
 
 def test_a_study_searches_the_drafts_weights_only_for_a_family_that_quantises(tmp_path, capsys):
     """A space with draft_quant keeps it for a Llama-family draft and drops it, saying so, for a draft whose forward
-    takes no quantised weights (GPT-2 here; Whisper's tiny.en in `make real`): its trials would all fail."""
+    takes no quantised weights (GPT-2 here; Whisper's tiny.en in the real profile): its trials would all fail."""
     from pipeline.tuning.space import SearchSpace, space_for_pair
 
     space = SearchSpace(samplers=("exact",), dtypes=("bfloat16",), quants=("int4",)).check()

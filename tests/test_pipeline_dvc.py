@@ -49,6 +49,12 @@ TINY = {
                                                      "draft": "models/tiny/text/draft", "limit": 3,
                                                      "max_new_tokens": 6, "sampler": "exact", "gamma": 2,
                                                      "temperature": 0, "dtype": "float32"}}},
+    # a benchmark stage (dvc.yaml's bench): the pair run's tokens per step compared prompt by prompt (a stage's output
+    # folder as one side; with itself, so the queued γ variants below leave it as it is)
+    "benchmarks": {"paired": {"cmd": "python -m pipeline.analysis.paired_tokens results/runs/text-greedy-float32 "
+                                     "results/runs/text-greedy-float32 --resamples 200 --out results/bench/paired.json",
+                              "dep": "results/runs/text-greedy-float32", "dep2": "results/runs/text-greedy-float32",
+                              "out": "results/bench/paired.json"}},
     "tune": {"space": "sweeps/optuna_space.yaml", "n_trials": 2, "dtype": "float32", "study_prefix": "tiny"},
 }
 
@@ -84,7 +90,7 @@ def test_dvc_repro_produces_every_declared_output(repo):
     repo, _ = repo
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     expected = {"data@tiny", "models@text", "baseline@pair0-float32", "run@pair0-grid0-float32",
-                "pair_run@text-greedy-float32", "tune@0", "report"}
+                "pair_run@text-greedy-float32", "bench@paired", "tune@0", "report"}
     assert set(lock) == expected
     for stage in lock.values():
         for out in stage.get("outs", []):
@@ -99,6 +105,9 @@ def test_dvc_repro_produces_every_declared_output(repo):
     # the pair run: its own settings, no --baseline (greedy agreement against its own γ = 0 loop)
     own = json.loads((repo / "results/runs/text-greedy-float32/text-greedy-float32-exact-torch-g2.json").read_text())
     assert own["config"]["temperature"] == 0 and own["config"]["baseline"] is None
+    # the benchmark stage read both runs (a folder of one file, and one file) and compared them prompt by prompt
+    paired = json.loads((repo / "results/bench/paired.json").read_text())
+    assert paired["prompts"] == 3 and paired["mean_difference"] == 0 and paired["sides"]["a"]["files"]
     agreement = own["metrics"]["greedy_agreement"]
     assert agreement["samples"] >= 1 and agreement["identical"] == agreement["samples"]
     # params.yaml -> RunConfig: the same settings, by the same names, as the run recorded
@@ -189,13 +198,19 @@ def test_queued_profile_variants_run_side_by_side_in_dvc_queue_workers(repo):
                           "pair_run@qwen-model-bfloat16", "pair_run@qwen-model-float32", "pair_run@qwen-hf-bfloat16",
                           "pair_run@qwen-sampling-bfloat16", "pair_run@whisper-base-model-bfloat16", "tune@2",
                           "report"]),
+    ("params.pair.yaml", ["data@cnn_dailymail", "downloads@qwen", "baseline@pair0-bfloat16", "run@pair0-grid4-bfloat16",
+                          "pair_run@qwen-hf-float32", "bench@forward", "bench@replay", "tune@0", "report"]),
+    ("params.spec-bench.yaml", ["data@spec_bench", "downloads@qwen", "baseline@pair1-bfloat16",
+                                "run@pair1-grid2-bfloat16", "tune@1", "report"]),
+    ("params.sigmoid.yaml", ["data@cnn_dailymail", "downloads@qwen", "run@pair0-grid0-bfloat16", "bench@distortion",
+                             "tune@0", "report"]),
+    ("params.trees.yaml", ["data@toy", "models@text", "pair_run@suffix-tree-t0", "bench@suffix-t0", "report"]),
     ("params.distill.yaml", ["data@cnn_dailymail", "data@librispeech", "data@cnn_dailymail_pool", "downloads@smollm2",
                              "downloads@whisper-base", "speak@speech_synth", "distill@smollm2", "distill@whisper-base",
                              "baseline@pair1-float32", "run@pair1-grid2-float32", "tune@1", "report"]),
 ])
 def test_every_profile_resolves_with_the_shared_dvc_yaml(tmp_path, profile, stages):
-    """`dvc stage list` of dvc.yaml with each profile as its params.yaml (as `make real` and `make distill` lay them
-    out):
+    """`dvc stage list` of dvc.yaml with each profile as its params.yaml (as `make profile` lays them out):
     every stage resolves, and the stages each profile needs are there."""
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy(REPO / name, tmp_path / name)
@@ -209,3 +224,17 @@ def test_every_profile_resolves_with_the_shared_dvc_yaml(tmp_path, profile, stag
     assert sum(name.startswith("run@") for name in listed) == (len(params["pairs"]) * len(params["grids"])
                                                                * len(params["dtypes"]))
     assert sum(name.startswith("pair_run@") for name in listed) == len(params["pair_runs"])
+    assert sum(name.startswith("bench@") for name in listed) == len(params["benchmarks"])
+
+
+def test_every_profile_is_one_the_makefile_runs_and_names_what_it_answers():
+    """Each params.<name>.yaml is a profile `make profile PROFILE=<name>` runs; its first line says which profile it is,
+    and the Makefile itself holds no experiment (no `specsweep run`, no benchmark command)."""
+    makefile = (REPO / "Makefile").read_text()
+    assert "specsweep run" not in makefile and "pipeline.benchmarks" not in makefile
+    assert len(makefile.splitlines()) < 100
+    for path in sorted(REPO.glob("params.*.yaml")):
+        name = path.name[len("params."):-len(".yaml")]
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("#") and name in first, (path.name, first)
+        assert "benchmarks" in yaml.safe_load(path.read_text()), path.name
