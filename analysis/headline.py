@@ -85,7 +85,8 @@ def render(root: Path) -> str:
         _greedy_row(f"Best draft model ({most} articles)", model),
         [f"Spec-Bench coding ({turns['samples']} turns)", _drafter(coding), speedup(coding),
          num(coding["metrics"]["mean_accepted_tokens"]), f"{agreement(coding)} identical to the target alone's"],
-        *([f"{label} at T = 1 (3 articles)", f"{name}, γ 4", speedup(r), num(r["metrics"]["mean_accepted_tokens"]),
+        *([f"{label} at T = 1 ({r['config']['limit']} articles)", f"{name}, γ {r['config']['gamma']}", speedup(r),
+           num(r["metrics"]["mean_accepted_tokens"]),
            f"ROUGE-L {num(r['quality']['rougeL'], 3)} (target alone {num(alone, 3)})"]
           for label, name, r in (("Lossless verify", "exact", rules["exact"]),
                                  ("The paper's sigmoid", "sigmoid", rules["sigmoid"]))),

@@ -4,7 +4,8 @@
 profile, workspaces/<name>/results/runs for ``make profile PROFILE=name``; pipeline/result.py); they are large (every
 sample's text) and not committed. The outputs of its benchmark stages (params ``benchmarks``) are copied as they are
 into results/published/<profile>/results/bench/. This writes the figures the tables of README.md and docs/ read from
-the runs into one file, results/published/<profile>/summary.json:
+the runs, and from the trials of its Optuna studies (as ``tune/<pair>/trials/<number>``), into one file,
+results/published/<profile>/summary.json:
 
     published   what the file is, and the command that writes it
     profile, source
@@ -43,7 +44,7 @@ import yaml
 
 from pipeline.env_info import git_commit, machine, omp_wait_label, versions
 from pipeline.errors import SpecsweepError
-from pipeline.io import write_json_atomic, write_text_atomic
+from pipeline.io import atomic_file, write_json_atomic
 from pipeline.result import read_result
 from pipeline.results_table import device_label
 from pipeline.rules import RULES
@@ -168,7 +169,8 @@ def publish_benchmarks(profile: str, root: Path, workspaces: str = WORKSPACES) -
         files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
         for f in files:
             dest = Path(root) / FOLDER / profile / f.relative_to(base)
-            write_text_atomic(dest, f.read_text(encoding="utf-8"))
+            with atomic_file(dest, "wb") as out:       # as it is: JSON, or a figure beside it
+                out.write(f.read_bytes())
             copied.append(dest)
     return copied
 
@@ -185,6 +187,12 @@ def summary(profile: str, root: Path, keep: bool = False, workspaces: str = WORK
         result = read_result(path)
         if result is not None:      # else another kind of JSON in the folder
             runs[path.relative_to(folder).with_suffix("").as_posix()] = record(result)
+    # the tune stage's trials (results/tune/<pair>/trials/<number>.json beside the runs folder), as tune/<pair>/...
+    tune = folder.parent / "tune"
+    for path in sorted(tune.glob("*/trials/*.json")):
+        result = read_result(path)
+        if result is not None:
+            runs["tune/" + path.relative_to(tune).with_suffix("").as_posix()] = record(result)
     if not runs:
         raise SpecsweepError(f"{runs_dir} holds no results files: run `{command}` first")
     kept: dict[tuple, list[str]] = {}

@@ -275,9 +275,14 @@ def cpu_name(r: dict) -> str:
 
 
 def agreement(r: dict) -> str:
-    """"3 of 3": the samples whose greedy tokens are the target alone's, token for token."""
+    """"3 of 3": the samples whose greedy tokens are the target alone's, token for token; "2 of 2 timed" where the
+    comparison covered fewer samples than the run decoded (a run without --baseline compares against its paired
+    γ = 0 loop, which decodes only the timed samples)."""
     a = r.get("greedy_agreement")
-    return "" if not a else f"{a['identical']} of {a['samples']}"
+    if not a:
+        return ""
+    decoded = (r.get("config") or {}).get("limit")
+    return f"{a['identical']} of {a['samples']}" + (" timed" if decoded and a["samples"] < decoded else "")
 
 
 def tokens_digest(r: dict) -> str:

@@ -634,3 +634,64 @@ def test_a_record_says_whether_the_target_ran_packed_weights():
                           "quant_kernel": "int4_linear"}) == "bfloat16, packed weights, bf16_linear, int4_linear"
     assert dtype_weights({"config": settings, "packed_weights": True, "few_rows_kernel": "onednn"}) == \
         "bfloat16, packed weights"
+
+
+def test_publish_takes_the_trials_of_the_profiles_studies_beside_its_runs(tmp_path):
+    """The tune stage writes each trial's results file under results/tune/<pair>/trials/: published as
+    tune/<pair>/trials/<number>, with the runs."""
+    workspace = tmp_path / "workspaces/sigmoid/results"
+    write_runs(workspace / "runs", {"qwen-ar-bfloat16": run_result("cnn_dailymail", 0, 1.0)})
+    write_runs(workspace / "tune/qwen/trials", {"00000": run_result("cnn_dailymail", 4, 1.1),
+                                                "00001": run_result("cnn_dailymail", 4, 1.5)})
+    (workspace / "tune/qwen-pareto.json").write_text("{}")          # not a results file: not published
+    assert publish.main(["--profile", "sigmoid", "--root", str(tmp_path)]) == 0
+    runs = json.loads((tmp_path / "results/published/sigmoid/summary.json").read_text())["runs"]
+    assert set(runs) == {"qwen-ar-bfloat16", "tune/qwen/trials/00000", "tune/qwen/trials/00001"}
+    assert runs["tune/qwen/trials/00001"]["metrics"]["speedup"] == 1.5
+
+
+# ---------------------------------------------------------------------------------------------- README's headline
+
+def test_the_headline_picks_the_fastest_published_run_of_each_question_on_one_cpu(tmp_path):
+    """Each row is the published run with the highest median paired speedup among those that answer it, on the
+    headline's CPU: a faster run on another CPU, a flagged run, or one on fewer articles is passed over."""
+    from pipeline.analysis import headline
+
+    def run(drafter, gamma, speedup, *, limit=24, cpu="AMD EPYC 7B13", flagged=False, quant="int4"):
+        result = run_result("cnn_dailymail", gamma, speedup, drafter=drafter)
+        result["config"].update({"dtype": "bfloat16", "limit": limit, "draft_quant": quant, "draft_vocab": None,
+                                 "draft_confidence": 0.0})
+        result["metrics"]["flagged"] = flagged
+        result["metrics"]["greedy_agreement"] = {"reference": "the paired γ = 0 loop", "samples": 2, "identical": 2,
+                                                 "shared_prefix_tokens": 16, "tokens": 16, "shared_prefix_share": 1.0}
+        result["provenance"]["device"]["cpu_model"] = cpu
+        return result
+
+    pair = {"lookup-g8": run("prompt-lookup", 8, 2.0), "lookup-g12": run("prompt-lookup", 12, 2.2),
+            "lookup-xeon": run("prompt-lookup", 12, 2.9, cpu="Intel(R) Xeon(R) Processor"),
+            "lookup-3": run("prompt-lookup", 12, 3.1, limit=3), "suffix": run("suffix", 16, 2.3, flagged=True),
+            "model-g6": run(None, 6, 1.7), "model-g5": run(None, 5, 1.6)}
+    write_runs(tmp_path / "workspaces/pair/results/runs", pair)
+    write_runs(tmp_path / "workspaces/pair-spec-bench/results/runs",
+               {"coding-g5": run("lookup-model", 5, 2.05), "ar": run(None, 0, 1.0)})
+    sigmoid = {"qwen-ar-t1-bfloat16": run_result("cnn_dailymail", 0, 1.0, quality=0.22),  # 8 articles, γ 4
+               **{f"qwen-{rule}-g4-t1-bfloat16": run_result("cnn_dailymail", 4, s, quality=q)
+                  for rule, s, q in (("exact", 1.3, 0.14), ("sigmoid", 1.5, 0.17), ("typical", 1.7, 0.2))}}
+    write_runs(tmp_path / "workspaces/pair-sigmoid/results/runs", sigmoid)
+    for profile in ("pair", "pair-spec-bench", "pair-sigmoid"):
+        assert publish.main(["--profile", profile, "--root", str(tmp_path)]) == 0
+    shutil.copytree(ROOT / "kernels/results", tmp_path / "kernels/results")
+    text = headline.render(tmp_path)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    assert rows[0] == headline.HEADER
+    assert rows[1][1:3] == ["prompt lookup, γ 12", "2.20 [2.15, 2.30]"]      # not the Xeon's, 3 articles' or flagged
+    assert rows[2][1:3] == ["int4 draft, γ 6", "1.70 [1.65, 1.80]"]
+    assert rows[3][1] == "prompt lookup then the int4 draft, γ 5" and rows[3][0] == "Spec-Bench coding (2 turns)"
+    assert rows[5][:2] == ["The paper's sigmoid at T = 1 (8 articles)", "sigmoid, γ 4"]
+    assert rows[5][4] == "ROUGE-L 0.170 (target alone 0.220)"
+    assert "the fastest lossless way" in text and "prompt lookup at γ 12 (2.20x)" in " ".join(text.split())
+    for name in ("lookup-g8", "lookup-g12", "lookup-3", "suffix"):       # nothing left on that CPU: one line
+        (tmp_path / f"workspaces/pair/results/runs/{name}.json").unlink()
+    assert publish.main(["--profile", "pair", "--root", str(tmp_path)]) == 0
+    with pytest.raises(SpecsweepError, match="no published run on AMD EPYC answers 'the best lossless setting"):
+        headline.render(tmp_path)

@@ -5,6 +5,7 @@ process per task and dtype) and the report."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -238,3 +239,42 @@ def test_every_profile_is_one_the_makefile_runs_and_names_what_it_answers():
         first = path.read_text().splitlines()[0]
         assert first.startswith("#") and name in first, (path.name, first)
         assert "benchmarks" in yaml.safe_load(path.read_text()), path.name
+
+
+def _stage_settings(params: dict) -> list[tuple[str, dict]]:
+    """(stage, settings) of every `specsweep run` a profile's baseline, run and pair_run stages make, merged as
+    dvc.yaml orders the flags (argparse: the later flag wins)."""
+    shared = {**params["run"], **params["tracking"]}
+    out = {"out": "x-{sampler}-{backend}-g{gamma}-{dtype}-{drafter}-{draft_tree}-{draft_vocab}-{draft_quant}.json"}
+    stages = []
+    for pair in params["pairs"]:
+        for dtype in params["dtypes"]:
+            stages.append((f"baseline@{pair['name']}-{dtype}", {**shared, **pair["config"], "dtype": dtype,
+                                                                 "gamma": 0, "sampler": "exact", **out}))
+            stages += [(f"run@{pair['name']}-{grid['name']}-{dtype}",
+                        {**shared, **pair["config"], **grid["config"], "dtype": dtype, **out})
+                       for grid in params["grids"]]
+    stages += [(f"pair_run@{key}", {**shared, **item["config"], **out})
+               for key, item in (params.get("pair_runs") or {}).items()]
+    return stages
+
+
+@pytest.mark.parametrize("profile", sorted(p.name for p in REPO.glob("params*.yaml")))
+def test_every_run_a_profile_makes_has_valid_settings(profile):
+    """Each point of each `specsweep run` a profile's stages make passes RunConfig's decoding checks, so a profile
+    never fails at its first run after hours of downloads (a --draft-quant on the γ = 0 baseline did)."""
+    from pipeline.commands.run import DISPLAY_FLAGS, expand_grid
+    from pipeline.config import RunConfig
+
+    params = yaml.safe_load((REPO / profile).read_text())
+    # a flag left out is its default, as argparse gives it
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
+    checked = 0
+    for stage, settings in _stage_settings(params):
+        for point in expand_grid({**defaults, **{k: v for k, v in settings.items() if k not in DISPLAY_FLAGS}}):
+            try:
+                RunConfig.from_dict(point).validate_decoding()
+            except Exception as e:
+                pytest.fail(f"{profile} {stage}: {e}")
+            checked += 1
+    assert checked >= len(params["pairs"]) * len(params["dtypes"]) + len(params.get("pair_runs") or {})
