@@ -278,3 +278,38 @@ def test_every_run_a_profile_makes_has_valid_settings(profile):
                 pytest.fail(f"{profile} {stage}: {e}")
             checked += 1
     assert checked >= len(params["pairs"]) * len(params["dtypes"]) + len(params.get("pair_runs") or {})
+
+
+class _Parsed(Exception):
+    """Raised in place of running a command once its flags have parsed."""
+
+
+@pytest.mark.parametrize("profile", sorted(p.name for p in REPO.glob("params*.yaml")))
+def test_every_benchmark_command_of_a_profile_parses(profile, monkeypatch):
+    """Each command of a profile's bench stages (`python -m MODULE ...` or `specsweep ...`, joined by &&) takes its
+    flags: argparse is stopped right after parsing, so a mistyped flag fails here, not after a profile's hours of
+    runs."""
+    import argparse
+    import importlib
+    import shlex
+
+    from pipeline.cli import build_parser
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parse(self, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    params = yaml.safe_load((REPO / profile).read_text())
+    for name, bench in (params.get("benchmarks") or {}).items():
+        for part in bench["cmd"].split("&&"):
+            words = shlex.split(part)
+            if words[:2] == ["python", "-m"]:
+                run = importlib.import_module(words[2]).main
+            else:
+                assert words[0] == "specsweep", (profile, name, part)
+                run = build_parser().parse_args
+            with pytest.raises(_Parsed):
+                run(words[3:] if words[0] == "python" else words[1:])
