@@ -39,9 +39,9 @@ def _runs(root: Path, profile: str) -> dict[str, dict]:
             for name, r in data["runs"].items()}
 
 
-def _best(runs: dict[str, dict], keep, question: str) -> dict:
-    """The run of ``runs`` with the highest median paired speedup among those ``keep`` accepts, on :data:`CPU`."""
-    chosen = [r for r in runs.values() if cpu_name(r) == CPU and r["metrics"].get("speedup") is not None
+def _best(runs, keep, question: str) -> dict:
+    """The record of ``runs`` with the highest median paired speedup among those ``keep`` accepts, on :data:`CPU`."""
+    chosen = [r for r in runs if cpu_name(r) == CPU and r["metrics"].get("speedup") is not None
               and not r["metrics"].get("flagged") and keep(r)]
     if not chosen:
         raise SpecsweepError(f"no published run on {CPU} answers {question!r}: publish one (docs/results.md)")
@@ -71,20 +71,17 @@ def render(root: Path) -> str:
     most = max(r["config"]["limit"] for r in pair.values())
     greedy = [r for r in pair.values() if r["config"]["temperature"] == 0 and r["config"]["limit"] == most
               and r["config"]["dtype"] == "bfloat16"]
-    greedy = {str(i): r for i, r in enumerate(greedy)}
     lossless = _best(greedy, lambda r: (r["config"]["drafter"] or "model") not in MODEL_DRAFTERS,
                      "the best lossless setting without a draft model")
     model = _best(greedy, lambda r: (r["config"]["drafter"] or "model") in MODEL_DRAFTERS, "the best draft model")
-    coding = _best(_runs(root, "pair-spec-bench"), lambda r: r["config"]["gamma"] > 0, "Spec-Bench coding")
+    coding = _best(_runs(root, "pair-spec-bench").values(), lambda r: r["config"]["gamma"] > 0, "Spec-Bench coding")
     sigmoid_runs = _runs(root, "pair-sigmoid")
     rules = {name: sigmoid_runs[f"qwen-{name}-g4-t1-bfloat16"] for name in ("exact", "sigmoid")}
     alone = sigmoid_runs["qwen-ar-t1-bfloat16"]["quality"]["rougeL"]
-    turns = coding["greedy_agreement"]
     rows = [
         _greedy_row(f"Best without a draft model ({most} CNN/DailyMail articles)", lossless),
         _greedy_row(f"Best draft model ({most} articles)", model),
-        [f"Spec-Bench coding ({turns['samples']} turns)", _drafter(coding), speedup(coding),
-         num(coding["metrics"]["mean_accepted_tokens"]), f"{agreement(coding)} identical to the target alone's"],
+        _greedy_row(f"Spec-Bench coding ({coding['greedy_agreement']['samples']} turns)", coding),
         *([f"{label} at T = 1 ({r['config']['limit']} articles)", f"{name}, γ {r['config']['gamma']}", speedup(r),
            num(r["metrics"]["mean_accepted_tokens"]),
            f"ROUGE-L {num(r['quality']['rougeL'], 3)} (target alone {num(alone, 3)})"]

@@ -159,15 +159,16 @@ def benchmark_outs(profile: str, root: Path) -> list[str]:
 
 def publish_benchmarks(profile: str, root: Path, workspaces: str = WORKSPACES) -> list[Path]:
     """Copy the profile's benchmark outputs from its workspace into results/published/<profile>/, under the same
-    relative paths (results/bench/...); an output its stage has not written is a one-line error."""
+    relative paths (results/bench/...); an output its stage has not written is a one-line error, raised before
+    anything is copied."""
     base = Path(root) / workspace(profile, workspaces)
-    copied = []
-    for out in benchmark_outs(profile, root):
-        src = base / out
+    sources = [base / out for out in benchmark_outs(profile, root)]
+    for src in sources:
         if not src.exists():
             raise SpecsweepError(f"{src} does not exist: run `make profile PROFILE={profile}` first")
-        files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
-        for f in files:
+    copied = []
+    for src in sources:
+        for f in sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]:
             dest = Path(root) / FOLDER / profile / f.relative_to(base)
             with atomic_file(dest, "wb") as out:       # as it is: JSON, or a figure beside it
                 out.write(f.read_bytes())

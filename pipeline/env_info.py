@@ -84,7 +84,7 @@ def machine() -> dict:
 def git_commit(root: str | os.PathLike = ".", ignore: tuple[str, ...] = ()) -> dict:
     """The checkout's commit: {"commit": sha or None (not a git checkout, or no git), "dirty": whether tracked files
     differ from it anywhere in the checkout, also when ``root`` is a folder inside it (None where unknown)}; changes
-    under the ``ignore`` paths (relative to ``root``) do not count."""
+    under the ``ignore`` paths (relative to the checkout's top) do not count."""
     import subprocess
 
     def git(*args: str) -> str | None:
@@ -96,7 +96,7 @@ def git_commit(root: str | os.PathLike = ".", ignore: tuple[str, ...] = ()) -> d
 
     sha = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no", "--", ":/",
-                 *(f":(exclude){path}" for path in ignore)) if sha else None
+                 *(f":(top,exclude){path}" for path in ignore)) if sha else None
     return {"commit": sha.strip() if sha else None, "dirty": None if status is None else bool(status.strip())}
 
 

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline import env_info
 from pipeline.analysis import bench_blocks, docs, gpu_blocks, paired_tokens, publish, run_tables, tree_blocks
@@ -182,6 +183,8 @@ def test_a_checkout_is_dirty_for_publishing_only_when_files_outside_the_publishe
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "page.md").write_text("a\n")
     (tmp_path / "README.md").write_text("a\n")
+    (tmp_path / "workspace").mkdir()                 # a profile's workspace: a folder inside the checkout
+    (tmp_path / "workspace" / "params.yaml").write_text("a: 1\n")
     git("init", "-q")
     git("add", ".")
     git("commit", "-qm", "one")
@@ -192,9 +195,12 @@ def test_a_checkout_is_dirty_for_publishing_only_when_files_outside_the_publishe
     (tmp_path / "docs" / "page.md").write_text("b\n")
     (tmp_path / "README.md").write_text("b\n")
     assert git_commit(tmp_path, ignore=env_info.NOT_CODE)["dirty"] is False
+    assert git_commit(tmp_path / "workspace", ignore=env_info.NOT_CODE)["dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path, ignore=(publish.FOLDER,))["dirty"] is True
     assert git_commit(tmp_path, ignore=env_info.NOT_CODE)["dirty"] is True
+    # seen from a folder inside the checkout (a benchmark stage run in its workspace), the whole checkout counts
+    assert git_commit(tmp_path / "workspace")["dirty"] is True
 def test_publish_keeps_the_published_runs_a_later_runs_folder_lacks_only_when_asked(tmp_path, capsys, monkeypatch):
     commits = iter("abcd")
     monkeypatch.setattr(publish, "git_commit", lambda root, **_: {"commit": next(commits) * 40, "dirty": False})
@@ -634,6 +640,29 @@ def test_a_record_says_whether_the_target_ran_packed_weights():
                           "quant_kernel": "int4_linear"}) == "bfloat16, packed weights, bf16_linear, int4_linear"
     assert dtype_weights({"config": settings, "packed_weights": True, "few_rows_kernel": "onednn"}) == \
         "bfloat16, packed weights"
+
+
+def test_publish_copies_the_profiles_benchmark_outputs_as_they_are_and_a_missing_one_is_a_one_line_error(tmp_path,
+                                                                                                       capsys):
+    """Each `out` of the profile's benchmarks (a file, or a folder with a figure beside its JSON) is copied byte for
+    byte from the workspace into results/published/<profile>/, under the same path."""
+    (tmp_path / "params.demo.yaml").write_text(yaml.safe_dump({"benchmarks": {
+        "one": {"cmd": "x", "dep": "a", "dep2": "a", "out": "results/bench/one.json"},
+        "map": {"cmd": "y", "dep": "a", "dep2": "a", "out": "results/bench/map"}}}))
+    workspace = tmp_path / "workspaces/demo"
+    write_runs(workspace / "results/runs", {"r": run_result("cnn_dailymail", 4, 1.2)})
+    (workspace / "results/bench/map").mkdir(parents=True)
+    (workspace / "results/bench/one.json").write_text('{"a": 1}')
+    (workspace / "results/bench/map/m.json").write_text('{"b": 2}')
+    (workspace / "results/bench/map/m.png").write_bytes(b"\x89PNG\r\n\x00\xff")
+    assert publish.main(["--profile", "demo", "--root", str(tmp_path)]) == 0
+    published = tmp_path / "results/published/demo/results/bench"
+    assert (published / "one.json").read_text() == '{"a": 1}'
+    assert (published / "map/m.png").read_bytes() == b"\x89PNG\r\n\x00\xff"
+    assert (published / "map/m.json").is_file()
+    (workspace / "results/bench/one.json").unlink()
+    err = one_line_error(capsys, ["--profile", "demo", "--root", str(tmp_path)], publish)
+    assert "one.json does not exist: run `make profile PROFILE=demo` first" in err
 
 
 def test_publish_takes_the_trials_of_the_profiles_studies_beside_its_runs(tmp_path):
