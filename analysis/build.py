@@ -29,7 +29,7 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
 from pipeline.objectives import QUALITY, expected_tokens_iid, expected_tokens_positions
-from pipeline.rules import RULES, param_names
+from pipeline.rules import RULES, SPEED_ONLY_NOTE, is_speed_only, param_names
 from pipeline.tasks import TASK_NAMES, quality_metric
 
 from . import (
@@ -345,7 +345,8 @@ def _rules_section(losses, task, target, draft, metric, other: bool = False, by_
     if by_temperature:      # by temperature (unknown last), fastest first within each
         order = order.assign(_t=[to_number(t) for t in order["temperature"]]).sort_values(
             "_t", kind="stable", na_position="last")
-    rows = [[r["sampler"], "yes" if is_lossless(r["sampler"], r.get("temperature")) else "no", *t_cell(r),
+    rows = [[r["sampler"] + (" (speed only)" if is_speed_only(r["sampler"]) else ""),
+             "yes" if is_lossless(r["sampler"], r.get("temperature")) else "no", *t_cell(r),
              _int(r["gamma"]), *_mode_cell(r, other), _params(r), r["dtype"], r.get("acceptance_rate"),
              r.get("mean_accepted_tokens"), *chars(r), _pct(r["quality_loss"]) if metric else None, _speedup(r),
              *_vs_reference_cell(r, several), r["run"]]
@@ -357,6 +358,9 @@ def _rules_section(losses, task, target, draft, metric, other: bool = False, by_
     blocks.append(Para("Acceptance is accepted / drafted tokens; tokens/step counts the corrected or bonus token "
                        "(pipeline/runner.py). Lossless is the registry's (pipeline/rules.py); a lossless rule's "
                        "quality loss is sampling noise. Rules and their parameters: `specsweep run --help`."))
+    if any(is_speed_only(s) for s in sel["sampler"]):
+        blocks.append(Para(f"A synthetic row is a speed measurement only ({SPEED_ONLY_NOTE}, `--sampler synthetic`): "
+                           "its quality is not shown and it is never recommended."))
     if other:
         blocks.append(Para(_OTHER_TOKENIZER_NOTE))
     return blocks

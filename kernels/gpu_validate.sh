@@ -16,11 +16,15 @@
 #   host       `specsweep bench host --device cuda`: the host side of one eager call of each kernel sampler through
 #              the real launcher -> results/bench/host-cuda.json
 #   forward    one forward of the Qwen2.5-Coder 1.5B and 0.5B shapes (random weights from kernels/shapes/*/config.json),
-#              bfloat16, our static forward against transformers' at 1/5/11 new tokens
-#              -> results/bench/forward-<shape>-cuda.json
+#              bfloat16, our static forward eager and compiled under CUDA graphs against transformers' at 1 and 7 new
+#              tokens (a one-token step, a γ = 6 verify) -> results/bench/forward-<shape>-cuda.json
+#   shapes     `specsweep run` at the Qwen pair's shapes, bfloat16, 128 new tokens: γ = 6 with synthetic acceptance at the
+#              real pair's rate (its published iid_alpha), compiled under CUDA graphs and eager, each paired with its
+#              own target alone; transformers' generate alone; --verify-graphs on with the cupy exact sampler
+#              -> results/bench/shapes-cuda/*.json
 #   engine     `specsweep bench engine --device cuda` -> results/bench/engine-cuda.json
 # A machine that limits one command's time can run it in two parts, e.g. `compile tests sanitizer`, then
-# `host kernels forward engine`.
+# `host kernels forward shapes engine`.
 #
 # Python: $PYTHON, else .venv/bin/python, else python3; it needs torch with CUDA, cupy, transformers, accelerate,
 # pytest and specsweep itself installed (`make setup` after installing a CUDA torch, see README; or
@@ -32,7 +36,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 export PYTHON=$PY  # kernels/sanitize.sh uses the same interpreter
-ALL="compile tests sanitizer kernels host forward engine"
+ALL="compile tests sanitizer kernels host forward shapes engine"
 STEPS=${*:-$ALL}
 for s in $STEPS; do
     case " $ALL " in *" $s "*) ;; *) echo "gpu_validate.sh: unknown step '$s': choose from: $ALL"; exit 2 ;; esac
@@ -72,7 +76,7 @@ print(f'compiled/loaded in {time.time() - t:.1f}s')"
 fi
 if want tests; then
     step "gpu tests" 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py tests/test_engine.py \
-        tests/test_run_cli.py tests/test_whisper.py
+        tests/test_run_cli.py tests/test_whisper.py tests/test_compiled_forward.py
     step "exactness (cupy)" 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_sampler_exactness.py -k cupy
 fi
 if want sanitizer; then
@@ -86,12 +90,37 @@ fi
 if want host; then
     step "bench host" 120 "$PY" -m pipeline bench host --device cuda
 fi
+QWEN=kernels/shapes/qwen2.5-coder-1.5b-shape
+QWEN_DRAFT=kernels/shapes/qwen2.5-coder-0.5b-shape
 if want forward; then
-    for shape in kernels/shapes/*/; do
+    for shape in $QWEN $QWEN_DRAFT; do
         name=$(basename "$shape")
-        step "bench forward $name" 120 "$PY" -m pipeline.benchmarks.forward --model "$shape" --device cuda \
-            --dtypes bfloat16 --out "results/bench/forward-$name-cuda.json"
+        step "bench forward $name" 240 "$PY" -m pipeline.benchmarks.forward --model "$shape" --device cuda \
+            --dtypes bfloat16 --new-tokens 1,7 --ways transformers,static,compiled \
+            --out "results/bench/forward-$name-cuda.json"
     done
+fi
+if want shapes; then
+    # the real pair's acceptance: the int4 draft at γ = 6 on 24 CNN/DailyMail articles (its i.i.d. per-position rate)
+    ALPHA=$("$PY" -c "import json; print(round(json.load(open('results/published/pair/summary.json'))['runs']\
+['qwen-model-kall-int4-g6-bfloat16-128-a24']['metrics']['iid_alpha'], 4))")
+    DIR=results/bench/shapes-cuda
+    mkdir -p "$DIR"
+    "$PY" -c "import json, random; from pipeline.synthetic import WORDS; r = random.Random(0); \
+print(''.join(json.dumps({'id': f'p{i}', 'prompt': ' '.join(r.choices(WORDS, k=400))}) + '\n' for i in range(4)), end='')" \
+        > "$DIR/prompts.jsonl"
+    run_shapes() {  # run_shapes NAME ARGS...: the Qwen shapes on the prompts, 128 new tokens, bfloat16
+        local name=$1; shift
+        step "shapes $name" 200 "$PY" -m pipeline run --target $QWEN --draft $QWEN_DRAFT --task prompts \
+            --data "$DIR/prompts.jsonl" --device cuda --dtype bfloat16 --max-new-tokens 128 --ignore-eos --repeats 3 \
+            --no-progress --out "$DIR/$name.json" "$@"
+    }
+    echo "synthetic acceptance: $ALPHA per position (the Qwen pair's int4 draft at γ = 6)"
+    run_shapes synthetic-compiled --gamma 6 --sampler synthetic --synthetic-acceptance "$ALPHA" --temperature 0 \
+        --compile reduce-overhead
+    run_shapes synthetic-eager --gamma 6 --sampler synthetic --synthetic-acceptance "$ALPHA" --temperature 0
+    run_shapes hf-alone --gamma 0 --engine hf --temperature 0
+    run_shapes verify-graphs --gamma 6 --sampler exact --backend cupy --temperature 1 --verify-graphs on
 fi
 if want engine; then
     step "bench engine" 420 "$PY" -m pipeline bench engine --device cuda --repeats 4

@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.decoding.draft_policy import SCHEDULES
 from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
+from pipeline.result import read_result
 from pipeline.rules import BACKENDS, RULE_NAMES, get_rule, param_names, preset_names
 from pipeline.settings_file import apply_settings
 from pipeline.tasks import LONG_INPUTS, TASK_NAMES, default_temperature, get_task
@@ -31,6 +32,9 @@ DRAFT_QUANTS = ("none", "int8", "int4", "int8+a8", "int4+a8")
 so that the settings load no torch)."""
 WANDB_MODES = ("online", "offline", "disabled")
 VERIFY_GRAPHS = ("auto", "on", "off")
+# --compile: off (the eager static forward), or torch.compile's mode for its decoding steps (reduce-overhead and
+# max-autotune add CUDA graphs on a GPU; on a CPU they compile as default does): pipeline/decoding/static/compiled.py
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 
 
 def setting(default=dataclasses.MISSING, help: str = "", *, choices=None, flag: str | None = None,
@@ -64,6 +68,13 @@ class RunConfig:
     rule_params: dict = field(default_factory=dict)
     preset: str | None = setting(None, "a rule's preset parameters (sigmoid: paper, the constants of the paper's "
                                        "kernels, sigmoid((z + 1e4) / 2e4))", choices=preset_names())
+    synthetic_rates: str | None = setting(None, "--sampler synthetic (speed only): the acceptance rate of each draft "
+                                                "position once the ones before it were accepted, comma-separated "
+                                                "(e.g. 0.9,0.8,0.7), or a results JSON of an earlier run whose "
+                                                "metrics.position_acceptance gives them (a real pair's: a pair with "
+                                                "random weights then decodes with its tokens per step); positions "
+                                                "past the list reuse its last rate (default: "
+                                                "--synthetic-acceptance at every position)")
     gamma: int = setting(4, "draft tokens per step (the most, for a drafter that proposes as far as its match "
                             "reaches); 0 = autoregressive")
     # What proposes (pipeline/decoding/drafters/): a draft model, a search of the text itself (no draft model), or
@@ -202,6 +213,10 @@ class RunConfig:
                                          "another order, bfloat16 bit for bit the same with oneDNN's product and to "
                                          "rounding with ours over up to 9 rows; faster, for copies of the weights "
                                          "in memory)", flag="--no-packed-weights")
+    compile: str = setting("off", "run the static forwards' decoding steps (a draft's one-token steps, the γ + 1-token "
+                                  "verify) through torch.compile in this mode, under CUDA graphs on a GPU with "
+                                  "reduce-overhead; the Llama family only, packed weights then unused "
+                                  "(pipeline/decoding/static/compiled.py)", choices=COMPILE_MODES)
     baseline: str | None = setting(None, "results JSON of a γ = 0 run with the same settings: its quality is the "
                                          "reference, and it adds `unpaired_speedup` (the speedup itself is always "
                                          "paired: measured against this run's own γ = 0 loop)")
@@ -306,15 +321,45 @@ class RunConfig:
                                              or self.draft_tree):
             raise bad(f"--draft-vocab {self.draft_vocab}: give K >= 2 with a draft model (--drafter model or "
                       "lookup-model) and no --draft-tree (a tree's draft predicts the whole vocabulary)")
+        if self.compile != "off" and not (self.engine == "specsweep" and self.static_cache):
+            raise bad(f"--compile {self.compile} compiles our engine's static-cache forward: use --engine specsweep "
+                      "without --no-static-cache, or drop --compile")
+        if self.compile != "off" and self.draft_quant != "none":
+            raise bad(f"--compile compiles torch's own products, not --draft-quant {self.draft_quant}'s kernels: drop "
+                      "one of them")
         if self.draft_quant != "none" and not (self.gamma > 0 and self.drafter in MODEL_DRAFTERS
                                                and self.engine == "specsweep" and self.static_cache):
             raise bad(f"--draft-quant {self.draft_quant} quantises a draft model in our engine's static-cache forward: "
                       "give --gamma > 0, --drafter model or lookup-model, --engine specsweep and no "
                       "--no-static-cache (or leave --draft-quant out)")
+        self._validate_synthetic()
         get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
                                          batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
                                          preset=self.preset, deterministic_draft=self.drafter != "model")
         return self
+
+    def _validate_synthetic(self) -> None:
+        """--sampler synthetic's rates (speed only, pipeline/samplers/synthetic.py): one-line SpecsweepError on a
+        problem."""
+        if self.sampler != "synthetic":
+            if self.synthetic_rates is not None:
+                raise SpecsweepError("--synthetic-rates applies to --sampler synthetic: add it, or leave "
+                                     "--synthetic-rates out")
+            return
+        rate = self.rule_params.get("synthetic_acceptance")
+        if rate is not None and self.synthetic_rates is not None:
+            raise SpecsweepError("give --synthetic-acceptance (one rate for every position) or --synthetic-rates (per "
+                                 "position), not both")
+        if rate is not None and not 0 <= float(rate) <= 1:
+            raise SpecsweepError(f"--synthetic-acceptance must be a probability in [0, 1]; got {rate}")
+        self.synthetic_rate_list()
+        if self.engine != "specsweep":
+            raise SpecsweepError("--sampler synthetic runs in our engine: use --engine specsweep (HF's loop verifies "
+                                 "greedy drafts itself, without the sampler)")
+
+    def synthetic_rate_list(self) -> list[float] | None:
+        """--synthetic-rates as per-position rates (:func:`read_synthetic_rates`); None where not given."""
+        return None if self.synthetic_rates is None else read_synthetic_rates(self.synthetic_rates)
 
     def _validate_drafter(self) -> None:
         """The drafter and its settings: one-line SpecsweepError on a problem."""
@@ -398,6 +443,8 @@ class RunConfig:
         params = dict(self.rule_params)
         if self.preset:
             params["preset"] = self.preset
+        if self.sampler == "synthetic" and self.synthetic_rates is not None:
+            params["rates"] = self.synthetic_rate_list()
         if get_rule(self.sampler).uses_temperature:
             params["temperature"] = self.temperature
         return params
@@ -427,3 +474,50 @@ class RunConfig:
             values = apply_settings(values["from_config"], values, defaults, rule_keys)
         rule_params = {k: v for k, v in values.items() if k in rule_keys and v is not None}
         return cls(**{k: v for k, v in values.items() if k in names}, rule_params=rule_params)
+
+
+def read_synthetic_rates(spec: str) -> list[float]:
+    """--synthetic-rates: the per-position acceptance rates of --sampler synthetic, from a comma-separated list
+    ("0.9,0.8,0.7") or from a results JSON of an earlier run, its ``metrics.position_acceptance`` (rate i is
+    P(accepted > i | accepted >= i) over its full-γ steps). That list's entries are None past the positions its steps
+    reached; those are left out, so the positions past the last known rate reuse it (as past any list's end). Each
+    rate must be in [0, 1]. One-line SpecsweepError for a problem (what is wrong, what to do)."""
+    spec = str(spec).strip()
+    items = [item.strip() for item in spec.split(",")]
+    try:
+        rates, source = [float(item) for item in items], None
+    except ValueError:                       # not a list of numbers: a results file
+        rates, source = _rates_of_result(Path(spec)), spec
+    for i, rate in enumerate(rates):
+        if not 0 <= rate <= 1:
+            where = f" (position {i} of {source}'s metrics.position_acceptance)" if source else ""
+            raise SpecsweepError(f"--synthetic-rates: each rate must be a probability in [0, 1]; got {rate}{where}")
+    return rates
+
+
+def _rates_of_result(path: Path) -> list[float]:
+    """The known rates of a results file's metrics.position_acceptance (up to its first None)."""
+    how = "give comma-separated rates (e.g. 0.9,0.8,0.7) or the results JSON of a run with --gamma > 0"
+    if not path.is_file():
+        raise SpecsweepError(f"--synthetic-rates {path}: neither a comma-separated list of rates nor an existing "
+                             f"file: {how}")
+    try:
+        result = read_result(path)
+    except SpecsweepError as e:
+        raise SpecsweepError(f"--synthetic-rates {e}: {how}") from None
+    listed = ((result or {}).get("metrics") or {}).get("position_acceptance")
+    if not isinstance(listed, list):
+        raise SpecsweepError(f"--synthetic-rates {path} has no metrics.position_acceptance (a specsweep results file "
+                             f"of a run with --gamma > 0 has one): {how}")
+    known = []
+    for rate in listed:
+        if rate is None:
+            break
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+            raise SpecsweepError(f"--synthetic-rates {path}: metrics.position_acceptance holds {rate!r}, not a rate: "
+                                 f"{how}")
+        known.append(float(rate))
+    if not known:
+        raise SpecsweepError(f"--synthetic-rates {path}: metrics.position_acceptance has no rate (no full-γ step was "
+                             f"verified): {how}")
+    return known

@@ -15,6 +15,36 @@ from pipeline.weights import resolve
 from pipeline.weights.registry import MODELS
 
 DEVICES = ("cpu", "cuda", "auto")
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "*.pth")
+SHAPE_SEED = 0
+"""The seed of a shape's random weights: a shape (:func:`is_shape`) loads the same weights in every process."""
+
+
+def is_shape(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` is a local folder holding a config.json and no weights: a model's shape (e.g.
+    kernels/shapes/qwen2.5-coder-1.5b-shape), which loads with random weights and the word-level tokenizer of
+    pipeline/synthetic.py. Its forwards cost what the real model's do; its tokens mean nothing, so a run of a shape
+    measures speed only (with ``--sampler synthetic`` it decodes with a real pair's tokens per step)."""
+    path = Path(name_or_path).expanduser()
+    return (path.is_dir() and (path / "config.json").is_file()
+            and not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES))
+
+
+def random_weights(name_or_path: str, dtype: torch.dtype, device: str, auto_class):
+    """``auto_class`` built from the shape's config (:func:`is_shape`) with sdpa attention, its weights drawn with
+    :data:`SHAPE_SEED` where it runs (initialised on ``device``: much faster on a GPU), in eval mode. The global
+    random state is left as it was."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(name_or_path)
+    cuda = torch.device(device).type == "cuda"
+    with torch.random.fork_rng(devices=[torch.device(device)] if cuda else [], device_type="cuda"):
+        torch.manual_seed(SHAPE_SEED)
+        with torch.device(device):
+            build = getattr(auto_class, "from_config", None) or auto_class._from_config   # an Auto class, or a model's
+            model = build(config, dtype=dtype, attn_implementation="sdpa")
+    model.random_weights = True     # read by the run's record (pipeline/stack.py forwards_record)
+    return model.eval()
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -96,8 +126,14 @@ def _looks_local(name: str) -> bool:
 
 
 def load_tokenizer(name_or_path: str):
+    """The model's tokenizer; a shape's (:func:`is_shape`) is the word-level one of pipeline/synthetic.py, whose ids
+    every shape's vocabulary holds."""
     from transformers import AutoTokenizer
 
+    if is_shape(name_or_path):
+        from pipeline.synthetic import build_tokenizer  # kept local: builds a tokenizer
+
+        return build_tokenizer()
     try:
         return AutoTokenizer.from_pretrained(resolve(name_or_path))
     except (OSError, ValueError) as e:
@@ -120,6 +156,10 @@ def load_processor(name_or_path: str):
     """AutoProcessor (feature extractor + tokenizer) of a speech model such as Whisper."""
     from transformers import AutoProcessor
 
+    if is_shape(name_or_path):
+        raise SpecsweepError(f"{name_or_path!r} is a shape without weights, and a speech run needs its processor's "
+                             "files: time a Whisper shape's decoder with `python -m pipeline.benchmarks.forward "
+                             f"--model {name_or_path}`, or give a model folder with its processor")
     try:
         return AutoProcessor.from_pretrained(resolve(name_or_path))
     except (OSError, ValueError) as e:
@@ -136,10 +176,12 @@ def load_speech_seq2seq(name_or_path: str, dtype: torch.dtype, device: str, spre
 def load_causal_lm(name_or_path: str, dtype: torch.dtype, device: str, auto_class=None, spread: bool = False):
     """AutoModelForCausalLM (or ``auto_class``) in eval mode, on ``device``; with ``spread``, over every visible
     GPU instead (``device_map="auto"``: each layer and its KV cache on one GPU; the outputs come back to the
-    first)."""
+    first). A shape (:func:`is_shape`) gets random weights (:func:`random_weights`), on one GPU where it spreads."""
     from transformers import AutoModelForCausalLM
 
     auto_class = auto_class or AutoModelForCausalLM
+    if is_shape(name_or_path):  # random weights of its shape, on one device
+        return random_weights(name_or_path, dtype, device if not spread else "cuda", auto_class)
     kwargs = {"dtype": dtype}
     if spread:
         kwargs["device_map"] = "auto"

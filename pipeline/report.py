@@ -16,6 +16,7 @@ from pipeline.analysis.tables import load_all
 from pipeline.errors import SpecsweepError
 from pipeline.io import write_text_atomic
 from pipeline.results_table import load_runs
+from pipeline.rules import SPEED_ONLY_NOTE
 
 
 def summary_markdown(table) -> str:
@@ -32,6 +33,8 @@ def summary_markdown(table) -> str:
         for _, row in ordered.iterrows():
             lines.append("| " + " | ".join(_fmt(row[c]) for c in cols) + " |")
         lines.append("")
+    if "speed_only" in table.columns and table["speed_only"].eq(True).any():
+        lines += [f"sampler synthetic: {SPEED_ONLY_NOTE}; its quality is not shown.", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -54,6 +54,7 @@ class Resolved(TypedDict, total=False):
     draft_tokenizer_mode: str        # shared, intersection or string (pipeline/decoding/drafters/cross_tokenizer.py)
     ar_outputs: str | None           # spec_bench: the γ = 0 outputs its quality compares with (None at T > 0)
     tree_parents: list[int]          # with --draft-tree: the tree's parents list (breadth-first, -1 the root)
+    speed_only: dict                 # --sampler synthetic: {note, rates (per position), rates_from}; no quality claim
     # and the task's record of inputs it cut to fit (pipeline/tasks: e.g. truncated, long_inputs)
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 from pipeline.errors import SpecsweepError
 from pipeline.objectives import quality_value, tradeoff
 from pipeline.result import read_result
-from pipeline.rules import param_names
+from pipeline.rules import is_speed_only, param_names
 
 # Config columns first (what was run; every acceptance rule's parameters by name), then the metrics (what it
 # measured), then quality scores.
 CONFIG_COLUMNS = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_tree", "draft_schedule",
-                  "draft_confidence", "gamma_max", "dtype", "temperature", *param_names(), "preset", "engine",
-                  "batch_size", "max_new_tokens", "limit", "categories", "per_category", "seed", "device")
+                  "draft_confidence", "gamma_max", "dtype", "temperature", *param_names(), "synthetic_rates", "preset",
+                  "engine", "batch_size", "max_new_tokens", "limit", "categories", "per_category", "seed", "device")
 METRIC_COLUMNS = ("tokens_per_second", "ar_tokens_per_second", "speedup", "speedup_ci_low", "speedup_ci_high",
                   "speedup_paired", "unpaired_speedup", "flagged", "acceptance_rate", "iid_alpha",
                   "mean_accepted_tokens", "theoretical_speedup", "predicted_speedup", "cost_ratio", "verify_cost_ratio",
@@ -72,9 +72,13 @@ def result_row(result: dict, source: str | os.PathLike, name: str | None = None)
     row.update({k: metrics.get(k) for k in METRIC_COLUMNS})
     cross = metrics.get("cross_tokenizer") or {}
     row.update({k: cross.get(k) for k in CROSS_TOKENIZER_COLUMNS})
-    row.update({k: v for k, v in quality.items() if isinstance(v, (int, float))})
-    row["quality"] = quality_value(cfg.get("task"), quality)
-    row["tradeoff"] = tradeoff(result)
+    # synthetic acceptance measures speed only (pipeline/rules.py): its quality scores are left out of the table, so
+    # the report never ranks or recommends it by quality; the results file keeps them
+    row["speed_only"] = is_speed_only(cfg.get("sampler"))
+    if not row["speed_only"]:
+        row.update({k: v for k, v in quality.items() if isinstance(v, (int, float))})
+    row["quality"] = None if row["speed_only"] else quality_value(cfg.get("task"), quality)
+    row["tradeoff"] = None if row["speed_only"] else tradeoff(result)
     row["samples"] = len(result.get("samples", [])) or result.get("resolved", {}).get("samples")
     row["kind"] = "baseline" if cfg.get("gamma") == 0 else "run"
     row.update({k: json.dumps(metrics.get(k)) if metrics.get(k) is not None else None for k in LIST_COLUMNS})

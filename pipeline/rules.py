@@ -16,6 +16,10 @@ and its implementation under ``pipeline/samplers/`` (held to the torch reference
     hf       transformers' own verify step (the baseline the paper measured against): lossless, T > 0, batch 1
     typical, fuzzy, relaxed, accept_all   lossy rules from other work (pipeline/samplers/lossy.py): Medusa's
              typical acceptance, fuzzy speculative decoding, TensorRT-LLM's relaxed acceptance, and the floor
+    synthetic  not a verify rule (pipeline/samplers/synthetic.py): each draft position accepted at a set rate
+             (--synthetic-acceptance, or per position --synthetic-rates), whatever the models say, so a pair with
+             random weights decodes with a real pair's tokens per step; speed only (``Rule.speed_only``): never
+             lossless, never tuned, and its quality is no claim
 
 Deterministic drafts (a sampler called with ``draft_logits=None``: prompt lookup, suffix decoding, string-mode
 drafts; pipeline/samplers/contract.py): ``Rule.deterministic_drafts`` says whether a rule takes one ("always",
@@ -72,6 +76,9 @@ class Rule:
     # there) or "never"; deterministic_refusal says why not and what to do (the one-line refusal's reason)
     deterministic_drafts: str = "always"
     deterministic_refusal: str = ""
+    # acceptance decided by set rates, not by the models (synthetic): a run measures speed only; its output and quality
+    # scores say nothing about any rule (the runs table leaves its quality out, the report says so)
+    speed_only: bool = False
 
     def is_lossless(self, temperature) -> bool:
         """Whether a run of this rule at ``temperature`` follows the target exactly."""
@@ -212,6 +219,14 @@ RULES: dict[str, Rule] = {rule.name: rule for rule in (
          tunable=True, uses_temperature=False),
     Rule("accept_all", "every draft token accepted, the bonus token from the target: what the draft alone is worth",
          "never", {"torch": f"{_SAMPLERS}.lossy:AcceptAllSampler"}),
+    # Speed only: acceptance at set rates, for a pair with random weights at a real pair's shapes.
+    Rule("synthetic", "synthetic acceptance (speed only, no quality): each draft position accepted at a set rate "
+         "given the ones before it, then the target's argmax", "never",
+         {"torch": f"{_SAMPLERS}.synthetic:SyntheticSampler"},
+         params=(Param("synthetic_acceptance", 0.8, 0.0, 1.0,
+                       help="synthetic: the rate at which each draft position is accepted once the ones before it "
+                            "were, in [0, 1] (speed measurements only; per position: --synthetic-rates)"),),
+         speed_only=True),
 )}
 RULE_NAMES = tuple(RULES)
 
@@ -249,6 +264,17 @@ def is_lossless(sampler, temperature) -> bool:
     """Whether a run of ``sampler`` at ``temperature`` follows the target exactly (False for unknown names)."""
     rule = RULES.get(sampler)
     return rule is not None and rule.is_lossless(temperature)
+
+
+def is_speed_only(sampler) -> bool:
+    """Whether ``sampler``'s runs measure speed only (synthetic acceptance: no quality claim; False for unknown
+    names)."""
+    rule = RULES.get(sampler)
+    return rule is not None and rule.speed_only
+
+
+SPEED_ONLY_NOTE = ("synthetic acceptance: speed only, no quality (each draft position accepted at a set rate, not by "
+                   "the models)")
 
 
 def tunable() -> tuple[str, ...]:

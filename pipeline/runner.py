@@ -49,6 +49,7 @@ from pipeline.objectives import iid_alpha, position_acceptance, predicted_speedu
 from pipeline.quality import greedy_agreement
 from pipeline.result import make_result, read_result, write_result
 from pipeline.rng import RowGenerators
+from pipeline.rules import SPEED_ONLY_NOTE, is_speed_only
 from pipeline.tasks import get_task
 from pipeline.tasks.base import Cuts
 from pipeline.tree_plan import add_node_counts, node_rates
@@ -176,8 +177,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
                 "processes": 1 if world is None else world.size, "seed_per_example": decoding.per_example,
                 "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer),
                 "drafter": engine.drafter.settings if getattr(engine, "drafter", None) is not None else None}
-    if config.draft_tree is not None:      # the tree the run decoded with (best:N is planned from its profile)
-        resolved["tree_parents"] = list(stack.run_tree(config).parents)
+    resolved.update(_draft_record(config, sampler))
     if task.wants_ar_outputs:
         resolved["ar_outputs"] = ar_source
     if world is not None:
@@ -191,6 +191,18 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     results = make_result(effective.to_dict(), resolved, provenance(device), metrics, measurement, quality, samples)
     write_result(config.out, results)
     return results
+
+
+def _draft_record(config: RunConfig, sampler) -> dict:
+    """The ``resolved`` entries of a token tree (the tree it decoded with: best:N is planned from its profile) and of
+    synthetic acceptance (the rates it ran at; its quality is no claim)."""
+    record = {}
+    if config.draft_tree is not None:
+        record["tree_parents"] = list(stack.run_tree(config).parents)
+    if is_speed_only(config.sampler):
+        record["speed_only"] = {"note": SPEED_ONLY_NOTE, "rates": sampler.rates_for(config.gamma_max or config.gamma),
+                                "rates_from": config.synthetic_rates or "--synthetic-acceptance"}
+    return record
 
 
 def _greedy_agreement(samples: list[dict], ar_samples: list[dict] | None, baseline: dict | None,

@@ -175,6 +175,7 @@ def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: s
                              begin_suppress_tokens=getattr(gc, "begin_suppress_tokens", None) or (),
                              static_cache=config.static_cache, draft_policy=DraftPolicy.of(config),
                              draft_quant=config.draft_quant, packed_weights=config.packed_weights,
+                             compile=config.compile,
                              char_lengths=token_text(config.target, tokenizer).char_lengths(
                                  target.get_output_embeddings().weight.shape[0], device))
 
@@ -312,10 +313,25 @@ def row_kernels_used(engine) -> dict:
 def forwards_record(engine) -> dict:
     """A result's ``resolved`` entries on the forwards: ``forward`` (:func:`forwards_used`), ``packed_weights``
     (:func:`packed_used`), ``few_rows_kernel`` (:func:`few_rows_kernels_used`), ``quant_kernel``
-    (:func:`quant_kernels_used`) and ``row_kernel`` (:func:`row_kernels_used`), each by model role."""
+    (:func:`quant_kernels_used`), ``row_kernel`` (:func:`row_kernels_used`), ``compiled`` (:func:`compiled_used`)
+    and ``random_weights`` (:func:`random_weights_used`), each by model role."""
     return {"forward": forwards_used(engine), "packed_weights": packed_used(engine),
             "few_rows_kernel": few_rows_kernels_used(engine), "quant_kernel": quant_kernels_used(engine),
-            "row_kernel": row_kernels_used(engine)}
+            "row_kernel": row_kernels_used(engine), "compiled": compiled_used(engine),
+            "random_weights": random_weights_used(engine)}
+
+
+def compiled_used(engine) -> dict:
+    """How each model's static forward was compiled (pipeline/decoding/static/compiled.py's record: the torch.compile
+    mode, the seconds spent compiling, the shapes compiled); models whose forward is not compiled are left out."""
+    return {name: m.static.compiled.record() for name, m in _models(engine).items()
+            if getattr(getattr(m, "static", None), "compiled", None) is not None}
+
+
+def random_weights_used(engine) -> list[str]:
+    """The roles whose model is a shape with random weights (pipeline/models.py ``is_shape``): their tokens mean
+    nothing, so the run measures speed only."""
+    return [name for name, m in _models(engine).items() if getattr(getattr(m, "model", m), "random_weights", False)]
 
 
 @functools.lru_cache(maxsize=8)

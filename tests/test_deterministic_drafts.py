@@ -54,7 +54,7 @@ CPU_RUNTIME_CASES = ("mixed", "mixed_T0.7", "bf16")
 # whether each rule takes a deterministic draft at (T = 1, T = 0)
 TAKES = {"exact": (True, True), "block": (True, True), "sigmoid": (False, True), "greedy": (True, True),
          "hf": (True, None), "typical": (True, True), "fuzzy": (True, True), "relaxed": (True, True),
-         "accept_all": (True, True)}
+         "accept_all": (True, True), "synthetic": (True, True)}
 
 
 def one_hot(draft_tokens: torch.Tensor, V: int, dtype=torch.float32) -> torch.Tensor:

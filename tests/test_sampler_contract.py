@@ -197,9 +197,9 @@ def test_greedy_and_zero_temperature_agree_with_argmax(name):
 
 # ---- non-finite logits ---------------------------------------------------------------------------------------
 
-# Rules that accept by the target alone (they read the draft's logits only at the drafted tokens), and the rule that
-# reads the target only at the bonus position.
-ARGMAX_OR_TARGET_ONLY = {"greedy", "typical", "relaxed", "accept_all"}
+# Rules that accept by the target alone or by set rates (they read the draft's logits only at the drafted tokens), and
+# the rule that reads the target only at the bonus position.
+ARGMAX_OR_TARGET_ONLY = {"greedy", "typical", "relaxed", "accept_all", "synthetic"}
 BONUS_ROW_ONLY = {"accept_all"}
 
 
@@ -289,7 +289,7 @@ def test_sync_detector_has_power():
     assert {"aten::_local_scalar_dense", "aten::nonzero", "aten::index with a boolean mask"} <= set(mode.syncs)
 
 
-@pytest.mark.parametrize("name", ["exact", "block", "sigmoid", "hf", "typical", "fuzzy", "accept_all"])
+@pytest.mark.parametrize("name", ["exact", "block", "sigmoid", "hf", "typical", "fuzzy", "accept_all", "synthetic"])
 def test_same_seed_same_tokens(name):
     """Every stochastic rule: the same generator seed gives the same tokens, another seed other tokens."""
     dt, dl, tl = random_inputs(B=1 if name == "hf" else 8, gamma=4, V=50, seed=6)

@@ -2,7 +2,9 @@
 requests generated from it, valid ones and ones that break it, to a real server on 127.0.0.1 (the tiny pair, a chat
 template on its tokenizer). Every answer must come in time (no hung request) and none may be a 5xx; an answer must
 match the schema's response model; a request that breaks the schema must be refused with a 4xx (the schema says
-no more than the server accepts). Afterwards the server is still healthy and still decodes.
+no more than the server accepts). Afterwards the server is still healthy and still decodes. And schemathesis' own
+run (`schemathesis run URL/openapi.json --checks not_a_server_error`), in process against the ASGI app: no failure,
+no error, and the valid requests it generates are accepted (the schema says no less than the server accepts).
 
 Skips without schemathesis (the dev extra installs it)."""
 
@@ -28,18 +30,28 @@ TIMEOUT_S = 15          # an answer later than this is a hung request
 
 
 @pytest.fixture(scope="module")
-def fuzzed(tmp_path_factory):
-    """A server with small limits (a few tokens per request, a short queue) so that valid requests stay cheap."""
-    tp, dp = save_pair(tmp_path_factory.mktemp("fuzz"))
+def pair(tmp_path_factory):
+    return save_pair(tmp_path_factory.mktemp("fuzz"))
+
+
+def small_app(pair, chat_template: str | None = None):
+    """The app with small limits (a few tokens per request, a short queue) so that valid requests stay cheap; its
+    model id is the target's path, as `specsweep serve --target DIR` names it (slashes and all)."""
+    tp, dp = pair
     tokenizer = load_tokenizer(str(tp))
-    # the template adds a word of its own, so that every conversation has tokens (an empty one is a 400 of its own)
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}the"
+    tokenizer.chat_template = chat_template
     models = (load_causal_lm(str(tp), torch.float32, "cpu"), load_causal_lm(str(dp), torch.float32, "cpu"), tokenizer)
     config = RunConfig(target=str(tp), draft=str(dp), data="", task="prompts", gamma=3, device="cpu",
                        max_new_tokens=4)
-    app = create_app(Decoder(config, models), max_batch=4, max_wait_ms=0, max_queue=16, request_timeout=10,
-                     max_tokens_limit=6)
-    server = BackgroundServer(app).start()
+    return create_app(Decoder(config, models), max_batch=4, max_wait_ms=0, max_queue=16, request_timeout=10,
+                      max_tokens_limit=6)
+
+
+@pytest.fixture(scope="module")
+def fuzzed(pair):
+    """A server on a chat template that adds a word of its own, so that every conversation has tokens (an empty one
+    is a 400 of its own)."""
+    server = BackgroundServer(small_app(pair, "{% for m in messages %}{{ m['content'] }} {% endfor %}the")).start()
     yield server
     server.stop()
 
@@ -90,3 +102,54 @@ def test_the_server_is_healthy_after_the_fuzzing(fuzzed):
     assert not [k for k in answered if k[1].startswith("5")], answered
     for endpoint in ("/v1/completions", "/v1/chat/completions", "/predict"):
         assert answered.get((endpoint, "200"), 0) >= 2 and answered.get((endpoint, "400"), 0) >= 2, answered
+
+
+RUN_EXAMPLES = 20       # per operation in the fuzzing phase of the run below (the CLI's default is 100)
+MUST_ACCEPT = {"GET /v1/models/{model}", "POST /predict"}
+
+
+def test_schemathesis_run_finds_no_issues_and_valid_requests_are_accepted(pair):
+    """What `schemathesis run URL/openapi.json --checks not_a_server_error` does (its engine: examples, coverage,
+    fuzzing and stateful phases, one worker), in process against the ASGI app with fewer examples and a fixed seed,
+    on the tiny pair as `specsweep serve` serves it: the target's path as the model id, no chat template.
+
+    No failure and no error: a failed health check is one. GET /v1/models/{model} took any string, and schemathesis
+    drew the id GET /v1/models answers (a path, with slashes, which a path parameter can carry only where the schema
+    lists it) and filtered nearly every example out; the schema now names the served id (any other is a 404).
+    Every valid request generated for GET /v1/models/{model} and POST /predict answered 200: POST /predict took any
+    string as its prompt, and an empty one or one of white space (the word-level tokenizer gives it no token) is a
+    400. No operation had every valid request of a scenario refused (the CLI warns then, as it did for POST
+    /v1/chat/completions, which is out of the schema without a chat template)."""
+    from schemathesis.engine import events, from_schema
+    from schemathesis.python.asgi import shutdown_lifespans
+
+    app = small_app(pair)
+    config = schemathesis.Config.from_dict({
+        "seed": 1, "workers": 1, "generation": {"max-examples": RUN_EXAMPLES, "database": "none"},
+        "checks": {"enabled": False, "not_a_server_error": {"enabled": True}}})
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
+    assert {op.ok().label for op in schema.get_all_operations()} == OPERATIONS - {"POST /v1/chat/completions"}
+    errors, failures, answered = [], None, {}
+    try:
+        for event in from_schema(schema).execute():
+            if isinstance(event, (events.NonFatalError, events.FatalError)):
+                errors.append(event)
+            elif isinstance(event, events.EngineFinished):
+                failures = event.failures
+            elif isinstance(event, events.ScenarioFinished):
+                recorder = event.recorder
+                statuses = [recorder.interactions[key].response.status_code for key, node in recorder.cases.items()
+                            if node.value.meta is not None and node.value.meta.generation.mode.is_positive
+                            and key in recorder.interactions and recorder.interactions[key].response is not None]
+                if statuses:
+                    answered.setdefault(recorder.label, []).append(statuses)
+    finally:
+        shutdown_lifespans()   # the ASGI client started the app's lifespan (its batcher) and keeps it until then
+    assert not errors, [getattr(e, "value", getattr(e, "exception", e)) for e in errors]
+    assert failures == []
+    for label in MUST_ACCEPT:
+        statuses = [s for scenario in answered[label] for s in scenario]
+        assert len(statuses) >= 10 and set(statuses) == {200}, (label, statuses)
+    refused = {label: scenario for label, scenarios in answered.items() for scenario in scenarios
+               if all(400 <= s < 500 for s in scenario)}
+    assert not refused, refused

@@ -52,6 +52,7 @@ from tqdm.auto import tqdm
 
 from pipeline.benchmarks.timing import format_table, time_calls
 from pipeline.decoding.cache import CachedModel, model_kind
+from pipeline.decoding.static import LlamaStaticForward
 from pipeline.decoding.static.packed import few_rows_kernel
 from pipeline.dtypes import DTYPES, torch_dtype
 from pipeline.env_info import provenance
@@ -59,6 +60,7 @@ from pipeline.errors import OneLineParser
 from pipeline.io import write_json_atomic
 from pipeline.kernels import cpu
 from pipeline.measure import median_ci
+from pipeline.models import is_shape, random_weights
 
 
 def run(layers: int = 2, width: int = 32, heads: int = 2, vocab: int = 269, context: int = 256, rounds: int = 6,
@@ -142,7 +144,11 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
 
     p = Path(resolve(str(path)))
     kwargs = {"dtype": dtype, "attn_implementation": "sdpa"}
-    if p.is_dir() and getattr(AutoConfig.from_pretrained(p), "is_encoder_decoder", False):
+    whisper = p.is_dir() and getattr(AutoConfig.from_pretrained(p), "is_encoder_decoder", False)
+    if is_shape(str(p)):                               # random weights, initialised where they run
+        return random_weights(str(p), dtype, device, WhisperForConditionalGeneration if whisper
+                              else AutoModelForCausalLM)
+    if whisper:
         return WhisperForConditionalGeneration.from_pretrained(p, **kwargs).to(device).eval()
     if p.suffix == ".gguf":
         try:
@@ -150,27 +156,31 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
         except ImportError:
             raise SystemExit("reading a .gguf file needs the gguf package: .venv/bin/pip install gguf") from None
         model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, **kwargs)
-    elif not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
-        with torch.device(device):                     # initialised where it runs: faster for a large model
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(p), **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(p, **kwargs)
     return model.to(device).eval()
 
 
-FORWARDS = ("transformers", "static", "plain", "onednn", "bf16_linear")
+FORWARDS = ("transformers", "static", "plain", "onednn", "bf16_linear", "compiled")
 """transformers' forward; ours as the engine runs it (packed weights where the family, device and dtype allow:
 pipeline/decoding/static/packed.py); ours over the model's own weights ("plain": left out where nothing is packed);
 ours packed with oneDNN's product over every number of rows ("onednn": left out where packed.py's few-row products
 are oneDNN's anyway); ours packed with bf16_linear's few rows ("bf16_linear": only where packed.py's are
-amx_linear's, kernels/cpu.py)."""
-COMPARED = {"plain": "packed_speedup", "onednn": "few_rows_speedup", "bf16_linear": "amx_speedup"}
-"""The forwards timed against "static", and the name of that row's paired ratio (theirs over static's)."""
+amx_linear's, kernels/cpu.py); ours through torch.compile ("compiled": pipeline/decoding/static/compiled.py, under CUDA
+graphs on a GPU; the Llama family only, left out for the others)."""
+COMPARED = {"plain": "packed_speedup", "onednn": "few_rows_speedup", "bf16_linear": "amx_speedup",
+            "compiled": "compiled_over_eager"}
+"""The forwards timed against "static", and the name of that row's paired ratio (theirs over static's; for "compiled",
+whose ratio is compiled's time over the eager static forward's, below 1 where compiling pays)."""
+DEFAULT_WAYS = tuple(f for f in FORWARDS if f != "compiled")
+"""--ways when not given: compiling a real model's forward takes minutes on a CPU, so "compiled" is asked by name."""
+COMPILE_MODE = {"cuda": "reduce-overhead", "cpu": "default"}
+"""The torch.compile mode of the "compiled" forward on each device type: CUDA graphs on a GPU."""
 
 
 def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5, 11), rounds: int = 10,
               calls: int = 10, threads: int = 1, device: str = "cpu", dtypes: tuple[str, ...] = ("float32",),
-              out: Path | None = None, ways: tuple[str, ...] = FORWARDS) -> dict:
+              out: Path | None = None, ways: tuple[str, ...] = DEFAULT_WAYS) -> dict:
     """Time transformers' forward and ours on the model at ``path``, in each of ``dtypes``, all in the same
     interleaved rounds (see the module docstring); ``ways``: which of FORWARDS (ours as the engine runs it always);
     torch's thread count is put back afterwards."""
@@ -180,7 +190,7 @@ def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5
         with torch.inference_mode():
             models = {name: load_model(path, device, torch_dtype(name)) for name in dtypes}
             load = os.getloadavg()
-            rows, dtype_rows = _measure(models, context, new_tokens, rounds, calls, device, ways)
+            rows, dtype_rows, compiled = _measure(models, context, new_tokens, rounds, calls, device, ways)
     finally:
         torch.set_num_threads(previous)
     config = next(iter(models.values())).config
@@ -191,19 +201,20 @@ def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5
               "settings": {"context": context, "new_tokens": list(new_tokens), "rounds": rounds, "calls": calls,
                            "threads": threads, "batch": 1, "dtypes": list(dtypes), "ways": list(ways)},
               "load_average": {"before": list(load), "after": list(os.getloadavg())}, "results": rows,
-              "dtypes": dtype_rows}
+              "dtypes": dtype_rows, "compiled": compiled}
     if out is not None:
         write_json_atomic(out, result)
     return result
 
 
 def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: int, calls: int,
-             device: str, ways: tuple[str, ...] = FORWARDS) -> tuple[list[dict], list[dict]]:
+             device: str, ways: tuple[str, ...] = DEFAULT_WAYS) -> tuple[list[dict], list[dict], dict]:
     """Every (forward, dtype, new tokens) timed in the same rounds, in an order that rotates from round to round.
     Returns the rows per (dtype, new tokens): ms of each forward, ours against transformers' (paired by round),
     the verify cost r = ms(q) / ms(1) of ours (paired by round; 1 must be among ``new_tokens``) and the first
     forward's logit difference; and the rows per new tokens comparing the dtypes: ours in the first dtype over ours
-    in each other (> 1: the other is faster)."""
+    in each other (> 1: the other is faster); and the compiled forward's record per dtype (its mode, the seconds spent
+    compiling, outside the timed rounds)."""
     dev = torch.device(device)
     first = next(iter(models.values()))
     vocab = first.get_output_embeddings().weight.shape[0]
@@ -230,9 +241,12 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
             if forward == "bf16_linear" and not (packed and few_rows_kernel(model.dtype) == "amx_linear"):
                 continue                                    # they are bf16_linear's, or oneDNN's
             off = {"onednn": cpu.turned_off(), "bf16_linear": cpu.turned_off(amx_only=True)}
+            if forward == "compiled" and not (kind == "causal" and LlamaStaticForward.supports(model)):
+                continue                                    # only the Llama family's forward compiles
             with off.get(forward, contextlib.nullcontext()):
                 c = CachedModel(model, kind, static=forward != "transformers",
-                                packed=forward in ("static", "onednn", "bf16_linear"))
+                                packed=forward in ("static", "onednn", "bf16_linear"),
+                                compile=COMPILE_MODE[dev.type] if forward == "compiled" else "off")
             if forward != "transformers" and c.static is None:
                 raise SystemExit(f"{type(model).__name__} has no static forward here (pipeline/decoding/static/)")
             c.reset(1, dev, None if hidden is None else hidden.to(model.dtype), capacity=context + max(new_tokens) + 8)
@@ -254,7 +268,8 @@ def _measure(models: dict, context: int, new_tokens: tuple[int, ...], rounds: in
         shift = r % len(ways)
         for f, d, q in ways[shift:] + ways[:shift]:                # rotate which goes first
             times[f, d, q].append(statistics.median(time_calls(step(cached[f, d], q), device, calls, warmup=1)))
-    return _rows(models, new_tokens, times, logits, cached)
+    compiled = {d: c.static.compiled.record() for (f, d), c in cached.items() if f == "compiled"}
+    return (*_rows(models, new_tokens, times, logits, cached), compiled)
 
 
 def _rows(models: dict, new_tokens: tuple[int, ...], times: dict, logits: dict,
@@ -311,12 +326,18 @@ def print_model_table(result: dict) -> None:
                  if "onednn_ms" in r else {}),
               **({"bf16_linear ms": f"{r['bf16_linear_ms']:.2f}", "amx_linear over bf16_linear": ci(r["amx_speedup"]),
                   "bf16_linear r": ci(r["bf16_linear_verify_cost"]) if "bf16_linear_verify_cost" in r else ""}
-                 if "bf16_linear_ms" in r else {})} for r in result["results"]]
+                 if "bf16_linear_ms" in r else {}),
+              **({"compiled ms": f"{r['compiled_ms']:.2f}", "compiled over eager": ci(r["compiled_over_eager"]),
+                  "compiled r": ci(r["compiled_verify_cost"]) if "compiled_verify_cost" in r else ""}
+                 if "compiled_ms" in r else {})} for r in result["results"]]
     print(format_table(table, list(table[0])))
     if result["dtypes"]:
         table = [{"new tokens": r["new_tokens"], "static": f"{r['dtype']} over {r['over']}",
                   "speedup [interval]": ci(r["speedup"])} for r in result["dtypes"]]
         print(format_table(table, list(table[0])))
+    for dtype, record in (result.get("compiled") or {}).items():
+        print(f"compiled ({dtype}, mode {record['mode']}): {record['compile_s']:.1f} s compiling {record['shapes']} "
+              "shapes, before the timed rounds")
     print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}, after: {:.2f} {:.2f} {:.2f}".format(
         *result["load_average"]["before"], *result["load_average"]["after"]))
 
@@ -345,9 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="with --model: cpu or cuda")
     p.add_argument("--dtypes", default="float32", help="with --model: dtypes, comma-separated, timed in the same "
                                                        "rounds (e.g. float32,bfloat16: the second against the first)")
-    p.add_argument("--ways", default=",".join(FORWARDS),
+    p.add_argument("--ways", default=",".join(DEFAULT_WAYS),
                    help="with --model: the forwards timed, comma-separated, of " + ", ".join(FORWARDS)
-                        + " (static, ours as the engine runs it, always; where a way does not apply it is left out)")
+                        + " (static, ours as the engine runs it, always; where a way does not apply it is left out; "
+                        "default: all but compiled)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)

@@ -57,8 +57,9 @@ def add_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> 
                        default=None if required else f.default, choices=f.metadata["choices"], help=help_text,
                        **optional_value)
     for name in param_names():
-        if name not in exclude:
-            p.add_argument(f"--{name}", type=int if param_is_integer(name) else float, help=param_help(name))
+        if name not in exclude:     # --synthetic-acceptance, also as --synthetic_acceptance (the parameter's name)
+            names = [f"--{name.replace('_', '-')}", f"--{name}"] if "_" in name else [f"--{name}"]
+            p.add_argument(*names, dest=name, type=int if param_is_integer(name) else float, help=param_help(name))
     p.add_argument("--no-progress", "--no_progress", action="store_true", help="no progress bar")
     if not exclude:  # `specsweep run`'s own display flag (tune, which excludes what it chooses, prints no samples)
         p.add_argument("-v", "--verbose", action="store_true",
@@ -197,9 +198,12 @@ def _report(config: RunConfig, result: dict, verbose: bool = False) -> None:
         parts.append(f"unpaired {m['unpaired_speedup']:.2f}x against --baseline")
     if m.get("theoretical_speedup") is not None:
         parts.append(f"theoretical {m['theoretical_speedup']:.2f}x")
-    for k, v in result["quality"].items():
-        if isinstance(v, float):
-            parts.append(f"{k} {v:.4f}")
+    if result["resolved"].get("speed_only"):      # synthetic acceptance: its scores are no claim, so not shown
+        parts.append(result["resolved"]["speed_only"]["note"])
+    else:
+        for k, v in result["quality"].items():
+            if isinstance(v, float):
+                parts.append(f"{k} {v:.4f}")
     if m["flagged"]:
         parts.append("FLAGGED (see the warnings above)")
     print("; ".join(parts))

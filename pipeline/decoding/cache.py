@@ -70,7 +70,8 @@ class CachedModel:
     static    the static-cache forward (pipeline/decoding/static/) when ``static`` is asked for and the model's
               family has one (a Whisper decoder's holds its cross-attention keys and values too), with its weights
               quantised as ``quant`` says (pipeline/decoding/static/quant.py; "none": the model's own), or
-              with ``packed`` multiplying packed copies of them where it can (pipeline/decoding/static/packed.py); None:
+              with ``packed`` multiplying packed copies of them where it can (pipeline/decoding/static/packed.py), its
+              decoding steps compiled as ``compile`` says (pipeline/decoding/static/compiled.py; "off": eager); None:
               transformers' forward with a DynamicCache (an EncoderDecoderCache for a decoder)
 
     length    int                host: cache positions (common to all rows)
@@ -82,10 +83,13 @@ class CachedModel:
     """
 
     def __init__(self, model, kind: str = "causal", static: bool = False, quant: str = "none",
-                 packed: bool = False) -> None:
+                 packed: bool = False, compile: str = "off") -> None:
         self.model = model
         self.kind = kind
-        self.static = static_forward_for(model, quant, packed) if static else None
+        self.static = static_forward_for(model, quant, packed, compile) if static else None
+        if compile != "off" and self.static is None:
+            raise SpecsweepError(f"--compile compiles the engine's static-cache forward, which this model "
+                                 f"({type(model).__name__}) does not run: drop --compile or --no-static-cache")
         if quant != "none" and self.static is None:
             raise SpecsweepError(f"--draft-quant {quant} quantises the engine's static-cache forward, which this draft "
                                  f"({type(model).__name__}) does not run: drop --draft-quant or --no-static-cache")

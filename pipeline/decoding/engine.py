@@ -99,6 +99,8 @@ class SpeculativeEngine:
     packed_weights    static forwards multiply packed copies of their weights where the family, device and dtype
                       allow (pipeline/decoding/static/packed.py): the same products, faster on a CPU (a quantised
                       draft: the dequantised weights of its prefill)
+    compile           the static forwards' decoding steps through torch.compile in this mode (under CUDA graphs on a
+                      GPU: pipeline/decoding/static/compiled.py), or "off"; packed weights are then not used
     draft_policy      an adaptive draft length (pipeline/decoding/draft_policy.py), or None: a fixed γ
     char_lengths      int64 [V_t]: characters each target token adds; with it the statistics count accepted and
                       drafted characters too, comparable across tokenizers (None: tokens only)
@@ -111,12 +113,12 @@ class SpeculativeEngine:
                  pad_token_id: int = 0, suppress_tokens: list[int] = (),
                  begin_suppress_tokens: list[int] = (), static_cache: bool = True,
                  draft_policy: DraftPolicy | None = None, char_lengths: torch.Tensor | None = None,
-                 draft_quant: str = "none", packed_weights: bool = True) -> None:
+                 draft_quant: str = "none", packed_weights: bool = True, compile: str = "off") -> None:
         if gamma < 0:
             raise SpecsweepError(f"gamma must be >= 0; got {gamma}")
         if gamma > 0 and draft is None:
             raise SpecsweepError("gamma > 0 needs a drafter (a draft model, prompt lookup, ...)")
-        self.target = CachedModel(target, model_kind(target), static_cache, packed=packed_weights)
+        self.target = CachedModel(target, model_kind(target), static_cache, packed=packed_weights, compile=compile)
         self.sampler = sampler
         self.device = torch.device(device)
         self.mask = LogitMask(suppress_tokens, begin_suppress_tokens, self.device)
@@ -137,7 +139,7 @@ class SpeculativeEngine:
             self.drafter.bind(DraftSetup(self.device, self.gamma, self.draft_temperature, sampler.temperature,
                                          self.target.kind, self.mask if self.mask.active else None, pad_token_id,
                                          self.policy is not None, static_cache, self.target_vocab, draft_quant,
-                                         packed_weights))
+                                         packed_weights, compile))
         self.mask.prepare(self.target_vocab, *([self.drafter.vocab_size] if self.drafter is not None else []))
         self.char_lengths = char_lengths.to(self.device) if char_lengths is not None else None
 

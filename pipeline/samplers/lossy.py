@@ -89,6 +89,7 @@ from pipeline.samplers.contract import (
 from pipeline.samplers.torch_ref import (
     ExactSampler,
     Sampler,
+    argmax_result,
     drafted_ok,
     finite_max_ok,
     greedy_verify,
@@ -309,14 +310,7 @@ class RelaxedSampler(Sampler):
         lse = torch.logsumexp(z.float(), dim=-1)
         gap = torch.exp(target_max[:, :gamma].float() - lse) - torch.exp(z_x.float() - lse)   # max P - P(x)
         accept = (rank < self.top_k) & (gap <= self.prob_delta) & (z_x > float("-inf"))
-        accepted = count_accepted(within_lengths(accept, lengths))
-        next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)
-        return SamplerResult(
-            accepted=accepted,
-            tokens=assemble_tokens(draft_tokens, accepted, next_token),
-            draft_ok=drafted_ok(draft_tokens, draft_logits),
-            target_ok=finite_max_ok(target_max),
-        )
+        return argmax_result(accept, draft_tokens, draft_logits, target_max, target_argmax, lengths)
 
 
 class AcceptAllSampler(Sampler):

@@ -169,7 +169,16 @@ def greedy_verify(draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
         ok = finite_max_ok(target_max)
         return SamplerResult(accepted=torch.zeros_like(target_argmax[:, 0]), tokens=target_argmax,
                              draft_ok=torch.ones_like(ok), target_ok=ok)
-    accepted = count_accepted(within_lengths(draft_tokens == target_argmax[:, :gamma], lengths))
+    return argmax_result(draft_tokens == target_argmax[:, :gamma], draft_tokens, draft_logits, target_max,
+                         target_argmax, lengths)
+
+
+def argmax_result(accept: torch.Tensor, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
+                  target_max: torch.Tensor, target_argmax: torch.Tensor,
+                  lengths: torch.Tensor | None) -> SamplerResult:
+    """The result of a rule that accepts the drafted prefix where ``accept`` bool [B, γ] holds (within each row's
+    length) and then emits the target's argmax: target_max and target_argmax [B, γ+1] are the target logits' max."""
+    accepted = count_accepted(within_lengths(accept, lengths))
     next_token = target_argmax.gather(1, accepted[:, None]).squeeze(1)
     return SamplerResult(
         accepted=accepted,

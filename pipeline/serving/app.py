@@ -36,6 +36,7 @@ from pipeline.serving.decoder import Decoder
 from pipeline.serving.errors import ApiError, ClientGone, error_body, validation_message
 from pipeline.serving.metrics import ServerMetrics
 from pipeline.serving.schemas import (
+    MAX_SEED,
     ChatCompletion,
     ChatCompletionRequest,
     Completion,
@@ -235,10 +236,13 @@ def _service_routes(app, state: ServerState, served: Served | None) -> None:
 
 
 def _served_schema(app, state: ServerState) -> dict:
-    """FastAPI's OpenAPI schema with this server's limits written in (max_tokens up to --max-tokens-limit, n and the
-    prompts of a list up to the choices a request may have, token ids within the vocabulary, γ up to the served one,
-    the drafters it allows), and 400 in place of FastAPI's 422: this server answers a body that fails validation
-    with 400."""
+    """FastAPI's OpenAPI schema with what this server accepts written in, so that a request the schema allows is
+    admitted and one it refuses is a 4xx: max_tokens up to --max-tokens-limit, n and the prompts of a list up to the
+    choices a request may have, token ids within the vocabulary, γ up to the served one, the drafters it allows, seeds
+    up to 2**63 - 1 exactly (FastAPI writes bounds as floats), a text prompt with a token in it (:func:`_prompts`), a
+    temperature above 0 where the sampler needs one, GET /v1/models/{model} for the served model's id (any other is a
+    404), no POST /v1/chat/completions without a chat template (each is a 400 there); and 400 in place of FastAPI's
+    422: this server answers a body that fails validation with 400."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     from fastapi.openapi.utils import get_openapi
@@ -250,9 +254,18 @@ def _served_schema(app, state: ServerState) -> dict:
         for name in ("max_tokens", "max_completion_tokens"):
             _bound(components, model, name, maximum=limits["max_tokens_limit"])
         _bound(components, model, "n", maximum=limits["max_choices"])
+        _bound(components, model, "seed", maximum=MAX_SEED)
+        if decoder.rule.needs_sampling:
+            _bound(components, model, "temperature", exclusiveMinimum=0)
+    text = _prompts(decoder)
+    _bound(components, "PredictRequest", "prompt", **text)
     for branch in components.get("CompletionRequest", {}).get("properties", {}).get("prompt", {}).get("oneOf", []):
+        if branch.get("type") == "string":
+            branch.update(text)
         if branch.get("type") == "array":     # a list of prompts: a choice each; token ids within the vocabulary
             branch["maxItems"] = limits["max_choices"]
+            if branch["items"].get("type") == "string":
+                branch["items"].update(text)
             ids = branch["items"] if branch["items"].get("type") == "integer" else branch["items"].get("items", {})
             if ids.get("type") == "integer":
                 ids["maximum"] = decoder.vocabulary - 1
@@ -260,7 +273,14 @@ def _served_schema(app, state: ServerState) -> dict:
     _bound(components, "Speculative", "drafter", enum=list(decoder.allowed_drafters()))
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
-    for path in schema.get("paths", {}).values():
+    paths = schema.get("paths", {})
+    if not decoder.has_chat_template:
+        paths.pop("/v1/chat/completions", None)
+    for parameter in paths.get(MODEL_PATH, {}).get("get", {}).get("parameters", []):
+        if parameter.get("in") == "path" and parameter.get("name") == "model":
+            parameter["schema"] = {**parameter.get("schema", {}), "type": "string", "enum": [state.model_id]}
+            parameter["description"] = "the served model's id (GET /v1/models); another is a 404"
+    for path in paths.values():
         for operation in path.values():
             responses = operation.get("responses", {})
             if responses.pop("422", None) is not None and "400" not in responses:
@@ -269,6 +289,18 @@ def _served_schema(app, state: ServerState) -> dict:
                                                 "#/components/schemas/ErrorResponse"}}}}
     app.openapi_schema = schema
     return schema
+
+
+def _prompts(decoder: Decoder) -> dict:
+    """What a text prompt must hold for the served tokenizer to give it a token (admission refuses one without):
+    a character where "" has none (no BOS token), a character other than white space where white space alone has
+    none (a tokenizer that splits on it)."""
+    constraints = {}
+    if not decoder.prompt_ids(""):
+        constraints["minLength"] = 1
+    if not decoder.prompt_ids(" \t\n"):
+        constraints["pattern"] = r"\S"
+    return constraints
 
 
 def _bound(components: dict, model: str, field: str, **bounds) -> None:

@@ -61,6 +61,8 @@ def validation_message(errors) -> tuple[str, str | None]:
     if kind in _BOUNDS:
         key, words = _BOUNDS[kind]
         return f"'{field}' must be {words} {_number(ctx.get(key))}; got {got}", field
+    if kind == "too_short" and field == "prompt":   # [] (a list of prompts holds at least one), as admission says it
+        return "'prompt' is empty: give at least one prompt", field
     if kind in ("too_short", "too_long"):
         words = "at least" if kind == "too_short" else "at most"
         size = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")

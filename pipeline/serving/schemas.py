@@ -5,10 +5,11 @@ Requests are OpenAI's (``/v1/completions``, ``/v1/chat/completions``) and our ow
 ("5" is not an integer, 1.0 is not an integer, true is not a number); fields a request model does not name are
 ignored, as OpenAI ignores them, except inside ``speculative``, our own object, where a misspelt setting is an
 error. Ranges that depend on the server (max_tokens up to --max-tokens-limit, n, γ up to the served one, the
-drafters it allows) are checked when a request is admitted (pipeline/serving/admission.py) and written into the
-served schema by the app (pipeline/serving/app.py). Fields of OpenAI's that this server cannot honour are here
-with the one value it accepts (e.g. top_p 1, logprobs null; :data:`ONLY` says why): any other value is refused with
-a 400 that names it.
+drafters it allows, a text prompt the tokenizer gives a token, the served model's id) are checked when a request is
+admitted (pipeline/serving/admission.py) and written into the served schema by the app (pipeline/serving/app.py),
+so that what the schema allows is accepted and what it refuses is a 4xx. Fields of OpenAI's that this server
+cannot honour are here with the one value it accepts (e.g. top_p 1, logprobs null; :data:`ONLY` says why): any
+other value is refused with a 400 that names it.
 
 The answers' models document the responses; the app builds them as plain dicts (pipeline/serving/answers.py).
 """
@@ -76,7 +77,7 @@ def prompt_kind(v) -> str | None:
     if isinstance(v, str):
         return "one text"
     if not isinstance(v, list) or not v:
-        return "texts" if isinstance(v, list) else None   # [] is refused as empty when admitted
+        return "texts" if isinstance(v, list) else None   # [] is too short: a list holds at least one prompt
     if all(isinstance(x, str) for x in v):
         return "texts"
     if all(_is_int(x) or isinstance(x, float) for x in v):
@@ -93,9 +94,9 @@ def _content_kind(v) -> str | None:
 
 
 Prompt = Annotated[
-    Annotated[str, Tag("one text")] | Annotated[list[str], Tag("texts")]
+    Annotated[str, Tag("one text")] | Annotated[list[str], Field(min_length=1), Tag("texts")]
     | Annotated[list[TokenId], Field(min_length=1), Tag("token ids")]
-    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Tag("token id lists")],
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1), Tag("token id lists")],
     Discriminator(prompt_kind, custom_error_type="prompt_type",
                   custom_error_message="must be a string, a list of strings, a list of token ids or a list of lists "
                                        "of token ids")]

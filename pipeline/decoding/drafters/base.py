@@ -51,6 +51,8 @@ class DraftSetup:
                        (pipeline/decoding/static/quant.py)
     packed             its weights packed where they can be (pipeline/decoding/static/packed.py; quantised: the
                        dequantised weights its prefill multiplies)
+    compile            its static forward's decoding steps through torch.compile in this mode, or "off"
+                       (pipeline/decoding/static/compiled.py)
     """
 
     device: torch.device
@@ -65,6 +67,7 @@ class DraftSetup:
     target_vocab: int
     quant: str = "none"
     packed: bool = False
+    compile: str = "off"
 
 
 @dataclass

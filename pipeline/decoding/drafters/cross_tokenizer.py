@@ -261,7 +261,7 @@ class TextDrafter(Drafter):
             raise SpecsweepError("a draft with another tokenizer drafts a fixed γ: drop --draft-schedule and "
                                  "--draft-confidence, or use a draft with the target's tokenizer")
         super().bind(setup)
-        self.model = CachedModel(self.lm, kind, setup.static, setup.quant, setup.packed)
+        self.model = CachedModel(self.lm, kind, setup.static, setup.quant, setup.packed, setup.compile)
         self.vocab_size = self.bridge.target_in.shape[0]        # proposals arrive in target ids
         self.temperature = setup.draft_temperature
 

@@ -35,7 +35,7 @@ class ModelDrafter(Drafter):
     def bind(self, setup: DraftSetup) -> None:
         super().bind(setup)
         self.model = CachedModel(self.lm, model_kind(self.lm, setup.target_kind == "seq2seq"), setup.static,
-                                 setup.quant, setup.packed)
+                                 setup.quant, setup.packed, setup.compile)
         self.vocab_size = self.lm.get_output_embeddings().weight.shape[0]
         self.vocab_in = self.lm.get_input_embeddings().num_embeddings
         self.pad = setup.pad

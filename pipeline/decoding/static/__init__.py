@@ -31,6 +31,7 @@ next append overwrites them. No allocation, no copy, no host sync per forward.
     int4_row.py  a draft's one-token forward with int4 projections in one kernel call (kernels/int4_layers.cpp)
     packed.py  the Llama family's projections from packed copies of their weights on a CPU (``--no-packed-weights``
                turns them off): the same products, read faster
+    compiled.py  the decoding steps through torch.compile (``--compile``), under CUDA graphs on a GPU
 
 :func:`static_forward_for` picks the implementation for a model, or None when the model's family (or one of
 its options) has none; the engine then uses transformers' forward with a DynamicCache.
@@ -54,18 +55,24 @@ PACKED_FORWARDS = (LlamaStaticForward,)
 """The static forwards whose projections can multiply packed weights (packed.py); the others ignore ``packed``."""
 
 
-def static_forward_for(model, quant: str = "none", packed: bool = False):
+def static_forward_for(model, quant: str = "none", packed: bool = False, compile: str = "off"):
     """The static forward for ``model``, or None when its family or configuration has none. ``quant`` int8 or int4:
     its projections quantised (quant.py), for a family of QUANTIZED_FORWARDS only (one-line SpecsweepError for
     another family). ``packed``: projections multiply packed weights where the family, device and dtype allow
-    (packed.py; a quantised forward's prefill products)."""
+    (packed.py; a quantised forward's prefill products). ``compile``: "off", or the torch.compile mode its decoding
+    steps run in (compiled.py; packed weights are then not used: inductor chooses the products)."""
+    forward = None
     for impl in STATIC_FORWARDS:
         if not impl.supports(model):
             continue
         if quant == "none":
-            return impl(model, packed=packed) if impl in PACKED_FORWARDS else impl(model)
-        if impl not in QUANTIZED_FORWARDS:
+            forward = impl(model, packed=packed and compile == "off") if impl in PACKED_FORWARDS else impl(model)
+        elif impl not in QUANTIZED_FORWARDS:
             raise SpecsweepError(f"--draft-quant {quant} quantises the static forward of a Llama, Mistral or Qwen2 "
                                  f"draft; this draft is a {type(model).__name__}: drop --draft-quant")
-        return impl(model, quant, packed=packed)
-    return None
+        else:
+            forward = impl(model, quant, packed=packed)
+        break
+    if forward is not None and compile != "off":
+        forward.compile(compile)
+    return forward

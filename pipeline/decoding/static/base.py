@@ -6,6 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pipeline.decoding.static.compiled import CompiledSteps, mark_static
+from pipeline.errors import SpecsweepError
+
 KEY_BLOCK = 512
 """On a CPU a forward's attention reads the cached keys in whole blocks of this many, those past each query's own
 position masked. torch's CPU attention (sdpa, 2.13) splits the keys into blocks of 512 (its kvSplitSize) and sums
@@ -48,6 +51,23 @@ class StaticForward:
     and no position ids, in one kernel call, where it has one (llama.py with int4 projections: int4_row.py)."""
     row_kernel: str | None = None
     """The kernel row_forward runs ("int4_layers"), recorded by a run as ``resolved.row_kernel``; None without one."""
+    compiled = None
+    """The compiled steps (compiled.py's CompiledSteps) where :meth:`compile` turned them on; None: every step eager."""
+    forward_at = None
+    """input_ids int64 [B, q], at int64 [q] (consecutive cache positions), last -> logits [B, q or last, V]: the
+    family's forward at fixed shapes, over the whole cache (compiled.py), where it has one (llama.py)."""
+
+    def compile(self, mode: str) -> None:
+        """Run the steps compiled.py compiles through ``torch.compile(mode=mode)``; one-line SpecsweepError for a
+        family without a fixed-shape forward, or a forward whose products are our kernels (packed or int4 rows)."""
+        name = type(self).__name__.removesuffix("StaticForward")
+        if self.forward_at is None:
+            raise SpecsweepError(f"--compile compiles the static forward of a Llama, Mistral or Qwen2 model; this "
+                                 f"model's family ({name}) has no compiled form: drop --compile")
+        if getattr(self, "packed", False) or self.row_forward is not None or getattr(self, "quant", "none") != "none":
+            raise SpecsweepError("--compile compiles torch's own products, not our kernels' packed or quantised "
+                                 "weights: drop --draft-quant, or drop --compile")
+        self.compiled = CompiledSteps(self, mode)
 
     def __call__(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
                  positions: torch.Tensor | None, last: int) -> torch.Tensor:
@@ -66,6 +86,8 @@ class StaticForward:
         if self.row_forward is not None and q == 1 and attend is None and positions is None \
                 and input_ids.shape[0] == 1:
             return self.row_forward(input_ids, length)
+        if self.compiled is not None and self.compiled.takes(length, q, attend, positions):
+            return self.compiled(input_ids, length, last)
         if attend is None and (q > 1 or width > end):   # causal among the new tokens, everything cached before them
             key = torch.arange(width, device=input_ids.device)
             attend = key <= torch.arange(length, end, device=input_ids.device)[:, None]
@@ -97,9 +119,20 @@ class StaticForward:
         keys (previous contents are dropped). Zeros: a masked position's key and value must be finite (a NaN there would
         leak through the mask)."""
         capacity = key_width(capacity, torch.device(device), self.whole_key_blocks)
+        if self.compiled is not None:
+            # compiled steps (compiled.py): whole blocks, so a few capacities serve every prompt, and the buffers of
+            # the last generation where they are large enough, so their graphs stay valid
+            capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
+            if self.keys is not None and self.keys.shape[:3] == (self.n_layer, batch, self.kv_heads) \
+                    and self.capacity >= capacity and self.keys.device == torch.device(device):
+                self.keys.zero_()
+                self.values.zero_()
+                return
         shape = (self.n_layer, batch, self.kv_heads, capacity, self.head_dim)
         self.keys = torch.zeros(shape, dtype=self.dtype, device=device)
         self.values = torch.zeros_like(self.keys)
+        if self.compiled is not None:
+            mark_static(self.keys, self.values)
 
     def grow(self, capacity: int) -> None:
         """At least ``capacity`` positions, keeping what is cached (doubling, so appends stay amortised O(1))."""
@@ -111,6 +144,8 @@ class StaticForward:
             buf = old.new_zeros((*old.shape[:3], new, old.shape[4]))
             buf[:, :, :, : old.shape[3]] = old
             setattr(self, name, buf)
+        if self.compiled is not None:
+            mark_static(self.keys, self.values)
 
     def keep_path(self, first: int, path: torch.Tensor) -> None:
         """Compact a token tree's accepted path in place: the entries of node path[b, d] (cache position first +
@@ -126,3 +161,5 @@ class StaticForward:
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (int64 indices on the cache's device)."""
         self.keys, self.values = self.keys[:, rows], self.values[:, rows]
+        if self.compiled is not None:
+            mark_static(self.keys, self.values)

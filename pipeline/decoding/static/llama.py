@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from pipeline.decoding.static import int4_row
 from pipeline.decoding.static.base import StaticForward
+from pipeline.decoding.static.compiled import mark_static
 from pipeline.decoding.static.packed import PackedLinear, available, stack_biases
 from pipeline.decoding.static.quant import Projection, projection, weight_mode
 
@@ -185,30 +186,50 @@ class LlamaStaticForward(StaticForward):
         """cos and sin [capacity, D] of positions 0 .. capacity - 1 as LlamaRotaryEmbedding computes them, sin with its
         first half negated as _rope takes it (a table lookup costs less per forward than computing them: 5-10 % of
         a tiny model's forward on the CPU)."""
+        if self.cos is not None and self.cos.shape[0] == capacity and self.cos.device == torch.device(device):
+            return      # the same table (and, for compiled steps, the same tensors: compiled.py)
         freqs = torch.arange(capacity, device=device).float()[:, None] * self.inv_freq.to(device)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = (emb.cos() * self.rope_scaling).to(self.dtype)
         sin = (emb.sin() * self.rope_scaling).to(self.dtype)
         half = sin.shape[-1] // 2
         self.sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        if self.compiled is not None:
+            mark_static(self.cos, self.sin_signed)
 
     def forward(self, input_ids: torch.Tensor, length: int, attend: torch.Tensor | None,
                 positions: torch.Tensor | None, last: int) -> torch.Tensor:
         """input_ids int64 [B, q] -> logits [B, q or last, V] (StaticForward.__call__ says the rest)."""
-        B, q = input_ids.shape
-        end = length + q
+        end = length + input_ids.shape[1]
         width = end if attend is None else attend.shape[-1]     # the keys it attends over (base.key_width)
         if positions is None:                                   # [q, 1, D], broadcast over rows and heads
             cos, sin = self.cos[length:end, None], self.sin_signed[length:end, None]
         else:                                                   # [B, q, 1, D]
             cos = F.embedding(positions, self.cos)[:, :, None]
             sin = F.embedding(positions, self.sin_signed)[:, :, None]
+        return self._decode(input_ids, slice(length, end), width, attend, cos, sin, last)
+
+    def forward_at(self, input_ids: torch.Tensor, at: torch.Tensor, last: int) -> torch.Tensor:
+        """input_ids int64 [B, q] at the consecutive cache positions ``at`` int64 [q] -> logits [B, q or last, V],
+        attending over the whole cache with the positions after each query masked: :meth:`forward`'s causal step at
+        shapes that do not change as the sequence grows, which compiled.py compiles."""
+        capacity = self.keys.shape[3]
+        attend = torch.arange(capacity, device=at.device) <= at[:, None]           # [q, capacity]
+        cos, sin = self.cos[at][:, None], self.sin_signed[at][:, None]             # [q, 1, D]
+        return self._decode(input_ids, at, capacity, attend, cos, sin, last)
+
+    def _decode(self, input_ids: torch.Tensor, at: slice | torch.Tensor, width: int, attend: torch.Tensor | None,
+                cos: torch.Tensor, sin: torch.Tensor, last: int) -> torch.Tensor:
+        """The layers, the final norm and the head: input_ids int64 [B, q] written at cache positions ``at`` (a slice,
+        or int64 [q] indices), attending over the first ``width`` cache positions as ``attend`` says (bool [B, 1, q,
+        width] or [q, width]; None: all of them), RoPE'd with cos and sin [q, 1, D] or [B, q, 1, D]."""
+        B, q = input_ids.shape
         # Grouped-query attention without repeating keys and values: the n_rep query heads that share a key/value
         # head are laid out as n_rep * q queries of that head, query (r, i) attending as query i does. Measured
         # against sdpa's enable_gqa and against repeating keys and values: docs/engine.md
         n_rep = self.heads // self.kv_heads
         if attend is not None and n_rep > 1:
-            attend = attend.repeat(*(1,) * (attend.dim() - 2), n_rep, 1)        # [(B, 1,) n_rep * q, end]
+            attend = attend.repeat(*(1,) * (attend.dim() - 2), n_rep, 1)        # [(B, 1,) n_rep * q, width]
         x = F.embedding(input_ids, self.embed)                                  # [B, q, d]
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, *layer.input_norm)
@@ -218,8 +239,12 @@ class LlamaStaticForward(StaticForward):
             value = value.reshape(B, q, self.kv_heads, self.head_dim)
             query = _rope(query, cos, sin)
             key = _rope(key, cos, sin)
-            self.keys[i, :, :, length:end] = key.transpose(1, 2)
-            self.values[i, :, :, length:end] = value.transpose(1, 2)
+            if isinstance(at, slice):
+                self.keys[i, :, :, at] = key.transpose(1, 2)
+                self.values[i, :, :, at] = value.transpose(1, 2)
+            else:                       # in place at tensor positions: the cache keeps its address (compiled.py)
+                self.keys[i].index_copy_(2, at, key.transpose(1, 2))
+                self.values[i].index_copy_(2, at, value.transpose(1, 2))
             query = query.view(B, q, self.kv_heads, n_rep, self.head_dim).permute(0, 2, 3, 1, 4)
             a = F.scaled_dot_product_attention(query.reshape(B, self.kv_heads, n_rep * q, self.head_dim),
                                                self.keys[i, :, :, :width], self.values[i, :, :, :width],
