@@ -21,7 +21,9 @@ from pipeline.tasks import LONG_INPUTS, TASK_NAMES, default_temperature, get_tas
 from pipeline.tree_plan import is_widths, resolve_tree
 from pipeline.tree_shape import TREE_BACKENDS, TREE_CHILDREN, TREE_RULES
 
-ENGINES = ("specsweep", "hf")
+ENGINES = ("specsweep", "hf", "llama.cpp")
+LLAMA_CPP = "llama.cpp"
+"""llama.cpp's own speculative decoding through its server, on GGUF files (pipeline/decoding/llama_cpp/)."""
 DRAFTERS = ("model", "prompt-lookup", "suffix", "lookup-model")
 MODEL_DRAFTERS = ("model", "lookup-model")
 """The drafters that run the --draft model (the others search the text itself)."""
@@ -168,7 +170,15 @@ class RunConfig:
                                 "N` (one GPU per process, or CPU processes), splits the examples between them and "
                                 "writes one results file; N > 1 implies --seed-per-example")
     engine: str = setting("specsweep", "specsweep: our loop; hf: transformers' generate(assistant_model=...) with "
-                                       "our sampler", choices=ENGINES)
+                                       "our sampler; llama.cpp: llama.cpp's own speculative decoding (llama-server) on "
+                                       "GGUF files as they are, --target/--draft a .gguf file or a registry name "
+                                       "(build it once: python -m pipeline.decoding.llama_cpp.build)",
+                          choices=ENGINES)
+    draft_min: int | None = setting(None, "--engine llama.cpp: drop a draft shorter than this (llama-server's "
+                                          "--spec-draft-n-min; default: llama.cpp's, 0)")
+    draft_p_min: float | None = setting(None, "--engine llama.cpp: stop drafting at a position whose top draft "
+                                              "probability is below this (llama-server's --spec-draft-p-min; "
+                                              "default: llama.cpp's, 0.0)")
     draft_tokenizer_mode: str = setting("auto", "a draft with another tokenizer than the target's "
                                                 "(pipeline/decoding/drafters/cross_tokenizer.py; for Whisper, a "
                                                 "full Whisper draft): "
@@ -333,10 +343,43 @@ class RunConfig:
                       "give --gamma > 0, --drafter model or lookup-model, --engine specsweep and no "
                       "--no-static-cache (or leave --draft-quant out)")
         self._validate_synthetic()
+        self._validate_llama_cpp()
         get_rule(self.sampler).check_run(backend=self.backend, temperature=self.temperature,
                                          batch_size=self.batch_size, engine=self.engine, params=self.rule_params,
                                          preset=self.preset, deterministic_draft=self.drafter != "model")
         return self
+
+    def _validate_llama_cpp(self) -> None:
+        """--engine llama.cpp's settings, and its knobs elsewhere: one-line SpecsweepError on a problem."""
+        knobs = [f"--{n.replace('_', '-')}" for n in ("draft_min", "draft_p_min") if getattr(self, n) is not None]
+        if self.engine != LLAMA_CPP:
+            if knobs:
+                raise SpecsweepError(f"{' and '.join(knobs)} set(s) llama.cpp's draft model: use it with --engine "
+                                     "llama.cpp, or leave it out")
+            return
+        refused = {"--sampler exact (llama.cpp verifies with its own rule)": self.sampler == "exact",
+                   "--backend torch": self.backend == "torch", "--batch-size 1": self.batch_size == 1,
+                   "--dtype auto (the GGUF files' own quantisation)": self.dtype == "auto",
+                   "--drafter model or prompt-lookup": self.drafter in ("model", "prompt-lookup"),
+                   "no --draft-vocab": self.draft_vocab is None, "--processes 1": self.processes == 1,
+                   "--device cpu or auto": self.device in ("cpu", "auto"),
+                   "a draft with the target's tokenizer": self.draft_tokenizer_mode in ("auto", "shared"),
+                   "a text task": not get_task(self.task).speech}
+        missing = [what for what, ok in refused.items() if not ok]
+        if missing:
+            raise SpecsweepError(f"--engine llama.cpp runs with {', '.join(missing)}")
+        if knobs and self.drafter != "model":
+            raise SpecsweepError(f"{' and '.join(knobs)} apply to llama.cpp's draft model (--drafter model), not to "
+                                 f"--drafter {self.drafter}")
+        if self.draft_min is not None and not 0 <= self.draft_min <= self.gamma:
+            raise SpecsweepError(f"--draft-min must be in [0, --gamma] ({self.gamma}): a longer minimum drops every "
+                                 f"draft; got {self.draft_min}")
+        if self.draft_p_min is not None and not 0 <= self.draft_p_min <= 1:
+            raise SpecsweepError(f"--draft-p-min must be a probability in [0, 1]; got {self.draft_p_min}")
+        if self.drafter == "prompt-lookup" and 0 < self.gamma < self.lookup_max:
+            raise SpecsweepError(f"llama.cpp's n-gram drafter (ngram-simple) matches n-grams of --lookup-max "
+                                 f"({self.lookup_max}) tokens and drops drafts shorter than that: give --gamma >= "
+                                 f"{self.lookup_max} or a smaller --lookup-max")
 
     def _validate_synthetic(self) -> None:
         """--sampler synthetic's rates (speed only, pipeline/samplers/synthetic.py): one-line SpecsweepError on a
@@ -369,7 +412,7 @@ class RunConfig:
                                  "autoregressive decoding")
         if self.drafter == "model":
             return
-        if self.engine != "specsweep":
+        if self.engine != "specsweep" and (self.engine, self.drafter) != (LLAMA_CPP, "prompt-lookup"):
             raise SpecsweepError(f"--drafter {self.drafter} runs in our engine: use --engine specsweep (`specsweep "
                                  "bench drafters` compares our prompt lookup with transformers')")
         if self.drafter == "lookup-model" and self.draft_tokenizer_mode in ("intersection", "string"):

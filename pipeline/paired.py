@@ -34,7 +34,8 @@ REPEAT_SEED = 10_000  # repeat generators start here, away from the quality pass
 def prompt_texts(loop, batch: dict) -> dict:
     """generate's ``prompt_texts`` keyword where the loop reads them (our engine with a draft of another tokenizer,
     pipeline/decoding/drafters/cross_tokenizer.py) and the task's batch has them; else nothing."""
-    if getattr(loop, "bridge", None) is not None and "prompt_texts" in batch:
+    # the bridge is the drafter's (pipeline/stack.py build_drafter); an HF engine's generate takes no texts
+    if getattr(getattr(loop, "drafter", None), "bridge", None) is not None and "prompt_texts" in batch:
         return {"prompt_texts": batch["prompt_texts"]}
     return {}
 

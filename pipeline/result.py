@@ -47,6 +47,10 @@ class Resolved(TypedDict, total=False):
     baseline: str | None             # --baseline path
     baseline_quality: dict | None    # that baseline's quality scores (so later steps need not read it again)
     forward: dict                    # model -> "static" | "transformers": which forward each model ran
+    # and, by model, from pipeline/stack.py's forwards_record: packed_weights, few_rows_kernel, quant_kernel,
+    # row_kernel, compiled ({mode, compile_s, shapes}), random_weights (the roles loaded as shapes) and fallbacks
+    # (role -> why a CPU forward ran torch's products where ours would have run)
+    llama_cpp: dict                  # --engine llama.cpp: the server's flags, the GGUF files' types, draft settings
     processes: int                   # data-parallel processes that decoded the samples (1: this process alone)
     seed_per_example: bool           # each example drew from its own generator (pipeline/rng.py)
     rank_wall_time_s: list[float]    # with processes > 1: each rank's seconds inside generate (wall_time_s: the most)

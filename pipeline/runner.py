@@ -37,10 +37,11 @@ from tqdm.auto import tqdm
 
 from pipeline import distributed, paired, roofline, stack
 from pipeline import origins as prov
-from pipeline.config import MODEL_DRAFTERS, RunConfig
+from pipeline.config import LLAMA_CPP, MODEL_DRAFTERS, RunConfig
 from pipeline.data import load_task_data
 from pipeline.decoding.drafters.base import add_counts
 from pipeline.decoding.drafters.cross_tokenizer import merge_statistics
+from pipeline.decoding.llama_cpp import server as llama_servers
 from pipeline.dtypes import AUTO
 from pipeline.env_info import LoadProbe, ThreadSettings, default_threads, provenance
 from pipeline.errors import SpecsweepError
@@ -92,6 +93,7 @@ def run(config: RunConfig, progress: bool = True, models: dict | None = None) ->
                     progress, models)
     finally:
         torch.set_num_threads(previous)
+        llama_servers.stop_all()    # --engine llama.cpp: no server outlives its run, also on error
 
 
 def run_grid(configs: list[RunConfig], progress: bool = True, on_result=None) -> list[dict]:
@@ -118,10 +120,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     return None)."""
     world = _world(config)
     asked_device = config.device if world is None else distributed.rank_device(world, config.device)
-    # --dtype auto: the device's fastest native dtype; the results record the dtype used and why (dtype_choice)
-    used, dtype_choice = auto_dtype(config.target, asked_device) if config.dtype == AUTO else (config.dtype, None)
-    config = dataclasses.replace(config, dtype=used)
-    dtype = parse_dtype(config.dtype)
+    config, dtype, dtype_choice, asked_device = _resolve_dtype(config, asked_device)
     device = resolve_device(asked_device, dtype)
     # a data-parallel run is compared with its baseline on rank 0's device, the same on every rank
     main_device = device if world is None else resolve_device(
@@ -129,7 +128,8 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     baseline = _load_baseline(config.baseline, config, main_device) if config.baseline else None
     sampler = stack.build_sampler(config)  # before loading models: a bad sampler request fails fast
     task = get_task(config.task)
-    task.check_target(config)  # e.g. a target without the chat template the task needs: refused before loading it
+    if config.engine != LLAMA_CPP:  # (a GGUF target's tokenizer is read with the file)
+        task.check_target(config)  # e.g. a target without the chat template the task needs: refused before loading it
     if not progress:
         from transformers.utils import logging as hf_logging  # kept local: imports transformers
 
@@ -177,7 +177,7 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
                 "processes": 1 if world is None else world.size, "seed_per_example": decoding.per_example,
                 "draft_tokenizer_mode": stack.draft_tokenizer_mode(config, sampler, draft, tokenizer),
                 "drafter": engine.drafter.settings if getattr(engine, "drafter", None) is not None else None}
-    resolved.update(_draft_record(config, sampler))
+    resolved.update(_draft_record(config, sampler, loops))
     if task.wants_ar_outputs:
         resolved["ar_outputs"] = ar_source
     if world is not None:
@@ -193,10 +193,24 @@ def _run(config: RunConfig, threads: dict, progress: bool, models: dict | None) 
     return results
 
 
-def _draft_record(config: RunConfig, sampler) -> dict:
-    """The ``resolved`` entries of a token tree (the tree it decoded with: best:N is planned from its profile) and of
-    synthetic acceptance (the rates it ran at; its quality is no claim)."""
+def _resolve_dtype(config: RunConfig, asked_device: str) -> tuple[RunConfig, torch.dtype, str | None, str]:
+    """(the config with --dtype auto resolved, its torch dtype, why auto chose it, the device to ask for). --dtype
+    auto: the device's fastest native dtype; the results record the dtype used and why (dtype_choice). --engine
+    llama.cpp runs GGUF files in their own quantisation on the CPU: --dtype stays auto."""
+    if config.engine == LLAMA_CPP:
+        return config, torch.float32, "the GGUF files' own (resolved.llama_cpp)", "cpu"
+    used, dtype_choice = auto_dtype(config.target, asked_device) if config.dtype == AUTO else (config.dtype, None)
+    config = dataclasses.replace(config, dtype=used)
+    return config, parse_dtype(config.dtype), dtype_choice, asked_device
+
+
+def _draft_record(config: RunConfig, sampler, loops: dict) -> dict:
+    """The ``resolved`` entries of a token tree (the tree it decoded with: best:N is planned from its profile), of
+    synthetic acceptance (the rates it ran at; its quality is no claim) and of --engine llama.cpp (``llama_cpp``: the
+    build, the GGUF files and the server's flags of each loop)."""
     record = {}
+    if config.engine == LLAMA_CPP:
+        record["llama_cpp"] = {name: loop.record() for name, loop in loops.items()}
     if config.draft_tree is not None:
         record["tree_parents"] = list(stack.run_tree(config).parents)
     if is_speed_only(config.sampler):
@@ -372,6 +386,8 @@ def _roofline(config: RunConfig, target, draft, samples: list[dict], totals: dic
     """The quality pass's roofline (pipeline/roofline.py): analytic FLOPs and bytes of each phase against its
     measured time and the machine's peak (on a CPU probed once per machine and cached)."""
 
+    if config.engine == LLAMA_CPP:   # llama.cpp's forwards are not ours to count, nor its GGUF types' widths
+        return None
     dtype = parse_dtype(config.dtype)
     try:
         shape = roofline.ModelShape.from_config(target.config)

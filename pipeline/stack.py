@@ -17,7 +17,9 @@ import dataclasses
 import functools
 from typing import NamedTuple
 
-from pipeline.config import MODEL_DRAFTERS, RunConfig
+import torch
+
+from pipeline.config import LLAMA_CPP, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.draft_policy import DraftPolicy
 from pipeline.decoding.drafters.base import Drafter
 from pipeline.decoding.drafters.cross_tokenizer import (
@@ -35,8 +37,12 @@ from pipeline.decoding.drafters.vocab_map import VocabMapDrafter, draft_vocab, r
 from pipeline.decoding.drafters.whisper_text import WhisperTextDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import HFEngine
+from pipeline.decoding.llama_cpp import engine as llama_cpp
+from pipeline.decoding.static import LlamaStaticForward
+from pipeline.decoding.static.packed import unavailable_reason as packed_reason
 from pipeline.decoding.static.quant import check_supported
 from pipeline.errors import SpecsweepError
+from pipeline.kernels import cpu
 from pipeline.models import (
     check_same_tokenizer,
     eos_token_ids,
@@ -78,6 +84,9 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
     """Refuses a pair with different vocabularies where they must match (``--draft-tokenizer-mode shared``; a speech
     pair without a full Whisper draft in our engine, :func:`check_speech_pair`) before loading the models. With
     --device auto and several GPUs the target is spread over all of them; the draft stays on ``device``."""
+    if config.engine == LLAMA_CPP:   # GGUF files as they are, nothing loaded in torch (pipeline/decoding/llama_cpp/)
+        target, tokenizer = llama_cpp.load_target(config)
+        return Pair(target, None, tokenizer, None)
     spread = spreads_target(config.device)
     use_draft = bool(config.draft) and config.gamma > 0 and config.drafter in MODEL_DRAFTERS
     if task.speech:
@@ -154,7 +163,9 @@ def _features(processor) -> dict:
 
 def build_engine(config: RunConfig, sampler, target, draft, tokenizer, device: str):
     """Our loop (:class:`SpeculativeEngine`) with the run's drafter, or with ``--engine hf`` transformers' own
-    assisted generation around the same models."""
+    assisted generation around the same models, or with ``--engine llama.cpp`` llama.cpp's server on GGUF files."""
+    if config.engine == LLAMA_CPP:
+        return llama_cpp.build_engine(config, target)
     eos = [] if config.ignore_eos else eos_token_ids(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     if config.engine == "hf":
@@ -318,7 +329,26 @@ def forwards_record(engine) -> dict:
     return {"forward": forwards_used(engine), "packed_weights": packed_used(engine),
             "few_rows_kernel": few_rows_kernels_used(engine), "quant_kernel": quant_kernels_used(engine),
             "row_kernel": row_kernels_used(engine), "compiled": compiled_used(engine),
-            "random_weights": random_weights_used(engine)}
+            "random_weights": random_weights_used(engine), "fallbacks": fallbacks(engine)}
+
+
+def fallbacks(engine) -> dict:
+    """Why a model's static forward on a CPU ran torch's (or oneDNN's) products where ours would have run: role -> the
+    one-line reason, for a Llama-family forward whose weights could not be packed, a packed bfloat16 forward without
+    our few-row kernel, or an int4 draft without our int4 kernels (kernels/cpu.py says why). Roles whose forward ran
+    what was asked are left out (packed weights turned off, or --compile, is a choice, not a fallback)."""
+    reasons = {}
+    for name, m in _models(engine).items():
+        static = getattr(m, "static", None)
+        if not isinstance(static, LlamaStaticForward) or static.embed.device.type != "cpu" or static.compiled:
+            continue
+        quantised = static.quant != "none"
+        ours = (quantised and static.quant.startswith("int4")) or (static.packed and static.dtype == torch.bfloat16)
+        why = packed_reason(static.embed.device, static.dtype) if not quantised and not static.packed \
+            else cpu.unavailable_reason() if ours else ""
+        if why:
+            reasons[name] = why
+    return reasons
 
 
 def compiled_used(engine) -> dict:

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import itertools
 
-from pipeline.config import RunConfig
+from pipeline.config import LLAMA_CPP, RunConfig
 from pipeline.dtypes import AUTO
 from pipeline.errors import SpecsweepError
 from pipeline.rules import param_help, param_is_integer, param_names
@@ -117,7 +117,8 @@ def main(args: argparse.Namespace) -> int:
 
     values = {k: v for k, v in vars(args).items() if k not in ("command", "_module", *DISPLAY_FLAGS)}
     auto = None
-    if AUTO in str(values.get("dtype")).split(",") and "{dtype}" in f"{values.get('out')}{values.get('baseline')}":
+    if AUTO in str(values.get("dtype")).split(",") and "{dtype}" in f"{values.get('out')}{values.get('baseline')}" \
+            and values.get("engine") != LLAMA_CPP:           # (a GGUF file's dtype is its own: {dtype} names auto)
         from pipeline.models import auto_dtype  # kept local: imports torch
 
         auto, _ = auto_dtype(values["target"], values["device"])   # --out names the dtype auto picks

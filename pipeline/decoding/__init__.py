@@ -7,4 +7,5 @@
     draft_policy.py  adaptive draft length
     timing.py        phase timer and peak memory
     hf_engine.py     transformers' own assisted generation, for comparison
+    llama_cpp/       llama.cpp's own speculative decoding (llama-server) on GGUF files, --engine llama.cpp
 """

@@ -51,7 +51,8 @@ class Job:
     (streaming jobs only), then once ("done", None) or ("error", message).
 
     Filled while decoding (times are time.perf_counter()): tokens and their origins (pipeline/origins.py codes:
-    accepted draft, corrected, bonus, target alone), the row's accepted and drafted tokens and verify steps, when
+    accepted draft, corrected, bonus, target alone), the row's accepted and drafted tokens and verify steps (and
+    draft_steps: (accepted, proposed) per verify step, which the server's counters take when the job ends), when
     its batch started, its first token and its end, why it ended (finish_reason: "stop" at EOS or a stop string,
     "length" at max_tokens, "cancelled", "error"), and its batch's size.
     """
@@ -72,6 +73,7 @@ class Job:
     accepted: int = 0
     drafted: int = 0
     steps: int = 0
+    draft_steps: list[tuple[int, int]] = field(default_factory=list)
     started: float | None = None
     first_token: float | None = None
     ended: float | None = None

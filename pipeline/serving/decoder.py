@@ -329,6 +329,7 @@ class Decoder:
             job.steps += 1
             job.accepted += acc
             job.drafted += gamma
+            job.draft_steps.append((acc, gamma))
             counts.add(acc, gamma)
             stopped = False
             if new:

@@ -8,11 +8,14 @@ Per request (updated when a request ends):
   specsweep_queue_wait_seconds                       histogram: arrival to the start of the request's batch
   specsweep_time_to_first_token_seconds              histogram: arrival to the request's first new token
   specsweep_prompt_tokens_total, specsweep_generated_tokens_total
+  specsweep_draft_tokens_total, specsweep_accepted_draft_tokens_total and the acceptance and vLLM counters below
+                                                     count the request's verify steps before its answer is
+                                                     released: a client that has its answer finds them here
   specsweep_cancelled_requests_total{reason}         decoding stopped early: disconnect, timeout
 Per batch:
   specsweep_batch_size                               histogram: requests decoded together
   specsweep_batch_seconds                            histogram: the engine's seconds per batch
-  specsweep_verify_steps_total, specsweep_draft_tokens_total, specsweep_accepted_draft_tokens_total
+  specsweep_verify_steps_total
 Live (read when scraped):
   specsweep_queue_depth                              requests waiting for a batch
   specsweep_requests_in_flight                       requests of the batch being decoded
@@ -86,8 +89,6 @@ class ServerMetrics:
         self.batch_size.observe(report.size)
         self.batch_seconds.observe(report.seconds)
         self.verify_steps.inc(report.verify_steps)
-        with self._lock:
-            self._counts.merge(report.counts)
 
     def record_job(self, job: Job) -> None:
         """A request that reached the engine's queue, once it has ended (done, cancelled, timed out, failed)."""
@@ -101,6 +102,8 @@ class ServerMetrics:
             self.cancelled.labels(job.cancelled).inc()
         with self._lock:
             self._recent.append((time.monotonic(), len(job.tokens)))
+            for accepted, proposed in job.draft_steps:   # here, not per batch: before the job's answer goes out
+                self._counts.add(accepted, proposed)
 
     def record_response(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(endpoint, str(status)).inc()

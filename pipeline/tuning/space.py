@@ -20,7 +20,7 @@ import yaml
 from pipeline.config import DRAFT_QUANTS, DRAFTERS, LOOKUP_DRAFTERS, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
 from pipeline.decoding.static import QUANTIZED_FAMILIES
-from pipeline.dtypes import DTYPES
+from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
 from pipeline.models import architecture, load_tokenizer
 from pipeline.rules import get_rule, param_names, tunable
@@ -124,8 +124,8 @@ class SearchSpace:
     def check(self, where: object = "search space") -> SearchSpace:
         if not self.samplers or set(self.samplers) - set(tunable()):
             raise SpecsweepError(f"{where}: sampler must be a non-empty list from {list(tunable())}")
-        if not self.dtypes or set(self.dtypes) - set(DTYPES):
-            raise SpecsweepError(f"{where}: dtype must be a non-empty list from {list(DTYPES)}")
+        if not self.dtypes or set(self.dtypes) - set(DTYPE_CHOICES):   # auto: --engine llama.cpp's GGUF types
+            raise SpecsweepError(f"{where}: dtype must be a non-empty list from {list(DTYPE_CHOICES)}")
         if self.gamma[0] < 1 or self.gamma[0] > self.gamma[1]:
             raise SpecsweepError(f"{where}: gamma needs 1 <= low <= high; got {list(self.gamma)}")
         for drafter, (lo, hi) in self.gamma_by_drafter.items():

@@ -69,11 +69,21 @@ _COPIES: WeakIdKeyDictionary = WeakIdKeyDictionary()
 def available(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether projections on ``device`` in ``dtype`` can be packed: a CPU, torch built with oneDNN (and its packing
     operators), and for bfloat16 a CPU that oneDNN multiplies bfloat16 on natively (AVX-512 BF16 or AMX)."""
-    if torch.device(device).type != "cpu" or dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
-        return False
-    if not (hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return not unavailable_reason(device, dtype)
+
+
+def unavailable_reason(device: torch.device | str, dtype: torch.dtype) -> str:
+    """Why projections on ``device`` in ``dtype`` cannot be packed, in one line ("" where they can)."""
+    if torch.device(device).type != "cpu":
+        return "packed weights are for a CPU"
+    if dtype not in PACKED_DTYPES:
+        return f"packed weights take {', '.join(map(str, PACKED_DTYPES))}, not {dtype}"
+    if not torch.backends.mkldnn.is_available() or not (hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                                                        and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return "this torch build lacks oneDNN's packing operators"
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "this CPU does not multiply bfloat16 natively (no AVX-512 BF16 or AMX)"
+    return ""
 
 
 def _reordered(stacked: torch.Tensor, layout: str):

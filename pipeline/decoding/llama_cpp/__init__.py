@@ -1,0 +1,7 @@
+"""``--engine llama.cpp``: llama.cpp's own speculative decoding, through its server, on GGUF files as they are.
+
+    build.py       the pinned llama.cpp (llama-cpp-python's sdist) built once into the cache: llama-server & co.
+    gguf_files.py  the GGUF files a run names (local, or a registry name's), their tokenizer and quantisation
+    server.py      one llama-server process: a free port, /health, /completion, a clean stop
+    engine.py      LlamaCppEngine: the run's settings as the server's flags, generate() as our engines have it
+"""
