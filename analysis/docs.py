@@ -87,6 +87,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "pair-sigmoid-provenance": run_tables.provenance("pair-sigmoid"),
     "pair-sigmoid-study": run_tables.sigmoid_study,
     "real-provenance": run_tables.provenance("real"),
+    "llama-cpp-provenance": run_tables.provenance("llama-cpp"),
     "toy-provenance": run_tables.provenance("default"),
     # tables of run results, from results/published/<profile>/ (analysis/run_tables.py)
     **{t.name: t.render for t in TABLES},

@@ -383,6 +383,15 @@ PAIR_SIGMOID_RUNS = (("target alone", "qwen-ar-t1-bfloat16"), ("exact", "qwen-ex
                      ("typical", "qwen-typical-g4-t1-bfloat16"))
 NO_TUNED_SIGMOID = "none: no α and β of the distortion map are within its bound"
 SPEED_COLUMNS = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "c")
+LLAMA_CPP_RUNS = (  # (label, run) of the llama-cpp profile (params.llama-cpp.yaml)
+    ("llama.cpp alone", "qwen-llama-cpp-ar-auto"),
+    *((f"0.5B draft, draft max {g}", f"qwen-llama-cpp-draft-auto/qwen-llama-cpp-exact-torch-g{g}-auto")
+      for g in (2, 4, 6, 8)),
+    ("0.5B draft, draft max 8, probability floor 0.8",
+     "qwen-llama-cpp-draft-floor-auto/qwen-llama-cpp-exact-torch-g8-auto"),
+    *((f"prompt lookup (3-grams), draft max {g}", f"qwen-llama-cpp-lookup-auto/qwen-llama-cpp-exact-torch-g{g}-auto")
+      for g in (4, 8)))
+LLAMA_CPP_SPEED = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "identical to llama.cpp alone")
 
 TABLES = (
     # docs/results.md, "Speedups of the default profile": paired speedups of the main grid with the unpaired figure
@@ -471,6 +480,16 @@ TABLES = (
               Column("acceptance", "{run}", metric("acceptance_rate")),
               Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
               Column("c", "{run}", metric("cost_ratio")))),
+    # docs/results.md, "llama.cpp on the pair": llama.cpp's own speculative decoding against llama.cpp alone
+    RunTable("results-llama-cpp", "llama-cpp", "Qwen2.5-Coder-1.5B Q4_K_M in llama.cpp with",
+             tuple(Row(label, {"run": run}, empty=LLAMA_CPP_SPEED if run.endswith("-ar-auto") else ())
+                   for label, run in LLAMA_CPP_RUNS),
+             (Column("tokens/s", "{run}", metric("tokens_per_second", 1)),
+              Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
+              Column("acceptance", "{run}", metric("acceptance_rate")),
+              Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
+              Column("ROUGE-L", "{run}", lambda r: quality_text(r, 3)),
+              Column("identical to llama.cpp alone", "{run}", agreement))),
     # docs/results.md, "The paper's table on a real pair": the rules at T = 1 (the real profile)
     RunTable("results-real-sampling", "real", "rule, T = 1, γ 4",
              tuple(Row(rule, {"run": f"qwen-sampling-bfloat16/qwen-sampling-bfloat16-{rule}-torch-g4"})

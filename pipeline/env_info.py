@@ -214,22 +214,24 @@ class ThreadSettings:
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")
 
 
-def thread_schedstats() -> dict[str, tuple[int, int]] | None:
-    """{thread id: (ns on a CPU, ns runnable but waiting for a CPU)} for every thread of this process, from the
-    Linux scheduler's /proc/self/task/<tid>/schedstat; None where the kernel does not provide it (not Linux, or
-    built without scheduler statistics)."""
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return None
+def thread_schedstats(children: tuple[int, ...] = ()) -> dict[str, tuple[int, int]] | None:
+    """{"pid/tid": (ns on a CPU, ns runnable but waiting for a CPU)} for every thread of this process and of the
+    processes ``children`` (a run's own servers, e.g. llama.cpp's), from the Linux scheduler's
+    /proc/<pid>/task/<tid>/schedstat; None where the kernel does not provide it (not Linux, or built without scheduler
+    statistics)."""
     out = {}
-    for tid in tids:
+    for pid in ("self", *map(str, children)):
         try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                on_cpu, waiting = f.read().split()[:2]
-        except (OSError, ValueError):  # the thread ended meanwhile, or no scheduler statistics
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
             continue
-        out[tid] = (int(on_cpu), int(waiting))
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    on_cpu, waiting = f.read().split()[:2]
+            except (OSError, ValueError):  # the thread ended meanwhile, or no scheduler statistics
+                continue
+            out[f"{pid}/{tid}"] = (int(on_cpu), int(waiting))
     return out or None
 
 
@@ -248,10 +250,22 @@ def runqueue_wait(before: dict[str, tuple[int, int]] | None,
     return {"on_cpu_s": on_cpu / 1e9, "waiting_s": waiting / 1e9, "wait_fraction": waiting / ready}
 
 
+OWN_PROCESSES: set[int] = set()
+"""Processes whose work is the run's own (an engine's server: pipeline/decoding/llama_cpp/server.py), registered while
+they live by :func:`count_as_own`: a :class:`LoadProbe` counts their CPU time and run-queue wait as the run's, not as
+other processes' load. Other children (e.g. :func:`cpu_burners`) stay other processes."""
+
+
+def count_as_own(pid: int, own: bool = True) -> None:
+    """Register (``own``) or unregister the process ``pid`` as part of the run (:data:`OWN_PROCESSES`)."""
+    (OWN_PROCESSES.add if own else OWN_PROCESSES.discard)(pid)
+
+
 class LoadProbe:
     """How busy the machine is around a measurement: load average against cores at start and end, the CPU
-    time other processes used in between (system-wide busy time minus this process's own, from psutil, so
-    processes that started or ended meanwhile count too), how long this process's own threads waited for a CPU
+    time other processes used in between (system-wide busy time minus the run's own, from psutil, so processes that
+    started or ended meanwhile count too; the run's own: this process and :data:`OWN_PROCESSES`), how long the run's
+    own threads waited for a CPU
     while ready to run (the Linux scheduler's run-queue wait: the direct sign that the measurement competed for
     cores), plus GPU utilisation and other processes on the GPU where nvidia-smi can tell.
 
@@ -267,17 +281,31 @@ class LoadProbe:
         self._me = psutil.Process()
         self.device = str(device)
         self.start = self.snapshot()
-        self._sched0 = thread_schedstats()
-        self._t0, self._busy0, self._own0 = time.perf_counter(), self._busy_s(), self._own_s()
+        children = self._children()
+        self._sched0 = thread_schedstats(children)
+        self._t0, self._busy0, self._own0 = time.perf_counter(), self._busy_s(), self._own_s(children)
+
+    @staticmethod
+    def _children() -> tuple[int, ...]:
+        """The pids of the run's own servers now (:func:`count_as_own`: llama.cpp's start on first use)."""
+        return tuple(sorted(OWN_PROCESSES))
 
     def _busy_s(self) -> float:
         t = self._psutil.cpu_times()
         return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
 
-    def _own_s(self) -> float:
-        """This process's CPU seconds (its children count as other processes: a run starts none)."""
+    def _own_s(self, children: tuple[int, ...]) -> float:
+        """This process's CPU seconds and those of ``children`` (a run's own servers, e.g. llama.cpp's,
+        pipeline/decoding/llama_cpp/: their work is the run's, not another process's)."""
         t = self._me.cpu_times()
-        return t.user + t.system
+        own = t.user + t.system
+        for pid in children:
+            try:
+                c = self._psutil.Process(pid).cpu_times()
+            except self._psutil.Error:      # it ended meanwhile: its last seconds are lost to "others"
+                continue
+            own += c.user + c.system
+        return own
 
     def snapshot(self) -> dict:
         """Load averages (1, 5, 15 min), per usable core, and the GPU's state (None where unreadable)."""
@@ -291,8 +319,9 @@ class LoadProbe:
 
     def finish(self) -> dict:
         seconds = time.perf_counter() - self._t0
-        others = max(0.0, (self._busy_s() - self._busy0) - (self._own_s() - self._own0))
-        wait = runqueue_wait(self._sched0, thread_schedstats())
+        children = self._children()     # a child started meanwhile counts whole, one that ended is lost to others
+        others = max(0.0, (self._busy_s() - self._busy0) - (self._own_s(children) - self._own0))
+        wait = runqueue_wait(self._sched0, thread_schedstats(children))
         return {"start": self.start, "end": self.snapshot(), "seconds": seconds, "cores": usable_cores(),
                 "others_cpu_s": others, "others_busy_cores": others / seconds if seconds > 0 else None,
                 "runqueue_wait": wait}

@@ -221,3 +221,29 @@ def test_the_verify_cost_falls_back_to_the_quality_pass_when_the_timed_samples_e
     assert out["theoretical_speedup"] == pytest.approx((1 - 0.8 ** 5) / 0.2 / 1.4)
     none = _theory({**metrics, "target_forwards": 0}, costs, 4)    # no verify forward anywhere: no prediction
     assert none["verify_cost_ratio"] is None and none["predicted_speedup"] is None
+
+
+def test_a_run_counts_its_own_servers_work_as_its_own():
+    """A process registered as the run's own (an engine's server, env_info.count_as_own) is not other load: the
+    same spinning child counts as other processes' CPU time until it is registered, and then as the run's."""
+    import time
+
+    from pipeline.env_info import OWN_PROCESSES, count_as_own
+
+    with cpu_burners(1, seconds=30) as (child,):
+        time.sleep(0.2)                                 # the child is spinning
+        other = LoadProbe("cpu")
+        time.sleep(1.0)
+        as_other = other.finish()
+        count_as_own(child.pid)
+        try:
+            own = LoadProbe("cpu")
+            time.sleep(1.0)
+            as_own = own.finish()
+        finally:
+            count_as_own(child.pid, own=False)
+    assert child.pid not in OWN_PROCESSES
+    # about one core moves from the others' column to the run's
+    assert as_other["others_busy_cores"] - as_own["others_busy_cores"] > 0.5, (as_other, as_own)
+    if as_own["runqueue_wait"] is not None:            # Linux with scheduler statistics: its threads are the run's
+        assert as_own["runqueue_wait"]["on_cpu_s"] > 0.5

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.env_info import count_as_own
 from pipeline.errors import SpecsweepError
 
 READY_TIMEOUT_S = 600.0
@@ -82,6 +83,7 @@ class LlamaServer:
             self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=out,
                                             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         _LIVE.add(self)
+        count_as_own(self.process.pid)      # its CPU time is the run's, not other load (pipeline/env_info.py)
         try:
             self._wait_ready(timeout)
         except BaseException:
@@ -170,6 +172,8 @@ class LlamaServer:
         self._close_connection()
         process, self.process = self.process, None
         _LIVE.discard(self)
+        if process is not None:
+            count_as_own(process.pid, own=False)
         if process is not None and process.poll() is None:
             process.terminate()
             try:
