@@ -391,6 +391,7 @@ LLAMA_CPP_RUNS = (  # (label, run) of the llama-cpp profile (params.llama-cpp.ya
      "qwen-llama-cpp-draft-floor-auto/qwen-llama-cpp-exact-torch-g8-auto"),
     *((f"prompt lookup (3-grams), draft max {g}", f"qwen-llama-cpp-lookup-auto/qwen-llama-cpp-exact-torch-g{g}-auto")
       for g in (4, 8)))
+LLAMA_CPP_ABSENT = "not measured yet: the profile's run stopped before this setting"
 LLAMA_CPP_SPEED = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "identical to llama.cpp alone")
 
 TABLES = (
@@ -482,7 +483,8 @@ TABLES = (
               Column("c", "{run}", metric("cost_ratio")))),
     # docs/results.md, "llama.cpp on the pair": llama.cpp's own speculative decoding against llama.cpp alone
     RunTable("results-llama-cpp", "llama-cpp", "Qwen2.5-Coder-1.5B Q4_K_M in llama.cpp with",
-             tuple(Row(label, {"run": run}, empty=LLAMA_CPP_SPEED if run.endswith("-ar-auto") else ())
+             tuple(Row(label, {"run": run}, empty=LLAMA_CPP_SPEED if run.endswith("-ar-auto") else (),
+                       absent=None if run.endswith("-ar-auto") else LLAMA_CPP_ABSENT)
                    for label, run in LLAMA_CPP_RUNS),
              (Column("tokens/s", "{run}", metric("tokens_per_second", 1)),
               Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),
