@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup profile publish docs check-docs test lint constraints
+.PHONY: all setup profile publish docs check-docs test test-all lint constraints
 
 # The default profile (params.yaml: toy pairs, offline, CPU) in this folder: data, models, runs, Optuna, reports/.
 all: setup
@@ -57,11 +57,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 # The suite in parallel processes (pytest-xdist): one per core, at most 4, a test file's tests in one process.
-# `make test PYTEST_WORKERS=0` runs it in this process.
+# `make test` leaves out the tests marked slow (end to end: `dvc repro`, several processes, compilers; budget 10 min);
+# `make test-all` runs every test, as CI does. PYTEST_WORKERS=0 runs either in this process.
 PYTEST_WORKERS ?= auto
+PYTEST = $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 test: setup
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
+	$(PYTEST) -m "not slow"
+
+test-all: setup
+	$(PYTEST)
 
 lint: setup
 	$(BIN)/ruff check .

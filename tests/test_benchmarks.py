@@ -48,6 +48,7 @@ def test_engine_goals_pair_ours_with_hfs_out_of_the_box_loop_with_an_interval():
     assert "static_cache_speculative_speedup" not in goal                # its loops did not run
 
 
+@pytest.mark.slow
 def test_bench_engine_smoke_both_loops_draft_gamma_per_step(tmp_path, capsys):
     """A tiny run of `specsweep bench engine`: at T = 0 both speculative loops emit the same tokens, and both
     draft γ tokens per step (HF's schedule really is set: transformers 5 ignores it as a generate kwarg)."""

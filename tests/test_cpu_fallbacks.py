@@ -21,6 +21,7 @@ def pair(tmp_path_factory):
     return target, draft, write_prompts(root / "prompts.jsonl")
 
 
+@pytest.mark.slow
 def test_a_run_without_a_compiler_completes_and_says_why(pair, tmp_path):
     target, draft, data = pair
     bin_dir = tmp_path / "bin"      # a PATH holding only this Python: no c++, no g++

@@ -370,6 +370,7 @@ def test_statistics_of_batches_and_ranks_merge_from_their_sums():
     assert distributed.merge_totals([part(a), part(b)])["cross_tokenizer"] == merged
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_tokens_of_one_through_another_tokenizer(saved, tmp_path):
     import json
 

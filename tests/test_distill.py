@@ -66,6 +66,7 @@ def _acceptance(target, draft, tok, prompts: list[str]) -> float:
     return sum(s["accepted"] for s in result.row_stats) / sum(s["drafted"] for s in result.row_stats)
 
 
+@pytest.mark.slow
 def test_distilling_a_tiny_target_raises_its_held_out_acceptance(distilled):
     target_dir, data, out = distilled
     target, tok = load_causal_lm(str(target_dir), torch.float32, "cpu"), load_tokenizer(str(target_dir))

@@ -47,6 +47,7 @@ def compiled(request) -> loader.CompiledKernels:
     return loader.compile_for_arch(request.param, ptxas_verbose=True)
 
 
+@pytest.mark.slow
 def test_every_instantiation_compiles_with_nvrtc(compiled):
     assert compiled.cubin[:4] == b"\x7fELF", "NVRTC did not return a cubin"
     assert set(compiled.lowered_names) == set(loader.NAME_EXPRESSIONS)
@@ -56,6 +57,7 @@ def test_every_instantiation_compiles_with_nvrtc(compiled):
     assert not missing, f"ptxas reported nothing for {missing}"
 
 
+@pytest.mark.slow
 def test_nvrtc_build_has_no_spills_or_stack(compiled):
     figures = ptxas_figures(compiled.log)
     bad = {n: figures[m] for n, m in compiled.lowered_names.items() if figures[m][1:] != (0, 0, 0)}
@@ -93,6 +95,7 @@ def _nvcc() -> str | None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_nvcc_ptxas_reports_no_spills(arch, tmp_path):
     nvcc = _nvcc()
     if nvcc is None:

@@ -38,6 +38,7 @@ def test_the_cli_sets_the_spin_count_before_torch_loads():
     assert done.stdout.split()[-2:] == ["False", str(OMP_SPIN_COUNT)], done.stderr
 
 
+@pytest.mark.slow
 def test_omp_wait_times_each_policy_in_its_own_process_alone_and_beside_burners(tmp_path):
     from test_static_llama import build
 

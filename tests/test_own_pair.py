@@ -169,6 +169,7 @@ def _table(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_init_then_make_profile_reports_the_baseline_the_draft_model_and_prompt_lookup(readme_run):
     checkout, done = readme_run
     (_, init_out), _ = done["profile"]

@@ -87,6 +87,7 @@ def repo(tmp_path_factory):
     return repo, env
 
 
+@pytest.mark.slow
 def test_dvc_repro_produces_every_declared_output(repo):
     repo, _ = repo
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
@@ -122,6 +123,7 @@ def test_dvc_repro_produces_every_declared_output(repo):
     assert cfg.to_dict() == sd["config"]
 
 
+@pytest.mark.slow
 def test_quality_wandb_runs_study_and_report(repo):
     repo, env = repo
     metrics = json.loads(_dvc(repo, "metrics", "show", "--json", env=env))
@@ -143,6 +145,7 @@ def test_quality_wandb_runs_study_and_report(repo):
     assert "## cnn_dailymail" in (repo / "reports/summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_second_repro_does_nothing_and_a_new_gamma_reruns_only_its_stages(repo):
     repo, env = repo
     assert "Data and pipelines are up to date." in _dvc(repo, "repro", env=env)

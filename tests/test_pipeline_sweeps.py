@@ -348,6 +348,7 @@ def _agent_command(config: dict, point: dict, tiny, out_dir: Path) -> tuple[list
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+@pytest.mark.slow
 def test_an_agent_style_invocation_runs_to_a_result_offline(path, tiny, tmp_path, monkeypatch):
     """Build the command as `wandb agent` does from a proposed point, with the tiny pair and offline W&B, and run
     it in a fresh process."""

@@ -204,6 +204,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.mark.slow
 def test_a_worker_killed_mid_trial_loses_nothing_and_a_restart_finishes(tiny, tmp_path, kind):
     import optuna
 

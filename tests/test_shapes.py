@@ -87,6 +87,7 @@ def test_a_speech_shape_says_where_it_runs():
         load_processor(str(SHAPES / "whisper-small.en-shape"))
 
 
+@pytest.mark.slow
 def test_a_compiled_run_of_shapes_records_its_random_weights_and_its_compile(shape_pair, tmp_path):
     """What gpu_validate.sh runs at real shapes, at a tiny one: shapes, compiled steps, through `specsweep run`."""
     target, draft, data = shape_pair

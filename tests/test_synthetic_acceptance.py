@@ -252,6 +252,7 @@ def run_synthetic(pair, out, *extra, tokens=200):
                  "--wandb-mode", "disabled", "--out", str(root / out), *extra])
 
 
+@pytest.mark.slow
 def test_a_run_decodes_at_the_given_rates_and_is_marked_speed_only(pair, capsys):
     root = pair[0]
     for out, extra, want in (("per-position.json", ("--synthetic-rates", "0.9,0.8,0.7", "--gamma", "3"),

@@ -332,6 +332,7 @@ def test_quick_speech_pair_reloads_with_from_pretrained_and_transcribes(toy_data
         assert isinstance(processor.batch_decode(out.sequences, skip_special_tokens=True)[0], str)
 
 
+@pytest.mark.slow
 def test_pairs_trained_side_by_side_are_the_pairs_trained_alone(toy_data, tmp_path, capsys):
     from safetensors.torch import load_file
 
@@ -349,6 +350,7 @@ def test_pairs_trained_side_by_side_are_the_pairs_trained_alone(toy_data, tmp_pa
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (task, model)
 
 
+@pytest.mark.slow
 def test_side_by_side_training_names_the_pair_that_failed(toy_data, tmp_path, capsys):
     data = tmp_path / "data"
     (data / "text").mkdir(parents=True)
