@@ -23,6 +23,7 @@ FORWARD_WHISPER = (("whisper-base decoder (6 layers, 512 wide, 51865-token head)
 FORWARD_WRITER = "python -m pipeline.benchmarks.forward --model PATH"
 BLOCK_GAIN = "results/bench/block-gain-cpu-toy-text.json"
 DISTORTION_QWEN = "results/bench/distortion-cpu-qwen-t1-g4.json"   # the sigmoid profile writes it (docs/results.md)
+RULES_T1 = "results/published/llama-cpp/results/bench/rules-t1/qwen-t1-g4.json"   # the llama-cpp profile writes it
 REPLAY_QWEN = "results/bench/replay-cpu-qwen-lookup-a24.json"       # the pair profile writes it (docs/results.md)
 REPLAY_DRAFT = "results/bench/replay-cpu-qwen-draft-a24.json"       # the pair profile writes it on an AMX CPU
 REPLAY_ROWS = 8                                                      # the block's settings, fastest predicted first
@@ -494,7 +495,8 @@ def bench_engine_qwen(root: Path) -> str:
 
 def bench_distortion_qwen(root: Path) -> str:
     """docs/results.md's distortion map of the sigmoid on the Qwen2.5-Coder pair (`specsweep bench distortion`, run
-    by the sigmoid profile): exact (the zero check), typical and the sigmoid at the registry's parameters, then the
+    by the sigmoid profile): exact (the zero check), exact against the draft's argmax (llama.cpp's rule, where the file
+    has it), typical and the sigmoid at the registry's parameters, then the
     other sigmoid settings no setting beats on both distortion and acceptance (the front), by acceptance; the chosen
     one marked."""
     data = read_source(root, DISTORTION_QWEN, "the sigmoid profile (specsweep bench distortion)")
@@ -502,11 +504,17 @@ def bench_distortion_qwen(root: Path) -> str:
     sigmoid = [r for r in rows if r["rule"] == "sigmoid"]
     on = pareto_mask([r["acceptance"] for r in sigmoid], [-r["distortion"] for r in sigmoid])
     front = [r for r, keep in zip(sigmoid, on) if keep]
-    named = {rows[0]["label"]: "exact (lossless: the check)", rows[1]["label"]: "typical, the registry's ε and δ",
-             rows[2]["label"]: "sigmoid, the registry's α and β"}
+    # the reference rows, before the sigmoid grid: exact, exact against the draft's argmax (a file may lack it),
+    # typical, and the first sigmoid row (the registry's α and β)
+    references = [r for r in rows if r["rule"] != "sigmoid"] + sigmoid[:1]
+    names = {("exact", "sampled"): "exact (lossless: the check)",
+             ("exact", "argmax"): "exact, the draft's argmax (llama.cpp's rule; lossless)",
+             ("typical", "sampled"): "typical, the registry's ε and δ",
+             ("sigmoid", "sampled"): "sigmoid, the registry's α and β"}
+    named = {r["label"]: names.get((r["rule"], r.get("draft", "sampled")), r["label"]) for r in references}
     body = []
     on_front = {r["label"] for r in front}
-    for r in [*rows[:3], *sorted((r for r in front if r["label"] not in named), key=lambda r: r["acceptance"])]:
+    for r in [*references, *sorted((r for r in front if r["label"] not in named), key=lambda r: r["acceptance"])]:
         what = named.get(r["label"], "sigmoid, on the front")
         if r["label"] in named and r["label"] in on_front:
             what += ", on the front"
@@ -526,6 +534,29 @@ def bench_distortion_qwen(root: Path) -> str:
              f"{data['provenance']['date'][:10]}{at}.")
     return "\n".join([table(["rule", "parameters", "distortion per token [95 %]", "acceptance", "tokens/step"], body),
                       "", prose(after)])
+
+
+def bench_rules_t1(root: Path) -> str:
+    """docs/results.md's llama.cpp verify rule at T = 1 beside exact rejection sampling (the llama-cpp profile's
+    `specsweep bench distortion`): the acceptance of the draft's sampled token and of its argmax on the same
+    positions, with intervals and the tokens per step they give."""
+    data = read_source(root, RULES_T1, "the llama-cpp profile (specsweep bench distortion)")
+    s = data["settings"]
+    rows = {r.get("draft", "sampled"): r for r in data["results"] if r["rule"] == "exact"}
+    what = {"sampled": "exact rejection sampling, the draft samples at T (specsweep's exact)",
+            "argmax": "exact, the draft proposes its argmax (llama.cpp's rule)"}
+    body = [[what[k], interval(r["acceptance"], *r["acceptance_ci95"], 3), num(r["tokens_per_step"], 2),
+             num(r["distortion"], 4)] for k, r in ((k, rows[k]) for k in ("sampled", "argmax") if k in rows)]
+    commit = data["provenance"].get("commit")
+    at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
+    after = (f"Closed form on the same {s['steps']} verify steps of one exact run of specsweep's engine ({s['limit']} "
+             f"articles, up to {s['max_new_tokens']} new tokens, T = {s['temperature']:g}, γ {s['gamma']}, "
+             f"{s['dtype']}, the converted folders of the Q4_K_M files): acceptance Σ min(p, q) for a sampled draft, "
+             f"p(argmax q) for the argmax; 95 % bootstrap intervals over verify steps; tokens/step at that "
+             f"acceptance as if i.i.d.; distortion is total variation per token (0: lossless). Measured on "
+             f"{short_cpu(data['provenance'])}, {data['provenance']['date'][:10]}{at}.")
+    return "\n".join([table(["verify rule at T = 1", "acceptance [95 %]", "tokens/step", "distortion"], body), "",
+                      prose(after)])
 
 
 def _best_tree(rows: list[dict], what) -> str:

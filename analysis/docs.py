@@ -59,6 +59,7 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-host-gpu": gpu_blocks.bench_host_gpu,
     "bench-block-gain": bench_blocks.bench_block_gain,
     "bench-distortion-qwen": bench_blocks.bench_distortion_qwen,
+    "llama-cpp-rules-t1": bench_blocks.bench_rules_t1,
     "bench-replay-qwen": bench_blocks.bench_replay_qwen,
     "bench-replay-draft": bench_blocks.bench_replay_draft,
     "bench-deterministic-cpu": bench_blocks.bench_deterministic_cpu,

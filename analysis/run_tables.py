@@ -386,11 +386,17 @@ SPEED_COLUMNS = ("paired speedup", "decoding alone", "acceptance", "tokens/step"
 LLAMA_CPP_RUNS = (  # (label, run) of the llama-cpp profile (params.llama-cpp.yaml)
     ("llama.cpp alone", "qwen-llama-cpp-ar-auto"),
     *((f"0.5B draft, draft max {g}", f"qwen-llama-cpp-draft-auto/qwen-llama-cpp-exact-torch-g{g}-auto")
-      for g in (2, 4, 6, 8)),
+      for g in (2, 4, 6)),
+    ("0.5B draft, draft max 8", "qwen-llama-cpp-draft-8-auto/qwen-llama-cpp-exact-torch-g8-auto"),
     ("0.5B draft, draft max 8, probability floor 0.8",
      "qwen-llama-cpp-draft-floor-auto/qwen-llama-cpp-exact-torch-g8-auto"),
     *((f"prompt lookup (3-grams), draft max {g}", f"qwen-llama-cpp-lookup-auto/qwen-llama-cpp-exact-torch-g{g}-auto")
-      for g in (4, 8)))
+      for g in (4, 8)),
+    ("both files Q8_0: llama.cpp alone", "qwen-llama-cpp-q8_0/qwen-llama-cpp-q8_0-exact-torch-g0"),
+    ("both files Q8_0: 0.5B draft, draft max 2", "qwen-llama-cpp-q8_0/qwen-llama-cpp-q8_0-exact-torch-g2"),
+    ("T = 1: 0.5B draft, draft max 4 (llama.cpp's rule)", "qwen-llama-cpp-t1/qwen-llama-cpp-t1-exact-torch-g4"))
+LLAMA_ALONE = ("qwen-llama-cpp-ar-auto", "qwen-llama-cpp-q8_0/qwen-llama-cpp-q8_0-exact-torch-g0")
+"""The rows of llama.cpp alone (γ = 0): their speed columns are empty."""
 LLAMA_CPP_ABSENT = "not measured yet: the profile's run stopped before this setting"
 LLAMA_CPP_SPEED = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "identical to llama.cpp alone")
 
@@ -483,8 +489,8 @@ TABLES = (
               Column("c", "{run}", metric("cost_ratio")))),
     # docs/results.md, "llama.cpp on the pair": llama.cpp's own speculative decoding against llama.cpp alone
     RunTable("results-llama-cpp", "llama-cpp", "Qwen2.5-Coder-1.5B Q4_K_M in llama.cpp with",
-             tuple(Row(label, {"run": run}, empty=LLAMA_CPP_SPEED if run.endswith("-ar-auto") else (),
-                       absent=None if run.endswith("-ar-auto") else LLAMA_CPP_ABSENT)
+             tuple(Row(label, {"run": run}, empty=LLAMA_CPP_SPEED if run in LLAMA_ALONE else (),
+                       absent=None if run == LLAMA_ALONE[0] else LLAMA_CPP_ABSENT)
                    for label, run in LLAMA_CPP_RUNS),
              (Column("tokens/s", "{run}", metric("tokens_per_second", 1)),
               Column("paired speedup", "{run}", speedup), Column("decoding alone", "{run}", decode_speedup),

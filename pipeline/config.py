@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.decoding.draft_policy import SCHEDULES
+from pipeline.decoding.llama_cpp.quantize import GGUF_DTYPES
 from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
 from pipeline.result import read_result
@@ -145,7 +146,9 @@ class RunConfig:
     dtype: str = setting("auto", "model dtype; auto: the device's fastest native dtype for the target (on a CPU "
                                  "with AVX-512 BF16, AMX or Arm BF16: bfloat16 for targets of 50M parameters or "
                                  "more, float32 below; float32 on other CPUs; bfloat16 or float16 on a GPU), "
-                                 "recorded in the results", choices=DTYPE_CHOICES)
+                                 "recorded in the results. --engine llama.cpp: auto = the GGUF files' own "
+                                 "quantisation, q8_0/f16/bf16 = both files stored so by llama-quantize "
+                                 "(pipeline/decoding/llama_cpp/quantize.py)", choices=(*DTYPE_CHOICES, *GGUF_DTYPES))
     device: str = setting("auto", "cpu, cuda (one GPU), cuda:N or auto (CUDA when present; with several GPUs the "
                                   "target is spread over all of them)")
     batch_size: int = setting(1, "prompts decoded together")
@@ -353,13 +356,16 @@ class RunConfig:
         """--engine llama.cpp's settings, and its knobs elsewhere: one-line SpecsweepError on a problem."""
         knobs = [f"--{n.replace('_', '-')}" for n in ("draft_min", "draft_p_min") if getattr(self, n) is not None]
         if self.engine != LLAMA_CPP:
+            if self.dtype in GGUF_DTYPES:
+                raise SpecsweepError(f"--dtype {self.dtype} is a GGUF type, for --engine llama.cpp: give --dtype "
+                                     f"{', '.join(DTYPE_CHOICES)} (or --engine llama.cpp)")
             if knobs:
                 raise SpecsweepError(f"{' and '.join(knobs)} set(s) llama.cpp's draft model: use it with --engine "
                                      "llama.cpp, or leave it out")
             return
         refused = {"--sampler exact (llama.cpp verifies with its own rule)": self.sampler == "exact",
                    "--backend torch": self.backend == "torch", "--batch-size 1": self.batch_size == 1,
-                   "--dtype auto (the GGUF files' own quantisation)": self.dtype == "auto",
+                   f"--dtype auto or {'/'.join(GGUF_DTYPES)} (GGUF types)": self.dtype in ("auto", *GGUF_DTYPES),
                    "--drafter model or prompt-lookup": self.drafter in ("model", "prompt-lookup"),
                    "no --draft-vocab": self.draft_vocab is None, "--processes 1": self.processes == 1,
                    "--device cpu or auto": self.device in ("cpu", "auto"),

@@ -52,6 +52,7 @@ def test_skip_launcher_records_the_launches_of_each_sampler():
                         "greedy": {"greedy_verify": 1}, "tree": {"tree_verify_partials": 1, "tree_verify": 1}}
 
 
+@pytest.mark.slow
 def test_bench_host_writes_a_row_per_sampler_with_intervals_and_counts(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(host, "QUICK", ((1, 2, 3_000, "bfloat16"),))
     out = tmp_path / "host.json"

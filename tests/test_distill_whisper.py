@@ -57,6 +57,7 @@ def distilled(tmp_path_factory):
     return target, data, root / "distilled", root / "reduced"
 
 
+@pytest.mark.slow
 def test_distilled_whisper_decoder_agrees_with_its_target_more_than_untrained(distilled):
     _, _, draft, _ = distilled
     record = json.loads((draft / "distill.json").read_text())

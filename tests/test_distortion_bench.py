@@ -35,9 +35,10 @@ def test_exact_is_undistorted_a_saturated_sigmoid_is_not_and_the_choice_is_a_set
     assert _bench(pair, out, "--max-distortion", "1", "--settings-out", str(settings)) == 0
     result = json.loads(out.read_text())
     rows = {r["label"]: r for r in result["results"]}
-    assert list(rows)[:3] == ["exact", "typical epsilon 0.09 delta 0.3", "sigmoid alpha 1 beta -20"]
-    assert len(rows) == 3 + 4                        # the 2 x 2 grid (the registry's default is not in it)
-    assert rows["exact"]["distortion"] < 1e-5
+    assert list(rows)[:4] == ["exact", "exact, argmax draft", "typical epsilon 0.09 delta 0.3",
+                              "sigmoid alpha 1 beta -20"]
+    assert len(rows) == 4 + 4                        # the 2 x 2 grid (the registry's default is not in it)
+    assert rows["exact"]["distortion"] < 1e-5 and rows["exact, argmax draft"]["distortion"] < 1e-5
     assert rows["sigmoid alpha 2 beta 0"]["distortion"] > 0.05
     assert len({r["tokens"] for r in rows.values()}) == 1 and rows["exact"]["tokens"] >= 3 * 12
     assert all(0 <= r["acceptance"] <= 1 and r["distortion_ci95"][0] <= r["distortion"] <= r["distortion_ci95"][1]
@@ -56,8 +57,9 @@ def test_exact_is_undistorted_a_saturated_sigmoid_is_not_and_the_choice_is_a_set
     (tmp_path / DISTORTION_QWEN).parent.mkdir(parents=True)
     (tmp_path / DISTORTION_QWEN).write_text(out.read_text())
     lines = [line.split(" | ") for line in bench_distortion_qwen(tmp_path).splitlines() if line.startswith("| ")]
-    names = ["exact (lossless: the check)", "typical, the registry's ε and δ", "sigmoid, the registry's α and β"]
-    assert all(line[0].lstrip("| ").startswith(name) for line, name in zip(lines[1:4], names, strict=True))
+    names = ["exact (lossless: the check)", "exact, the draft's argmax (llama.cpp's rule; lossless)",
+             "typical, the registry's ε and δ", "sigmoid, the registry's α and β"]
+    assert all(line[0].lstrip("| ").startswith(name) for line, name in zip(lines[1:5], names, strict=True))
     marked = [line for line in lines if "(chosen: the most accepting within 1.00)" in line[0]]
     assert len(marked) == 1 and marked[0][1] == ", ".join(
         f"{sym} {value}" for sym, value in (("α", f"{best['params']['alpha']:.2f}"),
@@ -93,3 +95,31 @@ def test_the_choice_and_the_expected_tokens():
     assert choose(rows, "sigmoid", 0.05)["label"] == "b"
     assert choose(rows, "sigmoid", 0.005) is None
     assert expected_tokens(0.5, 3) == pytest.approx(1.875) and expected_tokens(1.0, 4) == 5.0
+
+
+def test_the_argmax_draft_is_accepted_with_the_targets_probability_of_it_and_stays_lossless():
+    """exact against the draft's argmax (llama.cpp's rule) at the probe's positions: its acceptance is p(argmax q), its
+    emitted law the target's; exact against the sampled draft accepts Σ min(p, q), computed here independently."""
+    import torch
+
+    from pipeline.benchmarks.distortion import Setting, _Probe
+    from pipeline.samplers import get_sampler
+
+    g = torch.Generator().manual_seed(0)
+    B, gamma, V, T = 3, 4, 50, 0.8
+    z_t, z_d = torch.randn(B, gamma + 1, V, generator=g) * 3, torch.randn(B, gamma, V, generator=g) * 3
+    z_d[:, :, :V // 2] += z_t[:, :gamma, :V // 2]          # a draft that partly agrees with the target
+    settings = [Setting("exact"), Setting("exact", draft="argmax")]
+    probe = _Probe(get_sampler("exact", temperature=T), settings, T)
+    q = torch.softmax(z_d / T, dim=-1)
+    tokens = torch.stack([torch.multinomial(q[b], 1, generator=g).squeeze(1) for b in range(B)])
+    result = probe(tokens, z_d, z_t, generator=g)
+    drafted = (torch.arange(gamma)[None] <= result.accepted[:, None]).double()
+    p = torch.softmax(z_t[:, :gamma].double() / T, dim=-1)
+    argmax_p = p.gather(2, z_d.argmax(dim=-1, keepdim=True)).squeeze(2)
+    overlap = torch.minimum(p, q.double()).sum(dim=-1)
+    steps = probe.steps()[0]                                # [settings, 4]: tv, tokens, acceptance sum, drafted
+    assert steps[0, 2] == pytest.approx(float((overlap * drafted).sum()), rel=1e-4)
+    assert steps[1, 2] == pytest.approx(float((argmax_p * drafted).sum()), rel=1e-4)
+    assert steps[1, 0] / steps[1, 1] < 1e-5                # lossless: no distortion
+    assert steps[0, 3] == steps[1, 3] == float(drafted.sum())

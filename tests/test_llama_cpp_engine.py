@@ -133,7 +133,7 @@ def test_missing_tools_are_named_in_one_line(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (("--dtype", "bfloat16"), "--dtype auto (the GGUF files' own quantisation)"),
+    (("--dtype", "bfloat16"), "--dtype auto or q8_0/f16/bf16 (GGUF types)"),
     (("--drafter", "suffix"), "--drafter suffix runs in our engine"),
     (("--sampler", "sigmoid", "--temperature", "1"), "--sampler exact"),
     (("--batch-size", "2"), "--batch-size 1"),
@@ -153,6 +153,13 @@ def test_its_knobs_are_refused_on_other_engines(pair, tmp_path, capsys):
     argv = args(target, data, tmp_path / "r.json", "--draft-p-min", "0.5", draft=draft)
     argv[argv.index("llama.cpp")] = "specsweep"
     one_line_error(main(argv), capsys.readouterr().err, "--draft-p-min set(s) llama.cpp's draft model")
+
+
+def test_a_gguf_type_is_refused_on_other_engines(pair, tmp_path, capsys):
+    target, draft, data, _ = pair
+    argv = args(target, data, tmp_path / "r.json", "--dtype", "q8_0", draft=draft)
+    argv[argv.index("llama.cpp")] = "specsweep"
+    one_line_error(main(argv), capsys.readouterr().err, "--dtype q8_0 is a GGUF type, for --engine llama.cpp")
 
 
 def test_the_run_settings_map_to_the_servers_flags(tmp_path):
@@ -266,3 +273,63 @@ def test_a_server_that_cannot_start_is_one_line_and_leaves_nothing(tmp_path):
         bad.start(timeout=120)
     assert "exited with code" in str(info.value) and "\n" not in str(info.value)
     assert server.live() == [] and bad.process is None
+
+
+@needs_build
+def test_dtype_q8_0_runs_both_files_requantised_once_and_keeps_the_tokens_of_its_own_target_alone(pair, tmp_path):
+    """--dtype q8_0: llama-quantize writes the target and the draft as Q8_0 into the cache once; the speculative loop
+    emits the Q8_0 target alone's tokens (its paired γ = 0 loop), and the results say which files ran."""
+    from pipeline.decoding.llama_cpp.gguf_files import describe
+    from pipeline.decoding.llama_cpp.quantize import cache_path, requantized
+
+    target, draft, data, _ = pair
+    out = tmp_path / "q8.json"
+    assert main(args(target, data, out, "--gamma", "3", "--dtype", "q8_0", draft=draft)) == 0
+    res = json.loads(out.read_text())
+    assert res["config"]["dtype"] == "q8_0"
+    agreement = res["metrics"]["greedy_agreement"]
+    assert agreement["identical"] == agreement["samples"] >= 2, agreement      # the paired timed samples
+    loops = res["resolved"]["llama_cpp"]
+    for loop in ("speculative", "autoregressive"):
+        assert loops[loop]["target"]["file_type"] == "MOSTLY_Q8_0"
+        assert loops[loop]["target"]["path"] == str(cache_path(target, "q8_0"))
+    assert loops["speculative"]["draft"]["file_type"] == "MOSTLY_Q8_0"
+    made = cache_path(target, "q8_0")
+    before = made.stat().st_mtime_ns
+    assert requantized(target, "q8_0") == made and made.stat().st_mtime_ns == before     # made once, then reused
+    assert describe(made)["bytes"] < describe(target)["bytes"]                         # F32 -> Q8_0 is smaller
+    assert requantized(target, "auto") == target
+
+
+def test_the_search_space_searches_the_floor_and_minimum_of_a_draft_model_only(tmp_path):
+    """sweeps/optuna_space.llama-cpp.yaml's knobs: sampled in a draft model's trials (the minimum at most γ), absent
+    from prompt lookup's, absent from the record of a space without them (a study made before continues), and the
+    settings they give are a valid llama.cpp run; a floor outside [0, 1] is one line."""
+    import optuna
+
+    from pipeline.config import RunConfig
+    from pipeline.errors import SpecsweepError
+    from pipeline.tuning.space import SearchSpace
+
+    space = SearchSpace.load(Path(__file__).parents[1] / "sweeps" / "optuna_space.llama-cpp.yaml")
+    fixed = {"gamma": 2, "sampler": "exact", "dtype": "auto", "drafter": "model"}
+    params = space.suggest(optuna.trial.FixedTrial({**fixed, "draft_p_min": 0.6, "draft_min": 2}))
+    assert params["draft_p_min"] == 0.6 and params["draft_min"] == 2
+    RunConfig.from_dict({"engine": "llama.cpp", "target": "t.gguf", "draft": "d.gguf", "data": str(tmp_path),
+                         **params}).validate_decoding()
+    study = optuna.create_study()
+    for _ in range(6):                                  # sampled: the minimum never above the trial's γ
+        trial = study.ask()
+        got = space.suggest(trial)
+        if got["drafter"] == "model":
+            assert 0 <= got["draft_min"] <= got["gamma"] and 0.0 <= got["draft_p_min"] <= 0.9
+        study.tell(trial, 1.0)
+    lookup = space.suggest(optuna.trial.FixedTrial({**fixed, "drafter": "prompt-lookup", "gamma": 4,
+                                                    "lookup_max": 3}))
+    assert "draft_p_min" not in lookup and "draft_min" not in lookup
+    assert {"draft_p_min", "draft_min"} <= set(space.recorded())
+    assert "draft_p_min" not in SearchSpace().recorded()
+    bad = tmp_path / "space.yaml"
+    bad.write_text("draft_p_min: {low: 0.5, high: 1.5}\n")
+    with pytest.raises(SpecsweepError, match="draft_p_min needs 0 <= low <= high <= 1"):
+        SearchSpace.load(bad)

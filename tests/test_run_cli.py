@@ -110,6 +110,7 @@ def test_hf_engine_through_the_cli(setup):
     assert m["drafted_tokens"] > 0 and 0 <= m["acceptance_rate"] <= 1 and m["verify_time_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_grid_runs_every_combination_in_one_process_with_the_tokens_of_single_runs(setup, tmp_path):
     _, tp, dp, data, _ = setup
     single = tmp_path / "single.json"

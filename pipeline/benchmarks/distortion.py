@@ -55,24 +55,31 @@ BOOTSTRAP = 2000
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One rule with its parameters (the registry's where not given)."""
+    """One rule with its parameters (the registry's where not given), verifying the draft's sampled token
+    (``draft`` "sampled": the run's own proposals' law) or its argmax ("argmax": a point-mass draft, as llama.cpp's
+    draft model proposes at any temperature; exact rejection sampling then accepts it with probability p(argmax q)
+    and stays lossless, so with exact this is llama.cpp's verify rule: keep the draft token while the target's own
+    sample equals it)."""
 
     rule: str
     params: tuple[tuple[str, float], ...] = ()
+    draft: str = "sampled"
 
     def sampler(self, temperature: float):
         return get_sampler(self.rule, temperature=temperature, **dict(self.params))
 
     def label(self) -> str:
-        return self.rule + "".join(f" {k} {v:g}" for k, v in self.params)
+        return self.rule + "".join(f" {k} {v:g}" for k, v in self.params) + \
+            (", argmax draft" if self.draft == "argmax" else "")
 
 
 def settings_grid(alphas=ALPHAS, betas=BETAS) -> list[Setting]:
-    """exact (its distortion is 0: the probe's own check), typical at the registry's ε and δ, sigmoid at the
-    registry's α and β, then sigmoid over alphas x betas."""
+    """exact (its distortion is 0: the probe's own check), exact against the draft's argmax (llama.cpp's rule:
+    :class:`Setting`), typical at the registry's ε and δ, sigmoid at the registry's α and β, then sigmoid over
+    alphas x betas."""
     sigmoid = RULES["sigmoid"].defaults()
     typical = RULES["typical"].defaults()
-    grid = [Setting("exact"), Setting("typical", tuple(typical.items())),
+    grid = [Setting("exact"), Setting("exact", draft="argmax"), Setting("typical", tuple(typical.items())),
             Setting("sigmoid", (("alpha", sigmoid["alpha"]), ("beta", sigmoid["beta"])))]
     grid += [Setting("sigmoid", (("alpha", float(a)), ("beta", float(b)))) for a, b in itertools.product(alphas, betas)
              if (float(a), float(b)) != (sigmoid["alpha"], sigmoid["beta"])]
@@ -109,10 +116,14 @@ class _Probe:
         p = softmax_fp32(z_t, 1.0 / self.temperature)                              # [B, γ+1, V]
         rows_t = z_t[:, :gamma].reshape(B * gamma, V)
         rows_d = draft_logits.float().reshape(B * gamma, -1) if gamma else None
+        rows_argmax = None                             # [B * γ, V_d]: the draft's argmax as one-hot logits
+        if gamma and any(s.draft == "argmax" for s in self.settings):
+            rows_argmax = torch.full_like(rows_d, float("-inf")).scatter_(1, rows_d.argmax(dim=1, keepdim=True), 0.0)
         out = torch.empty(len(self.settings), 4, dtype=torch.float64, device=draft_tokens.device)
-        for i, sampler in enumerate(self.samplers):
+        for i, (setting, sampler) in enumerate(zip(self.settings, self.samplers)):
             if gamma:
-                dist, acceptance = sampler.step_distribution(rows_t, rows_d)
+                dist, acceptance = sampler.step_distribution(rows_t, rows_argmax if setting.draft == "argmax"
+                                                             else rows_d)
                 tv = 0.5 * (dist - p[:, :gamma].reshape(B * gamma, V)).abs().sum(dim=1).double().view(B, gamma)
             else:
                 tv = acceptance = drafted                                      # [B, 0]: nothing drafted
@@ -130,19 +141,23 @@ class _Probe:
 
 
 def summarize(steps: np.ndarray, settings: list[Setting], gamma: int, seed: int = 0) -> list[dict]:
-    """Per setting: distortion (per emitted token) with its 95 % bootstrap interval over steps, acceptance, and
-    tokens per step at that acceptance (Leviathan et al.'s i.i.d. formula)."""
+    """Per setting: distortion (per emitted token) and acceptance, each with its 95 % bootstrap interval over steps,
+    and tokens per step at that acceptance (Leviathan et al.'s i.i.d. formula)."""
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(steps), size=(BOOTSTRAP, len(steps)))
     rows = []
     for i, setting in enumerate(settings):
         tv, tokens, acc, drafted = (steps[:, i, k] for k in range(4))
         boot = tv[draws].sum(axis=1) / tokens[draws].sum(axis=1)
+        boot_alpha = acc[draws].sum(axis=1) / np.maximum(drafted[draws].sum(axis=1), 1e-12)
         alpha = float(acc.sum() / drafted.sum())
-        rows.append({"rule": setting.rule, "params": dict(setting.params), "label": setting.label(),
+        rows.append({"rule": setting.rule, "params": dict(setting.params), "draft": setting.draft,
+                     "label": setting.label(),
                      "distortion": float(tv.sum() / tokens.sum()),
                      "distortion_ci95": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))],
-                     "acceptance": alpha, "tokens_per_step": expected_tokens(alpha, gamma),
+                     "acceptance": alpha,
+                     "acceptance_ci95": [float(np.quantile(boot_alpha, 0.025)), float(np.quantile(boot_alpha, 0.975))],
+                     "tokens_per_step": expected_tokens(alpha, gamma),
                      "tokens": int(tokens.sum())})
     return rows
 

@@ -19,6 +19,7 @@ import yaml
 
 from pipeline.config import DRAFT_QUANTS, DRAFTERS, LOOKUP_DRAFTERS, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
+from pipeline.decoding.llama_cpp.quantize import GGUF_DTYPES
 from pipeline.decoding.static import QUANTIZED_FAMILIES
 from pipeline.dtypes import DTYPE_CHOICES
 from pipeline.errors import SpecsweepError
@@ -61,6 +62,8 @@ class SearchSpace:
     (pipeline/decoding/drafters/cross_tokenizer.py;
     empty: not searched, the run's own setting). ``quants``: how a draft model's weights are stored
     (``--draft-quant``; empty: not searched, the run's own setting; an int4 trial in float32 is pruned).
+    ``draft_p_min``, ``draft_min``: llama.cpp's draft probability floor and minimum draft length (``--engine
+    llama.cpp``, a draft model's trials; None: not searched, the run's own setting; the minimum at most the trial's γ).
     ``gamma_by_drafter``: γ's range for the drafters named there, ``gamma`` for the rest (prompt lookup pays at a γ
     where a draft model's proposals are long rejected: README's pair table peaks at γ 12 for lookup, 5 for the draft
     model)."""
@@ -80,6 +83,8 @@ class SearchSpace:
     suffix_factor: Range = (0.5, 4.0, True)
     trees: tuple[str, ...] = ()
     quants: tuple[str, ...] = ()
+    draft_p_min: Range | None = None
+    draft_min: tuple[int, int] | None = None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SearchSpace:
@@ -91,7 +96,8 @@ class SearchSpace:
         if not isinstance(raw, dict):
             raise SpecsweepError(f"search space {path}: expected a mapping of settings")
         known = {"gamma", "gamma_by_drafter", "sampler", "params", "dtype", "known_good", "draft", "draft_confidence",
-                 "gamma_max", "drafter", "lookup_max", "suffix_factor", "draft_tree", "draft_quant"}
+                 "gamma_max", "drafter", "lookup_max", "suffix_factor", "draft_tree", "draft_quant", "draft_p_min",
+                 "draft_min"}
         if set(raw) - known:
             moved = sorted(set(raw) & set(param_names()))
             hint = (f" (rule parameters go under params: <rule>:, e.g. params: {{sigmoid: {{{moved[0]}: ...}}}})"
@@ -116,6 +122,8 @@ class SearchSpace:
                 suffix_factor=_range(raw.get("suffix_factor", {"low": 0.5, "high": 4.0, "log": True})),
                 trees=tuple(str(t) for t in raw.get("draft_tree", ())),
                 quants=tuple(str(q) for q in raw.get("draft_quant", ())),
+                draft_p_min=_range(raw["draft_p_min"]) if "draft_p_min" in raw else None,
+                draft_min=tuple(int(v) for v in _range(raw["draft_min"])[:2]) if "draft_min" in raw else None,
             )
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise SpecsweepError(f"search space {path}: {e}") from None
@@ -124,8 +132,13 @@ class SearchSpace:
     def check(self, where: object = "search space") -> SearchSpace:
         if not self.samplers or set(self.samplers) - set(tunable()):
             raise SpecsweepError(f"{where}: sampler must be a non-empty list from {list(tunable())}")
-        if not self.dtypes or set(self.dtypes) - set(DTYPE_CHOICES):   # auto: --engine llama.cpp's GGUF types
-            raise SpecsweepError(f"{where}: dtype must be a non-empty list from {list(DTYPE_CHOICES)}")
+        if not self.dtypes or set(self.dtypes) - {*DTYPE_CHOICES, *GGUF_DTYPES}:   # GGUF types: --engine llama.cpp
+            raise SpecsweepError(f"{where}: dtype must be a non-empty list from {[*DTYPE_CHOICES, *GGUF_DTYPES]}")
+        if self.draft_p_min is not None and not 0 <= self.draft_p_min[0] <= self.draft_p_min[1] <= 1:
+            raise SpecsweepError(f"{where}: draft_p_min needs 0 <= low <= high <= 1 (a probability); got "
+                                 f"{list(self.draft_p_min[:2])}")
+        if self.draft_min is not None and not 0 <= self.draft_min[0] <= self.draft_min[1]:
+            raise SpecsweepError(f"{where}: draft_min needs 0 <= low <= high; got {list(self.draft_min)}")
         if self.gamma[0] < 1 or self.gamma[0] > self.gamma[1]:
             raise SpecsweepError(f"{where}: gamma needs 1 <= low <= high; got {list(self.gamma)}")
         for drafter, (lo, hi) in self.gamma_by_drafter.items():
@@ -223,6 +236,9 @@ class SearchSpace:
             space.pop("trees")
         if not self.quants:
             space.pop("quants")
+        for key in ("draft_p_min", "draft_min"):
+            if space[key] is None:
+                space.pop(key)
         if not self.gamma_by_drafter:
             space.pop("gamma_by_drafter")
         return space
@@ -255,6 +271,12 @@ class SearchSpace:
         if self.tokenizer_modes and drafter == "model":
             params["draft_tokenizer_mode"] = trial.suggest_categorical("draft_tokenizer_mode",
                                                                        list(self.tokenizer_modes))
+        if drafter == "model" and self.draft_p_min is not None:
+            lo, hi, log = self.draft_p_min
+            params["draft_p_min"] = trial.suggest_float("draft_p_min", lo, hi, log=log)
+        if drafter == "model" and self.draft_min is not None:
+            lo, hi = self.draft_min
+            params["draft_min"] = trial.suggest_int("draft_min", min(lo, params["gamma"]), min(hi, params["gamma"]))
         if self.quants and drafter in MODEL_DRAFTERS:
             params["draft_quant"] = trial.suggest_categorical("draft_quant", list(self.quants))
             if params["draft_quant"].startswith("int4") and params["dtype"] != "bfloat16":

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from pipeline.decoding.engine import GenerationResult
 from pipeline.decoding.llama_cpp import build
+from pipeline.decoding.llama_cpp.quantize import requantized
 from pipeline.decoding.llama_cpp.server import LlamaServer
 from pipeline.errors import SpecsweepError
 
@@ -225,7 +226,7 @@ def load_target(config, progress: bool = True):
     from pipeline.decoding.llama_cpp.gguf_files import load_target as load  # kept local: GGUF and transformers
 
     check_inputs(config)
-    return load(config.target, progress)
+    return load(config.target, progress, config.dtype)
 
 
 def build_engine(config, target) -> LlamaCppEngine:
@@ -237,7 +238,8 @@ def build_engine(config, target) -> LlamaCppEngine:
     spec, draft = None, None
     if config.gamma > 0:
         spec = "draft-simple" if config.drafter == "model" else "ngram-simple"
-        draft = gguf_path(config.draft, "--draft") if spec == "draft-simple" else None
+        draft = requantized(gguf_path(config.draft, "--draft"), config.dtype, "--draft") \
+            if spec == "draft-simple" else None
     train = target.config.max_position_embeddings
     ctx = 0
     if config.max_prompt_tokens is not None:

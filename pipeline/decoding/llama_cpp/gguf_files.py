@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from pipeline.decoding.llama_cpp.quantize import requantized
 from pipeline.errors import SpecsweepError
 from pipeline.io import atomic_dir, file_lock
 
@@ -157,8 +158,10 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_target(name: str, progress: bool = True) -> tuple[GGUFModel, object]:
-    """(the stand-in model, its tokenizer) of the GGUF target ``name``."""
-    path = gguf_path(name, "--target", progress)
+def load_target(name: str, progress: bool = True, dtype: str = "auto") -> tuple[GGUFModel, object]:
+    """(the stand-in model, its tokenizer) of the GGUF target ``name``, its file stored as ``dtype`` says (auto: as
+    it is; a GGUF type: requantised once, pipeline/decoding/llama_cpp/quantize.py)."""
+    named = gguf_path(name, "--target", progress)
+    path = requantized(named, dtype)
     config = SimpleNamespace(max_position_embeddings=context_length(path), gguf=describe(path))
-    return GGUFModel(path, config), load_tokenizer(str(path))
+    return GGUFModel(path, config), load_tokenizer(str(named))
