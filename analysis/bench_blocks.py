@@ -554,7 +554,8 @@ def bench_rules_t1(root: Path) -> str:
              f"{s['dtype']}, the converted folders of the Q4_K_M files): acceptance Σ min(p, q) for a sampled draft, "
              f"p(argmax q) for the argmax; 95 % bootstrap intervals over verify steps; tokens/step at that "
              f"acceptance as if i.i.d.; distortion is total variation per token (0: lossless). Measured on "
-             f"{short_cpu(data['provenance'])}, {data['provenance']['date'][:10]}{at}.")
+             f"{short_cpu(data['provenance']['device'].get('cpu_model') or data['provenance']['device']['cpu'])}, "
+             f"{data['provenance']['date'][:10]}{at}.")
     return "\n".join([table(["verify rule at T = 1", "acceptance [95 %]", "tokens/step", "distortion"], body), "",
                       prose(after)])
 

@@ -25,8 +25,9 @@ prompt-lookup``        last occurrence of the last n tokens, n = --lookup-max ex
 Always: ``--parallel 1``, ``--cache-ram 0`` and ``cache_prompt: false`` per request (every request reads its whole
 prompt: repeats of a prompt cost what the first did), ``--ctx-size`` the prompt limit plus the new tokens where
 ``--max-prompt-tokens`` is given (else the model's own context), no web UI. llama.cpp verifies by sampling the target
-at every drafted position and keeping the draft while the two agree (greedy match at T = 0): lossless, but not the
-Leviathan rule of ``--sampler exact``.
+at every drafted position and keeping the draft while the two agree (greedy match at T = 0). Its draft proposes its
+argmax, so this is Leviathan's rule against a point-mass draft: lossless, accepting p(argmax q) where ``--sampler
+exact`` with a sampled draft accepts Σ min(p, q) (docs/engine.md, "llama.cpp's verify rule").
 
 What a row reports: ``new_tokens`` (the returned ids, EOS included), ``accepted`` and ``drafted`` from the server's
 ``timings.draft_n_accepted`` and ``timings.draft_n``, ``verify_steps`` = new tokens − accepted (each target forward
@@ -53,8 +54,8 @@ DRAFT_MIN_DEFAULT = 0
 """llama.cpp's ``--spec-draft-n-min`` default at the pinned version (common/common.h)."""
 DRAFT_P_MIN_DEFAULT = 0.0
 """llama.cpp's ``--spec-draft-p-min`` default at the pinned version (common/common.h)."""
-VERIFY_RULE = ("llama.cpp's: the target samples every drafted position and the draft is kept while they agree "
-               "(greedy match at T = 0)")
+VERIFY_RULE = ("llama.cpp's: the draft proposes its argmax, the target samples every drafted position and the draft "
+               "is kept while they agree (greedy match at T = 0; exact rejection sampling against a point-mass draft)")
 RESPONSE_FIELDS = ["tokens", "timings", "stop_type", "tokens_predicted", "tokens_evaluated"]
 
 
@@ -226,7 +227,7 @@ def load_target(config, progress: bool = True):
     from pipeline.decoding.llama_cpp.gguf_files import load_target as load  # kept local: GGUF and transformers
 
     check_inputs(config)
-    return load(config.target, progress, config.dtype)
+    return load(config.target, progress, lambda path: requantized(path, config.dtype))
 
 
 def build_engine(config, target) -> LlamaCppEngine:

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from pipeline.decoding.llama_cpp.quantize import requantized
 from pipeline.errors import SpecsweepError
 from pipeline.io import atomic_dir, file_lock
 
@@ -158,10 +157,11 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_target(name: str, progress: bool = True, dtype: str = "auto") -> tuple[GGUFModel, object]:
-    """(the stand-in model, its tokenizer) of the GGUF target ``name``, its file stored as ``dtype`` says (auto: as
-    it is; a GGUF type: requantised once, pipeline/decoding/llama_cpp/quantize.py)."""
+def load_target(name: str, progress: bool = True, store=None) -> tuple[GGUFModel, object]:
+    """(the stand-in model, its tokenizer) of the GGUF target ``name``; ``store``: the file's path -> the path of the
+    file the run decodes (the engine's ``--dtype``: the same file, or one requantised, quantize.py); None: as it
+    is."""
     named = gguf_path(name, "--target", progress)
-    path = requantized(named, dtype)
+    path = store(named) if store is not None else named
     config = SimpleNamespace(max_position_embeddings=context_length(path), gguf=describe(path))
     return GGUFModel(path, config), load_tokenizer(str(named))
