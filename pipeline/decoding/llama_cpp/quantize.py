@@ -5,9 +5,9 @@ The registry's GGUF files are Q4_K_M. ``--dtype q8_0`` (or ``f16``, ``bf16``) gi
 that type: ``llama-quantize --allow-requantize IN OUT TYPE``. The values it starts from are the Q4_K_M file's
 (dequantised: llama.cpp has no other copy); F16 rounds them to 11 significant bits, BF16 to 8, and Q8_0 to 8 bits
 per block of 32: the same model as the Q4_K_M run, within rounding, stored in more bytes (each file's size is in the
-results, ``resolved.llama_cpp.*.target.bytes``). It answers whether speculation pays for llama.cpp once its target's forward reads more, at the quality of the
-Q4_K_M model (the converted folders of specsweep's own engine hold those same values in float32). ``--dtype auto``:
-the files as they are.
+results, ``resolved.llama_cpp.*.target.bytes``). It answers whether speculation pays for llama.cpp once its target's
+forward reads more, at the quality of the Q4_K_M model (the converted folders of specsweep's own engine hold those
+same values in float32). ``--dtype auto``: the files as they are.
 
 The file is made once per input file (by its path, size and modification time) and type, under a lock, written to a
 temporary name and renamed into place: ``<models>/gguf/requantized/<stem>-<type>-<key>.gguf``.
