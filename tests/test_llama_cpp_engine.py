@@ -333,3 +333,22 @@ def test_the_search_space_searches_the_floor_and_minimum_of_a_draft_model_only(t
     bad.write_text("draft_p_min: {low: 0.5, high: 1.5}\n")
     with pytest.raises(SpecsweepError, match="draft_p_min needs 0 <= low <= high <= 1"):
         SearchSpace.load(bad)
+
+
+def test_a_llama_cpp_study_reads_no_torch_model_for_its_pair(tmp_path, monkeypatch):
+    """A llama.cpp study of a registry pair searches its space as it is: it loads no transformers tokenizer (which
+    would download and convert the pair's torch folders, 9.6 GB for the Qwen pair, that llama.cpp never reads)."""
+    import pipeline.tuning.space as space_module
+    from pipeline.config import RunConfig
+    from pipeline.tuning.space import SearchSpace, space_for_pair
+
+    def no_tokenizer(name):
+        raise AssertionError(f"loaded the tokenizer of {name}")
+
+    monkeypatch.setattr(space_module, "load_tokenizer", no_tokenizer)
+    space = SearchSpace.load(Path(__file__).parents[1] / "sweeps" / "optuna_space.llama-cpp.yaml")
+    base = RunConfig.from_dict({"engine": "llama.cpp", "target": "qwen2.5-coder-1.5b-instruct",
+                                "draft": "qwen2.5-coder-0.5b-instruct", "data": str(tmp_path)})
+    assert space_for_pair(space, base) is space
+    with pytest.raises(AssertionError, match="loaded the tokenizer"):       # our engine does read it
+        space_for_pair(space, RunConfig.from_dict({"target": "t", "draft": "d", "data": str(tmp_path)}))

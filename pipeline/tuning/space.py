@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 import yaml
 
-from pipeline.config import DRAFT_QUANTS, DRAFTERS, LOOKUP_DRAFTERS, MODEL_DRAFTERS, RunConfig
+from pipeline.config import DRAFT_QUANTS, DRAFTERS, LLAMA_CPP, LOOKUP_DRAFTERS, MODEL_DRAFTERS, RunConfig
 from pipeline.decoding.drafters.cross_tokenizer import same_vocabulary
 from pipeline.decoding.llama_cpp.quantize import GGUF_DTYPES
 from pipeline.decoding.static import QUANTIZED_FAMILIES
@@ -343,6 +343,8 @@ def space_for_pair(space: SearchSpace, base: RunConfig) -> SearchSpace:
         print(f"the draft {base.draft} is a {architecture(base.draft)}, whose forward takes no quantised weights: "
               "trials keep its weights (draft_quant not searched)", file=sys.stderr)
         space = dataclasses.replace(space, quants=())
+    if base.engine == LLAMA_CPP:     # its draft shares the target's vocabulary (llama-server checks); GGUF files only
+        return space
     if base.drafter not in MODEL_DRAFTERS or same_vocabulary(load_tokenizer(base.target), load_tokenizer(base.draft)):
         return space
     modes = ("intersection", "string") if base.draft_tokenizer_mode == "auto" else ()
