@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .doc_sources import ci, commit_text, interval, micros, num, percent, prose, read_source, signed, table
+from .doc_sources import at_commit, ci, interval, micros, num, percent, prose, read_source, signed, table
 from .pareto import pareto_mask
 from .run_tables import rule_params, short_cpu
 
@@ -523,8 +523,7 @@ def bench_distortion_qwen(root: Path) -> str:
         low, high = r["distortion_ci95"]
         body.append([what, rule_params(r), f"{num(r['distortion'], 3)} [{num(low, 3)}, {num(high, 3)}]",
                      num(r["acceptance"], 2), num(r["tokens_per_step"], 2)])
-    commit = data["provenance"].get("commit")       # None: run from an installed copy
-    at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
+    at = at_commit(data["provenance"])
     chosen = ("no sigmoid setting is within the bound, so there is no tuned row" if choice is None else
               f"the tuned row above runs {rule_params(choice)}")
     after = (f"{s['steps']} verify steps of one exact run ({s['limit']} articles, up to {s['max_new_tokens']} new "
@@ -547,8 +546,7 @@ def bench_rules_t1(root: Path) -> str:
             "argmax": "exact, the draft proposes its argmax (llama.cpp's rule)"}
     body = [[what[k], interval(r["acceptance"], *r["acceptance_ci95"], 3), num(r["tokens_per_step"], 2),
              num(r["distortion"], 4)] for k, r in ((k, rows[k]) for k in ("sampled", "argmax") if k in rows)]
-    commit = data["provenance"].get("commit")
-    at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
+    at = at_commit(data["provenance"])
     after = (f"Closed form on the same {s['steps']} verify steps of one exact run of specsweep's engine ({s['limit']} "
              f"articles, up to {s['max_new_tokens']} new tokens, T = {s['temperature']:g}, γ {s['gamma']}, "
              f"{s['dtype']}, the converted folders of the Q4_K_M files): acceptance Σ min(p, q) for a sampled draft, "
@@ -593,8 +591,7 @@ def bench_replay_qwen(root: Path) -> str:
              num(r["acceptance_rate"], 2), percent(r["proposing_share"]), num(r["predicted_decode_speedup"], 2) + "x"]
             for r in ranked[:REPLAY_ROWS]]
     rank = ranked.index(own) + 1
-    commit = data["provenance"].get("commit")
-    at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
+    at = at_commit(data["provenance"])
     after = (f"{len(rows)} settings replayed on the {data['samples']} texts of the run's own setting ({what(own)}; "
              f"{src['limit']} articles, up to {src['max_new_tokens']} new tokens, {src['dtype']}), the cost of a "
              f"step from the target's forward over 1 to {max(map(int, data['cost_curve']))} tokens in the same "
@@ -635,8 +632,7 @@ def bench_replay_draft(root: Path) -> str:
              num(r["acceptance_rate"], 2), "" if r["drafter"] == "prompt-lookup" else num(
                  r["draft_forwards_per_step"], 2), num(r["predicted_decode_speedup"], 2) + "x"] for r in picked]
     curve, draft = data["draft_cost_curve"], data["draft"]
-    commit = data["provenance"].get("commit")
-    at = f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
+    at = at_commit(data["provenance"])
     machine = short_cpu(data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"])
     after = (f"{len(rows)} settings replayed on the {data['samples']} texts of {src['limit']} articles (up to "
              f"{src['max_new_tokens']} new tokens, {src['dtype']}), the draft ({draft['model']}, "
@@ -648,3 +644,68 @@ def bench_replay_draft(root: Path) -> str:
              f"measured by `specsweep run`. Replayed on {data['provenance']['date'][:10]}{at}.")
     return "\n".join([table(["setting", "tokens/step", "acceptance", "draft forwards/step",
                               "predicted decoding speedup"], body), "", prose(after)])
+
+
+QUANT_TARGET = "results/published/llama-cpp/results/bench/quant-target/qwen-1.5b-cpu.json"   # the llama-cpp profile's
+QUANT_TARGET_PROJECTIONS = "results/published/llama-cpp/results/bench/quant-target/projections-cpu.json"   # the same
+WEIGHTS_NAMED = {"float32": "float32", "bfloat16": "bfloat16", "int8": "int8 weights", "int4": "int4 weights",
+                 "int8+a8": "int8 weights, int8 prefill", "int4+a8": "int4 weights, int8 prefill"}
+
+
+def bench_quant_target(root: Path) -> str:
+    """docs/results.md: the 1.5B target's forward in torch, dense and quantised in place (``--target-quant``), one and
+    γ + 1 tokens, each dtype's time over the first's paired by round, and the bytes each holds (the llama-cpp
+    profile's ``python -m pipeline.benchmarks.forward --dtypes ...``)."""
+    data = read_source(root, QUANT_TARGET, "the llama-cpp profile (python -m pipeline.benchmarks.forward)")
+    s = data["settings"]
+    rows = {(r["dtype"], r["new_tokens"]): r for r in data["results"]}
+    over = {(r["dtype"], r["new_tokens"]): r["speedup"] for r in data["dtypes"]}
+    base, q = s["dtypes"][0], max(s["new_tokens"])
+
+    def named(dtype: str) -> str:
+        activations, _, mode = dtype.partition("+")
+        return f"{WEIGHTS_NAMED[mode]}, {activations} activations" if mode else f"{activations}, dense"
+
+    body = []
+    for d in s["dtypes"]:
+        one, many = rows[d, 1], rows[d, q]
+        faster = [ci(over[d, n]) + "x" if (d, n) in over else "1 (itself)" for n in (1, q)]
+        body.append([named(d), num(data["weight_bytes"][d] / 1e9, 2), num(one["static_ms"], 0),
+                     num(many["static_ms"], 0),
+                     ci(many["verify_cost"]), *faster])
+    machine = short_cpu(data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"])
+    after = (f"Qwen2.5-Coder-1.5B-Instruct (the converted folder: the Q4_K_M weights, dequantised) in specsweep's "
+             f"static forward, one forward of 1 and of {q} new tokens after {s['context']} cached ones, batch 1, "
+             f"{s['threads']} threads; every variant in the same {s['rounds']} interleaved rounds of {s['calls']} "
+             f"calls, medians; the last two columns are {base}'s time over the row's, paired by round, with their "
+             f"{percent(over[next(iter(over))]['ci_coverage'])} intervals (above 1: the row is faster). GB: the "
+             f"model's own tensors as loaded. Measured on {machine}, {data['provenance']['date'][:10]}"
+             f"{at_commit(data['provenance'])}.")
+    return "\n".join([table(["the 1.5B target in torch", "GB", "1 token, ms", f"{q} tokens, ms",
+                             f"r = ms({q}) / ms(1)", f"1 token: {base} over it", f"{q} tokens: {base} over it"], body),
+                      "", prose(after)])
+
+
+def bench_quant_target_projections(root: Path) -> str:
+    """docs/results.md: the 1.5B's largest projections over 1 to 384 rows, torch's weight-only kernels and F.linear
+    over the int8 weight dequantised for the call, against bfloat16's F.linear (the llama-cpp profile's ``python -m
+    pipeline.benchmarks.quant_linear``): why a quantised target's projections run their kernel at every row count."""
+    data = read_source(root, QUANT_TARGET_PROJECTIONS,
+                       "the llama-cpp profile (python -m pipeline.benchmarks.quant_linear)")
+    s = data["settings"]
+    ways = [w for w in ("int8", "int4", "dequantised") if w in s["ways"]]
+    named = {"int8": "int8 kernel", "int4": "int4 kernel", "dequantised": "dequantised int8, F.linear"}
+
+    def cell(r: dict, w: str) -> str:
+        low, high = r[f"{w}_speedup_ci"]
+        return f"{num(r[f'{w}_us'] / 1e3, 1)} ({interval(r[f'{w}_speedup'], low, high, suffix='x')})"
+
+    body = [[r["shape"], str(r["rows"]), num(r["bfloat16_us"] / 1e3, 1), *(cell(r, w) for w in ways)]
+            for r in data["results"]]
+    machine = short_cpu(data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"])
+    after = (f"One projection y = x @ W.T, W N x K of the 1.5B's shapes (gate and up stacked; down), x bfloat16 of "
+             f"M rows, random values; ms per call, median of {s['rounds']} rounds of {s['calls']} calls, "
+             f"{s['threads']} threads; in brackets bfloat16's time over the way's, paired by round (above 1: "
+             f"faster). Measured on {machine}, {data['provenance']['date'][:10]}{at_commit(data['provenance'])}.")
+    return "\n".join([table(["N x K", "rows M", "bfloat16 F.linear, ms", *(f"{named[w]}, ms" for w in ways)], body),
+                      "", prose(after)])

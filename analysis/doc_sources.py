@@ -41,6 +41,13 @@ def commit_text(commit: str | None, dirty: bool | None = False) -> str:
     return (commit or "an unknown commit")[:7] + (" with local changes" if dirty else "")
 
 
+def at_commit(provenance: dict) -> str:
+    """" at 1a2b3c4" (or " at 1a2b3c4 with local changes") for a result's provenance; "" where it recorded no commit
+    (run from an installed copy)."""
+    commit = provenance.get("commit")
+    return f" at {commit_text(commit['commit'], commit.get('dirty'))}" if commit else ""
+
+
 def signed(value: float, digits: int = 2) -> str:
     """With its sign ("+0.09", "−0.72": the minus sign the pages use)."""
     text = f"{value:+.{digits}f}"

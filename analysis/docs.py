@@ -60,6 +60,8 @@ REGISTRY: dict[str, Callable[[Path], str]] = {
     "bench-block-gain": bench_blocks.bench_block_gain,
     "bench-distortion-qwen": bench_blocks.bench_distortion_qwen,
     "llama-cpp-rules-t1": bench_blocks.bench_rules_t1,
+    "llama-cpp-quant-target": bench_blocks.bench_quant_target,
+    "llama-cpp-quant-target-projections": bench_blocks.bench_quant_target_projections,
     "bench-replay-qwen": bench_blocks.bench_replay_qwen,
     "bench-replay-draft": bench_blocks.bench_replay_draft,
     "bench-deterministic-cpu": bench_blocks.bench_deterministic_cpu,

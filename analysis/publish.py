@@ -53,8 +53,8 @@ WORKSPACES = "workspaces"
 """Where `make profile PROFILE=name` runs a profile other than the default one: <WORKSPACES>/<name>/ (Makefile)."""
 FOLDER = "results/published"
 RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "gamma", "draft_schedule",
-                 "draft_confidence", "draft_tree", "draft_vocab", "draft_quant", "engine", "dtype", "temperature",
-                 "limit", "max_new_tokens", "max_prompt_tokens", "threads", "seed", "device")
+                 "draft_confidence", "draft_tree", "draft_vocab", "draft_quant", "target_quant", "engine", "dtype",
+                 "temperature", "limit", "max_new_tokens", "max_prompt_tokens", "threads", "seed", "device")
 RECORD_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "decode_speedup", "decode_speedup_ci_low",
                   "decode_speedup_ci_high", "unpaired_speedup", "flagged", "acceptance_rate", "acceptance_rate_chars",
                   "iid_alpha", "mean_accepted_tokens", "cost_ratio", "verify_cost_ratio", "theoretical_speedup",

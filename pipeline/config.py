@@ -31,6 +31,7 @@ MODEL_DRAFTERS = ("model", "lookup-model")
 LOOKUP_DRAFTERS = ("prompt-lookup", "lookup-model")
 """The drafters that match n-grams of the text (--lookup-min, --lookup-max)."""
 DRAFT_QUANTS = ("none", "int8", "int4", "int8+a8", "int4+a8")
+TARGET_QUANTS = ("none", "int8", "int4")
 """How a draft model's weights are stored in its static forward (pipeline/decoding/static/quant.py's MODES, named here
 so that the settings load no torch)."""
 WANDB_MODES = ("online", "offline", "disabled")
@@ -209,6 +210,15 @@ class RunConfig:
                                        "quantises the activations and multiplies int8 by int8 (a cheaper prefill, "
                                        "bound by arithmetic) (pipeline/decoding/static/quant.py)",
                                choices=DRAFT_QUANTS)
+    target_quant: str = setting("none", "store the target's projections and head in int8 or int4 (quantised as "
+                                        "--draft-quant quantises a draft) instead of their dense weights, and "
+                                        "multiply them with torch's CPU kernels: the target reads a quarter (int8) "
+                                        "or about an eighth (int4) of its float32 bytes per forward. The target is "
+                                        "then that quantised model: speculation reproduces it exactly, and its "
+                                        "quality against an unquantised run shows what quantising cost. A Llama, "
+                                        "Mistral or Qwen2 target on a CPU, int4 in bfloat16 "
+                                        "(pipeline/decoding/static/quant.py)",
+                                choices=TARGET_QUANTS)
     ignore_eos: bool = setting(False, "always generate --max-new-tokens tokens")
     verify_graphs: str = setting("auto", "replay the verify step from CUDA graphs (same tokens): auto replays a "
                                          "kernel sampler's chain steps where they can be (--backend cupy, --engine "
@@ -340,6 +350,9 @@ class RunConfig:
         if self.compile != "off" and self.draft_quant != "none":
             raise bad(f"--compile compiles torch's own products, not --draft-quant {self.draft_quant}'s kernels: drop "
                       "one of them")
+        if self.target_quant != "none" and (self.engine == LLAMA_CPP or self.compile != "off"):
+            raise bad(f"--target-quant {self.target_quant} quantises a transformers target for --engine specsweep or "
+                      "hf without --compile (llama.cpp: give a GGUF type as --dtype, e.g. q8_0): drop one of them")
         if self.draft_quant != "none" and not (self.gamma > 0 and self.drafter in MODEL_DRAFTERS
                                                and self.engine == "specsweep" and self.static_cache):
             raise bad(f"--draft-quant {self.draft_quant} quantises a draft model in our engine's static-cache forward: "

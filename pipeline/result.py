@@ -48,8 +48,9 @@ class Resolved(TypedDict, total=False):
     baseline_quality: dict | None    # that baseline's quality scores (so later steps need not read it again)
     forward: dict                    # model -> "static" | "transformers": which forward each model ran
     # and, by model, from pipeline/stack.py's forwards_record: packed_weights, few_rows_kernel, quant_kernel,
-    # row_kernel, compiled ({mode, compile_s, shapes}), random_weights (the roles loaded as shapes) and fallbacks
-    # (role -> why a CPU forward ran torch's products where ours would have run)
+    # row_kernel, compiled ({mode, compile_s, shapes}), random_weights (the roles loaded as shapes), fallbacks
+    # (role -> why a CPU forward ran torch's products where ours would have run) and model_bytes (role -> bytes of
+    # the model's own tensors as run, --target-quant's quantised weights included)
     llama_cpp: dict                  # --engine llama.cpp: the server's flags, the GGUF files' types, draft settings
     processes: int                   # data-parallel processes that decoded the samples (1: this process alone)
     seed_per_example: bool           # each example drew from its own generator (pipeline/rng.py)

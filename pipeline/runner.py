@@ -265,7 +265,7 @@ class _Decoding:
         config, device, world = self.config, self.device, self.world
         task = get_task(config.task)
         key = (config.target, config.draft if config.gamma > 0 else None, config.dtype, device, config.task,
-               config.draft_decoder_only, config.drafter)
+               config.draft_decoder_only, config.drafter, config.target_quant)
         # a rank's models stay on its own device (never spread over the GPUs of the other ranks)
         loading = config if world is None else dataclasses.replace(config, device=device)
         loaded = (self.models or {}).get(key) or stack.load_pair(loading, task, self.dtype, device)

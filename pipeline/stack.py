@@ -38,9 +38,9 @@ from pipeline.decoding.drafters.whisper_text import WhisperTextDrafter
 from pipeline.decoding.engine import SpeculativeEngine
 from pipeline.decoding.hf_engine import HFEngine
 from pipeline.decoding.llama_cpp import engine as llama_cpp
-from pipeline.decoding.static import LlamaStaticForward
+from pipeline.decoding.static import QUANTIZED_FAMILIES, LlamaStaticForward
 from pipeline.decoding.static.packed import unavailable_reason as packed_reason
-from pipeline.decoding.static.quant import check_supported
+from pipeline.decoding.static.quant import check_supported, quantize_model, weight_bytes
 from pipeline.errors import SpecsweepError
 from pipeline.kernels import cpu
 from pipeline.models import (
@@ -90,6 +90,9 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
     spread = spreads_target(config.device)
     use_draft = bool(config.draft) and config.gamma > 0 and config.drafter in MODEL_DRAFTERS
     if task.speech:
+        if config.target_quant != "none":
+            raise SpecsweepError(f"--target-quant {config.target_quant} quantises a text model (Llama, Mistral, "
+                                 f"Qwen2); the {config.task} target is a Whisper: drop --target-quant")
         processor = load_processor(config.target)
         tokenizer = processor.tokenizer
         if use_draft:
@@ -103,14 +106,26 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
         return Pair(target, draft, tokenizer, processor)
     if use_draft:
         check_supported(config.draft_quant, device, dtype)       # before the models load: a dtype it cannot run
+    check_supported(config.target_quant, device, dtype, role="target")
     tokenizer = load_tokenizer(config.target)
     if use_draft and config.draft_tokenizer_mode == "shared":
         check_same_tokenizer(tokenizer, draft_tokenizer(config.draft), config.target, config.draft)
     target = load_causal_lm(config.target, dtype, device, spread=spread)
+    if config.target_quant != "none":
+        quantize_target(target, config.target_quant)
     draft = load_causal_lm(config.draft, dtype, device) if use_draft else None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return Pair(target, draft, tokenizer, None)
+
+
+def quantize_target(target, mode: str) -> None:
+    """The target's projections and head quantised in place (``--target-quant``: quant.quantize_model), for a model
+    of a family whose static forward runs them; one-line SpecsweepError for another."""
+    if type(target).__name__ not in QUANTIZED_FAMILIES:
+        raise SpecsweepError(f"--target-quant {mode} quantises a Llama, Mistral or Qwen2 target; this target is a "
+                             f"{type(target).__name__}: drop --target-quant")
+    quantize_model(target, mode)
 
 
 def check_decoder_only(config: RunConfig) -> None:
@@ -325,11 +340,21 @@ def forwards_record(engine) -> dict:
     """A result's ``resolved`` entries on the forwards: ``forward`` (:func:`forwards_used`), ``packed_weights``
     (:func:`packed_used`), ``few_rows_kernel`` (:func:`few_rows_kernels_used`), ``quant_kernel``
     (:func:`quant_kernels_used`), ``row_kernel`` (:func:`row_kernels_used`), ``compiled`` (:func:`compiled_used`)
-    and ``random_weights`` (:func:`random_weights_used`), each by model role."""
+    ``random_weights`` (:func:`random_weights_used`) and ``model_bytes`` (:func:`model_bytes`), each by model
+    role."""
     return {"forward": forwards_used(engine), "packed_weights": packed_used(engine),
             "few_rows_kernel": few_rows_kernels_used(engine), "quant_kernel": quant_kernels_used(engine),
             "row_kernel": row_kernels_used(engine), "compiled": compiled_used(engine),
-            "random_weights": random_weights_used(engine), "fallbacks": fallbacks(engine)}
+            "random_weights": random_weights_used(engine), "fallbacks": fallbacks(engine),
+            "model_bytes": model_bytes(engine)}
+
+
+def model_bytes(engine) -> dict:
+    """The bytes of each model's own tensors as run (quant.weight_bytes: parameters, buffers and the weights
+    ``--target-quant`` quantised in place, each storage once); copies a static forward makes beside them (packed
+    weights, ``--draft-quant``'s) are not counted."""
+    return {name: weight_bytes(getattr(m, "model", m)) for name, m in _models(engine).items()
+            if isinstance(getattr(m, "model", m), torch.nn.Module)}
 
 
 def fallbacks(engine) -> dict:

@@ -151,7 +151,8 @@ def test_bench_drafters_smoke_every_loop_emits_the_targets_tokens(tmp_path, caps
 
 def test_bench_quant_linear_smoke_times_every_way_that_runs_and_writes_json(tmp_path, capsys):
     """Every (shape, rows) timed bfloat16, packed (oneDNN's, where bfloat16 packs), bf16_linear (ours, up to 9 rows,
-    where it runs), int8, int4, int4_linear (ours, up to 4 rows, where it runs) and a8 (int8 by int8), each way's error
+    where it runs), int8, int4, int4_linear (ours, up to 4 rows, where it runs), a8 (int8 by int8) and dequantised
+    (F.linear over the int8 weight dequantised for the call), each way's error
     against the float32 product within its quantisation's, the table printed and the JSON written; --ways picks."""
     import torch
 
@@ -164,15 +165,16 @@ def test_bench_quant_linear_smoke_times_every_way_that_runs_and_writes_json(tmp_
     quant_linear(["--shapes", "64x128", "--rows", "1,64", "--rounds", "1", "--calls", "1", "--threads", "1",
                   "--out", str(out)])
     result = json.loads(out.read_text())
-    assert [r["rows"] for r in result["results"]] == [1, 64] and WAYS[-1] == "a8"
+    assert [r["rows"] for r in result["results"]] == [1, 64] and WAYS[-2:] == ("a8", "dequantised")
     for row in result["results"]:
-        expected = {"bfloat16", "int8", "int4", "a8"}
+        expected = {"bfloat16", "int8", "int4", "a8", "dequantised"}
         expected |= {"packed"} if available("cpu", torch.bfloat16) else set()
         expected |= {"int4_linear"} if cpu.available() and row["rows"] <= cpu.MAX_ROWS else set()
         expected |= {"bf16_linear"} if cpu.available() and row["rows"] <= cpu.BF16_ROWS else set()
         assert {w for w in WAYS if f"{w}_us" in row} == expected
         assert all(row[f"{w}_us"] > 0 for w in expected) and all(f"{w}_speedup" in row for w in expected - {"bfloat16"})
         assert row["bfloat16_error"] < 0.01 and row["int8_error"] < 0.02 and row["a8_error"] < 0.03
+        assert row["dequantised_error"] < 0.02
         assert row["int4_error"] < 0.15 and row.get("int4_linear_error", 0) < 0.15
         # the same bfloat16 product, where this CPU packs bfloat16 weights at all
         assert "packed" not in expected or row["packed_error"] == row["bfloat16_error"]

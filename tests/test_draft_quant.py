@@ -105,9 +105,11 @@ def test_unsupported_devices_dtypes_and_shapes_are_one_line_errors():
                                          ("int2", "cpu", torch.bfloat16, "is not one of")):
         with pytest.raises(SpecsweepError, match=message):
             check_supported(mode, device, dtype)
-    with pytest.raises(SpecsweepError, match="groups a projection's inputs by 128, and one has 96"):
+    with pytest.raises(SpecsweepError, match="group a projection's inputs by 128, and one has 96: quantise this "
+                                             "model's weights to int8"):
         Int4Linear(torch.zeros(16, 96, dtype=torch.bfloat16), None)
-    with pytest.raises(SpecsweepError, match=r"inputs in multiples of 16 .*, and one has 24: drop --draft-quant"):
+    with pytest.raises(SpecsweepError, match=r"inputs in multiples of 16 .*, and one has 24: leave this model's "
+                                             r"weights unquantised \(drop --draft-quant / --target-quant\)"):
         Int8Linear(torch.zeros(16, 24, dtype=torch.bfloat16), None)      # torch's kernel would crash the process
 
 

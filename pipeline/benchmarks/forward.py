@@ -35,6 +35,9 @@ With --dtypes float32,bfloat16 the model is loaded in each dtype and every forwa
 tokens is timed in the same rounds: each dtype's row gives ours against transformers' and the verify cost
 r = ms(q) / ms(1) of ours (what a target's verify forward over q = γ + 1 tokens costs in one-token forwards), and
 a row per number of new tokens gives our forward in the first dtype over ours in the second (paired by round).
+A dtype may name a weight-only quantisation after a +: ``bfloat16+int4`` is the model loaded in bfloat16 with its
+projections and head quantised in place (pipeline/decoding/static/quant.py ``quantize_model``, what
+``--target-quant int4`` runs). Each dtype's weight bytes as loaded are recorded (``weight_bytes``).
 
 Batch 1, torch's threads as set (1 by default here, as `specsweep run` uses on 2 cores).
 """
@@ -54,9 +57,10 @@ from pipeline.benchmarks.timing import format_table, time_calls
 from pipeline.decoding.cache import CachedModel, model_kind
 from pipeline.decoding.static import LlamaStaticForward
 from pipeline.decoding.static.packed import few_rows_kernel
+from pipeline.decoding.static.quant import MODES, check_supported, quantize_model, weight_bytes
 from pipeline.dtypes import DTYPES, torch_dtype
 from pipeline.env_info import provenance
-from pipeline.errors import OneLineParser
+from pipeline.errors import OneLineParser, SpecsweepError
 from pipeline.io import write_json_atomic
 from pipeline.kernels import cpu
 from pipeline.measure import median_ci
@@ -161,6 +165,30 @@ def load_model(path: str, device: str = "cpu", dtype: torch.dtype = torch.float3
     return model.to(device).eval()
 
 
+def load_quantized(path: str, device: str, name: str):
+    """:func:`load_model` in the dtype ``name`` names, its weights quantised in place where it names a mode after a +
+    (``bfloat16+int4``; see the module docstring)."""
+    dtype, _, mode = name.partition("+")
+    model = load_model(path, device, torch_dtype(dtype))
+    if mode:
+        quantize_model(model, mode)
+    return model
+
+
+def parse_dtypes(text: str, device: str) -> tuple[str, ...]:
+    """--dtypes: "float32,bfloat16+int4" -> its names; SpecsweepError naming a bad one, or a quantisation that
+    cannot run on ``device`` in its dtype (before any model loads)."""
+    names = tuple(text.split(","))
+    for name in names:
+        dtype, plus, mode = name.partition("+")
+        if dtype not in DTYPES or (plus and mode not in MODES[1:]):
+            raise SpecsweepError(f"--dtypes: {name!r} is not a dtype ({', '.join(DTYPES)}) with an optional +mode "
+                                 f"({', '.join(MODES[1:])}), e.g. bfloat16+int4")
+        if mode:
+            check_supported(mode, device, torch_dtype(dtype), role="target")
+    return names
+
+
 FORWARDS = ("transformers", "static", "plain", "onednn", "bf16_linear", "compiled")
 """transformers' forward; ours as the engine runs it (packed weights where the family, device and dtype allow:
 pipeline/decoding/static/packed.py); ours over the model's own weights ("plain": left out where nothing is packed);
@@ -188,7 +216,7 @@ def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            models = {name: load_model(path, device, torch_dtype(name)) for name in dtypes}
+            models = {name: load_quantized(path, device, name) for name in dtypes}
             load = os.getloadavg()
             rows, dtype_rows, compiled = _measure(models, context, new_tokens, rounds, calls, device, ways)
     finally:
@@ -201,7 +229,8 @@ def run_model(path: str, context: int = 600, new_tokens: tuple[int, ...] = (1, 5
               "settings": {"context": context, "new_tokens": list(new_tokens), "rounds": rounds, "calls": calls,
                            "threads": threads, "batch": 1, "dtypes": list(dtypes), "ways": list(ways)},
               "load_average": {"before": list(load), "after": list(os.getloadavg())}, "results": rows,
-              "dtypes": dtype_rows, "compiled": compiled}
+              "dtypes": dtype_rows, "compiled": compiled,
+              "weight_bytes": {name: weight_bytes(model) for name, model in models.items()}}
     if out is not None:
         write_json_atomic(out, result)
     return result
@@ -374,9 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.model:
-        dtypes = tuple(args.dtypes.split(","))
-        if bad := [d for d in dtypes if d not in DTYPES]:
-            p.error(f"--dtypes: unknown dtype {bad[0]!r}: choose from {', '.join(DTYPES)}")
+        try:
+            dtypes = parse_dtypes(args.dtypes, args.device)
+        except SpecsweepError as e:
+            p.error(str(e))
         ways = tuple(args.ways.split(","))
         if bad := [w for w in ways if w not in FORWARDS]:
             p.error(f"--ways: unknown forward {bad[0]!r}: choose from {', '.join(FORWARDS)}")

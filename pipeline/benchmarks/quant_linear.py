@@ -22,14 +22,17 @@ over W as stored; ``packed``, the same product from oneDNN's packed copy (pipeli
 target and a quantised draft's prefill multiply past 9 rows); ``bf16_linear``, ours from its own packed copy
 (kernels/bf16_linear.cpp: what packed.py multiplies over up to 9 rows, where it runs); torch's int8 and int4
 weight-only kernels; ``int4_linear``, our int4 kernel (kernels/int4_linear.cpp; up to 4 rows, where it runs); a8, the
-input quantised per row and multiplied int8 by int8 with the int8 weight (``int8_product``, rescaling included). In each
-round every (shape, M) is timed every way, in an order that rotates from round to round, each as the median of ``calls``
-calls after warm-up; a round's ratio (bfloat16's time over the way's) gives the speedup as the median over rounds with
-its order-statistic interval (pipeline/measure.py), and ``int4_linear_over_int4`` is torch's int4 time over ours the
-same way, ``bf16_linear_over_packed`` oneDNN's packed time over bf16_linear's. The kernels are timed alone
-(``kernel()``: no switch to the dequantised weight past KERNEL_ROWS). Each row also gives each way's relative error
-against the float32 product over the bfloat16 weight, ||y - y_ref|| / ||y_ref||. Writes the table's rows, the settings,
-the machine's load before and after and the provenance to ``--out``.
+input quantised per row and multiplied int8 by int8 with the int8 weight (``int8_product``, rescaling included);
+``dequantised``, the int8 weight dequantised for the call and F.linear over it (what a projection that keeps no dense
+copy, a quantised target's, ``--target-quant``, could run instead of its kernel over many rows; int4's would add its
+unpacking to the same F.linear).
+In each round every (shape, M) is timed every way, in an order that rotates from round to round, each as the median of
+``calls`` calls after warm-up; a round's ratio (bfloat16's time over the way's) gives the speedup as the median over
+rounds with its order-statistic interval (pipeline/measure.py), and ``int4_linear_over_int4`` is torch's int4 time
+over ours the same way, ``bf16_linear_over_packed`` oneDNN's packed time over bf16_linear's. The kernels are timed
+alone (``kernel()``: no switch to the dequantised weight past KERNEL_ROWS). Each row also gives each way's relative
+error against the float32 product over the bfloat16 weight, ||y - y_ref|| / ||y_ref||. Writes the table's rows, the
+settings, the machine's load before and after and the provenance to ``--out``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from pipeline.kernels import cpu
 from pipeline.measure import median_ci
 
 SHAPES = ((1152, 896), (896, 896), (9728, 896), (896, 4864), (151936, 896), (32768, 896))
-WAYS = ("bfloat16", "packed", "bf16_linear", "int8", "int4", "int4_linear", "a8")
+WAYS = ("bfloat16", "packed", "bf16_linear", "int8", "int4", "int4_linear", "a8", "dequantised")
 FASTER = WAYS[1:]
 """The ways timed against bfloat16's F.linear (a way that cannot run here, or at a row count, is left out of a row)."""
 
@@ -94,6 +97,8 @@ def _ways(weight: torch.Tensor, x: torch.Tensor, quantized: dict) -> dict:
         ways["int4_linear"] = lambda _: quantized["int4_linear"].kernel(x)
     if "int8" in quantized:
         ways["a8"] = lambda _, q8=quantized["int8"]: int8_product(x, q8.q, q8.scales)
+    if "int8" in quantized:
+        ways["dequantised"] = lambda _, q8=quantized["int8"]: F.linear(x, q8.q.to(x.dtype) * q8.scales[:, None])
     return ways
 
 
@@ -103,7 +108,7 @@ def _measure(shapes, rows, rounds: int, calls: int, wanted: tuple[str, ...] = WA
     for n, k in shapes:
         weight = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
         quantized = {}
-        if "int8" in wanted or "a8" in wanted:
+        if {"int8", "a8", "dequantised"} & set(wanted):
             quantized["int8"] = Int8Linear(weight, None)
         if "int4" in wanted:
             quantized["int4"] = Int4Linear(weight, None, ours=False)

@@ -95,7 +95,8 @@ class SpeculativeEngine:
     static_cache      use the static-cache forward for models whose family has one (pipeline/decoding/static/);
                       False: transformers' forward for every model
     draft_quant       the draft model's weights in its static forward: none, int8 or int4
-                      (pipeline/decoding/static/quant.py; the target's are never quantised)
+                      (pipeline/decoding/static/quant.py; a target quantised with --target-quant is quantised in
+                      place as it loads, and its forward runs the quantised modules as they are)
     packed_weights    static forwards multiply packed copies of their weights where the family, device and dtype
                       allow (pipeline/decoding/static/packed.py): the same products, faster on a CPU (a quantised
                       draft: the dequantised weights of its prefill)

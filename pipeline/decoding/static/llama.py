@@ -11,7 +11,9 @@ What it reproduces, from transformers' modeling_llama with sdpa attention:
   - the MLP down(act(gate(h)) * up(h)) with the model's own activation; every projection with its own bias or
     none (Llama's attention_bias / mlp_bias, Qwen2's q/k/v biases), tied or untied LM head
 
-With ``quant`` int8 or int4 (``--draft-quant``, for a draft) the projections and the head multiply quantised
+A model quantised in place (quant.quantize_model, ``--target-quant``) runs its QuantizedLinear projections as
+they are, each with its own kernel and no dense copy. With ``quant`` int8 or int4 (``--draft-quant``, for a draft)
+the projections and the head multiply quantised
 copies of their weights (quant.py), and the forward computes that quantised model instead. With int4 and our kernel,
 a one-token forward (a chain's draft step) runs its decoder layers in one C++ call instead (int4_row.py,
 StaticForward.row_forward): the same model to bfloat16 rounding. The copies are made
@@ -36,7 +38,7 @@ from pipeline.decoding.static import int4_row
 from pipeline.decoding.static.base import StaticForward
 from pipeline.decoding.static.compiled import mark_static
 from pipeline.decoding.static.packed import PackedLinear, available, stack_biases
-from pipeline.decoding.static.quant import Projection, projection, weight_mode
+from pipeline.decoding.static.quant import Projection, QuantizedLinear, projection, weight_mode
 
 # models whose forward is Llama's, given the checks of LlamaStaticForward.supports
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -117,15 +119,17 @@ class LlamaStaticForward(StaticForward):
         self.packed = packed and available(weight.device, weight.dtype)
 
         def linear(module) -> Projection:
+            if isinstance(module, QuantizedLinear):         # a quantised model's (--target-quant): its own kernel
+                return module.projection
             return projection(module.weight, module.bias, quant, self.packed)
 
         def group(*modules) -> Callable:
-            if quant == "none" and not self.packed:
+            if (quant == "none" and not self.packed) or isinstance(modules[0], QuantizedLinear):
                 return _separate(*map(linear, modules))
             return _stacked(modules, quant, self.packed)
 
         self.model = model
-        self.quant = quant
+        self.quant = getattr(model, "quantized", quant)
         self.embed = base.embed_tokens.weight
         self.head = linear(model.lm_head)
         self.norm = (base.norm.weight, base.norm.variance_epsilon)
@@ -157,7 +161,8 @@ class LlamaStaticForward(StaticForward):
     @classmethod
     def supports(cls, model) -> bool:
         """A model of FAMILIES in eval mode with sdpa attention, every layer full attention (no sliding window),
-        RoPE of a type in ROPE_TYPES, plain ``nn.Linear`` projections (not quantised or wrapped ones), on one
+        RoPE of a type in ROPE_TYPES, plain ``nn.Linear`` projections or quant.py's QuantizedLinear (not other
+        quantised or wrapped ones), on one
         device (a model spread by accelerate moves activations in hooks that this forward would bypass)."""
         if type(model).__name__ not in FAMILIES or model.training or getattr(model, "hf_device_map", None):
             return False
@@ -171,7 +176,7 @@ class LlamaStaticForward(StaticForward):
                 and rope.get("rope_type") in ROPE_TYPES
                 and getattr(config, "sliding_window", None) is None
                 and set(getattr(config, "layer_types", None) or ()) <= {"full_attention"}
-                and all(type(m) is torch.nn.Linear for m in linears))
+                and all(type(m) in (torch.nn.Linear, QuantizedLinear) for m in linears))
 
     def allocate(self, batch: int, capacity: int, device: torch.device) -> None:
         super().allocate(batch, capacity, device)

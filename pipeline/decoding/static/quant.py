@@ -1,12 +1,15 @@
-"""Quantised projections of the static forward (``--draft-quant int8|int4[+a8]``, for a draft model).
+"""Quantised projections of the static forward (``--draft-quant int8|int4[+a8]``, for a draft model), and a model
+quantised in place (``--target-quant``, :func:`quantize_model`: the same quantisation, no dense copies).
 
 Why. On a CPU a forward over one or two tokens is bound by the weights it reads: every projection streams its whole
 weight matrix from memory for a handful of rows. Stored in fewer bytes (int8: one byte per weight; int4: half a byte)
 and multiplied by kernels that read the small weights and widen them in registers (int8: torch's
 ``torch.ops.aten._weight_int8pack_mm``, as gpt-fast and torchao use it; int4: ours, kernels/int4_linear.cpp, where it
-runs, else torch's ``_weight_int4pack_mm_for_cpu``), a draft forward costs less. Only a draft is quantised: the verify
-step compares the draft's proposals with the unchanged target's law, so the output stays exactly the target's
-(lossless); a coarser draft can only propose worse, which lowers acceptance.
+runs, else torch's ``_weight_int4pack_mm_for_cpu``), a draft forward costs less. A quantised draft is lossless: the
+verify step compares the draft's proposals with the unchanged target's law, so the output stays exactly the target's;
+a coarser draft can only propose worse, which lowers acceptance. A quantised target (:func:`quantize_model`) is another
+model: its projections keep the quantised weights alone (QuantizedLinear), speculation reproduces that model exactly,
+and quality against an unquantised run measures what quantising cost.
 
 What each projection y = x @ W.T + b (W [N, K], x [..., K]) becomes:
 
@@ -76,23 +79,25 @@ Projection = Callable[[torch.Tensor], torch.Tensor]
 """x [..., K] -> y [..., N]: one linear layer of a static forward."""
 
 
-def check_supported(mode: str, device: torch.device | str, dtype: torch.dtype) -> None:
+def check_supported(mode: str, device: torch.device | str, dtype: torch.dtype, role: str = "draft") -> None:
     """Whether ``mode`` can run on ``device`` in ``dtype``: one-line SpecsweepError if not (the CPU kernels only;
-    int4's vectorised kernel is bfloat16 only, its float32 path a scalar loop ~10x slower than F.linear)."""
+    int4's vectorised kernel is bfloat16 only, its float32 path a scalar loop ~10x slower than F.linear). ``role``:
+    "draft" or "target", the model the flag (``--draft-quant``, ``--target-quant``) quantises."""
+    flag = f"--{role}-quant"
     if mode not in MODES:
-        raise SpecsweepError(f"--draft-quant {mode!r} is not one of {list(MODES)}")
+        raise SpecsweepError(f"{flag} {mode!r} is not one of {list(MODES)}")
     if mode == "none":
         return
     weights = weight_mode(mode)
     if torch.device(device).type != "cpu":
-        raise SpecsweepError(f"--draft-quant {mode} runs torch's CPU kernels; the draft is on {device}: drop "
-                             "--draft-quant (or run on --device cpu)")
+        raise SpecsweepError(f"{flag} {mode} runs torch's CPU kernels; the {role} is on {device}: drop "
+                             f"{flag} (or run on --device cpu)")
     allowed = (torch.bfloat16,) if weights == "int4" else (torch.bfloat16, torch.float32)
     if dtype not in allowed:
         names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
-        raise SpecsweepError(f"--draft-quant {mode} multiplies in {names} (its CPU kernel's fast path); the draft is "
+        raise SpecsweepError(f"{flag} {mode} multiplies in {names} (its CPU kernel's fast path); the {role} is "
                              f"{str(dtype).removeprefix('torch.')}: use --dtype bfloat16"
-                             + (f", or --draft-quant {mode.replace('int4', 'int8')}" if weights == "int4" else ""))
+                             + (f", or {flag} {mode.replace('int4', 'int8')}" if weights == "int4" else ""))
 
 
 def weight_mode(mode: str) -> str:
@@ -169,19 +174,20 @@ class QuantLinear:
     s8: torch.Tensor | None = None
     kernel_name = "torch"
 
-    def _wide(self, dense: torch.Tensor, packed: bool) -> None:
+    def _wide(self, dense: torch.Tensor | None, packed: bool) -> None:
         """The product past KERNEL_ROWS over ``dense`` (QuantLinear's ``wide``); the dense copy is kept only by it, in
         oneDNN's layout alone (a bf16_linear copy would serve only rows KERNEL_ROWS + 1 .. BF16_ROWS, for the memory
-        of the draft's projections once more)."""
-        self.wide = projection(dense, self.bias, "none", packed, few_rows=False)
+        of the draft's projections once more). ``dense`` None: no copy, and the kernel takes every number of rows
+        (a quantised target's projection: :func:`quantize_model` says why)."""
+        self.wide = None if dense is None else projection(dense, self.bias, "none", packed, few_rows=False)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> [..., N]."""
         rows = x.numel() // x.shape[-1]
-        if rows > KERNEL_ROWS and (self.q8 is None or rows < A8_ROWS):
+        if rows > KERNEL_ROWS and self.wide is not None and (self.q8 is None or rows < A8_ROWS):
             return self.wide(x)
         flat = x.reshape(rows, -1)
-        y = self.kernel(flat) if rows <= KERNEL_ROWS else int8_product(flat, self.q8, self.s8)
+        y = self.kernel(flat) if rows <= KERNEL_ROWS or self.q8 is None else int8_product(flat, self.q8, self.s8)
         y = y.reshape(*x.shape[:-1], self.n)
         return y if self.bias is None else y + self.bias
 
@@ -197,14 +203,14 @@ class Int8Linear(QuantLinear):
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, a8: bool = False,
-                 packed: bool = False) -> None:
+                 packed: bool = False, dense: bool = True) -> None:
         if weight.shape[1] % INT8_INPUTS:
-            raise SpecsweepError(f"--draft-quant int8 needs a projection's inputs in multiples of {INT8_INPUTS} "
-                                 f"(torch's kernel reads them so), and one has {weight.shape[1]}: drop --draft-quant "
-                                 "for this draft")
+            raise SpecsweepError(f"int8 weights need a projection's inputs in multiples of {INT8_INPUTS} "
+                                 f"(torch's kernel reads them so), and one has {weight.shape[1]}: leave this model's "
+                                 "weights unquantised (drop --draft-quant / --target-quant)")
         self.q, self.scales = quantize_int8(weight)
         self.n, self.bias = weight.shape[0], bias
-        self._wide(self.q.to(weight.dtype) * self.scales[:, None], packed)
+        self._wide(self.q.to(weight.dtype) * self.scales[:, None] if dense else None, packed)
         if a8:
             self.q8, self.s8 = self.q, self.scales
 
@@ -227,14 +233,20 @@ class Int4Linear(QuantLinear):
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP, a8: bool = False,
-                 packed: bool = False, ours: bool | None = None) -> None:
+                 packed: bool = False, ours: bool | None = None, dense: bool = True) -> None:
         N, K = weight.shape
         if K % group:
-            raise SpecsweepError(f"--draft-quant int4 groups a projection's inputs by {group}, and one has {K}: use "
-                                 "--draft-quant int8 for this draft")
+            raise SpecsweepError(f"int4 weights group a projection's inputs by {group}, and one has {K}: quantise "
+                                 "this model's weights to int8 instead")
         q, scales, lo = quantize_int4(weight, group)
-        dense = (q.view(N, K // group, group) * scales[..., None] + lo[..., None]).view(N, K).to(weight.dtype)
         self.group, self.n, self.bias = group, N, bias
+        full = (q.view(N, K // group, group) * scales[..., None] + lo[..., None]).view(N, K).to(weight.dtype) \
+            if dense else None
+        if not dense:                          # the kernel takes every number of rows: torch's (ours takes up to 4)
+            if ours:
+                raise SpecsweepError("int4_linear takes up to 4 rows; a projection without a dense copy needs torch's "
+                                     "kernel")
+            ours = False
         fits = group == cpu.GROUP and K // group <= cpu.MAX_GROUPS and weight.device.type == "cpu"
         if ours and not (fits and cpu.available()):
             why = cpu.unavailable_reason() or "the weight does not fit"
@@ -251,14 +263,85 @@ class Int4Linear(QuantLinear):
             pair = F.pad(pair, (0, 0, 0, 0, 0, pad))
             self.scales_and_zeros = pair.transpose(0, 1).contiguous().to(torch.bfloat16)
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
-        self._wide(dense, packed)
         if a8:
-            self.q8, self.s8 = quantize_int8(dense)
+            self.q8, self.s8 = quantize_int8(full)
+        self._wide(full, packed)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The int4 kernel alone: x [M, K] -> x @ W.T [M, N], no bias (ours: up to cpu.MAX_ROWS rows; torch's:
         any)."""
         if self.kernel_name == "int4_linear":
             return cpu.int4_linear(x, self.weight)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.group,
+                                                       self.scales_and_zeros)   # a view's rows: contiguous first
         return y[:, : self.n]
+
+
+class QuantizedLinear(torch.nn.Module):
+    """An ``nn.Linear`` whose weight is stored quantised and not kept dense (:func:`quantize_model`): ``forward`` is
+    its QuantLinear ``projection``, so transformers' forward and the static forward (llama.py) both run it.
+
+    projection   Int8Linear or Int4Linear without a dense copy (QuantLinear: its kernel over every number of rows)
+    in_features, out_features   the nn.Linear's
+    weight       a meta tensor [out_features, in_features] of the nn.Linear's dtype: its shape and dtype for code that
+                 asks them (``get_output_embeddings().weight.shape``); no data, so a use of it fails loudly
+    """
+
+    def __init__(self, projection: QuantLinear, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.projection = projection
+        self.out_features, self.in_features = weight.shape
+        self.weight = torch.empty(weight.shape, dtype=weight.dtype, device="meta")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in_features] -> [..., out_features]."""
+        return self.projection(x)
+
+
+TARGET_MODES = ("none", "int8", "int4")
+"""What ``--target-quant`` takes: the weight-only modes (a target's prefill keeps its activations: no +a8)."""
+
+
+def quantize_model(model, mode: str) -> int:
+    """Replace every ``nn.Linear`` of ``model``'s decoder layers and its LM head by a QuantizedLinear holding its
+    weight in ``mode`` (int8 or int4), in place, one layer at a time, and drop the dense weights: the model then holds
+    a quarter (int8) or about an eighth (int4) of its projections' float32 bytes. A head tied to the input embedding
+    is quantised as a copy (the embedding keeps its weight). Its projections keep no dense copy, so the kernel
+    multiplies every number of rows, a prefill's too: on a CPU without native bfloat16 the kernels beat a bfloat16
+    F.linear over the dequantised weight at every number of rows measured, 1 to 384 (``python -m
+    pipeline.benchmarks.quant_linear --ways int8,int4,int8_dequantised,int4_dequantised``, docs/benchmarks.md). Records
+    ``mode`` as ``model.quantized``. Returns the weights' bytes before minus after. A Llama, Mistral or Qwen2 model on
+    a CPU (``--target-quant``; check_supported first)."""
+    if mode not in TARGET_MODES[1:]:
+        raise SpecsweepError(f"--target-quant {mode!r} is not one of {list(TARGET_MODES)}")
+    done = getattr(model, "quantized", None)
+    if done is not None:                     # loaded once, quantised once: a model's weights cannot be re-quantised
+        if done != mode:
+            raise SpecsweepError(f"this model is already quantised as {done}; load it again to quantise it as {mode}")
+        return 0
+    before = weight_bytes(model)
+    weight_kind = Int8Linear if mode == "int8" else Int4Linear
+    linears = [(module, name, child) for layer in model.model.layers for module in layer.children()
+               for name, child in module.named_children() if type(child) is torch.nn.Linear]
+    for parent, name, linear in [*linears, (model, "lm_head", model.lm_head)]:
+        kind = weight_kind(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(),
+                           dense=False)
+        setattr(parent, name, QuantizedLinear(kind, linear.weight))
+    model.quantized = mode
+    return before - weight_bytes(model)
+
+
+def weight_bytes(model) -> int:
+    """The bytes of the model's parameters, buffers and quantised weights (QuantizedLinear's tensors), each storage
+    once."""
+    seen, total = set(), 0
+    tensors = [*model.parameters(), *model.buffers()]
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            tensors += [v for v in vars(m.projection).values() if isinstance(v, torch.Tensor)]
+    for t in tensors:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
