@@ -58,7 +58,7 @@ RECORD_CONFIG = ("task", "target", "draft", "drafter", "sampler", "backend", "ga
 RECORD_METRICS = ("speedup", "speedup_ci_low", "speedup_ci_high", "decode_speedup", "decode_speedup_ci_low",
                   "decode_speedup_ci_high", "unpaired_speedup", "flagged", "acceptance_rate", "acceptance_rate_chars",
                   "iid_alpha", "mean_accepted_tokens", "cost_ratio", "verify_cost_ratio", "theoretical_speedup",
-                  "predicted_speedup", "tokens_per_second", "new_tokens", "wall_time_s")
+                  "predicted_speedup", "tokens_per_second", "new_tokens", "wall_time_s", "peak_memory_mb")
 RECORD_CATEGORY = ("questions", "samples", "timed_samples", "new_tokens", "mean_accepted_tokens", "acceptance_rate",
                    "identical_outputs", "prefix_agreement", "speedup", "speedup_ci_low", "speedup_ci_high",
                    "speedup_ci_coverage")
@@ -94,6 +94,9 @@ def record(result: dict) -> dict:
             # which kernel ran the draft's one-token forwards in one call ("int4_layers"); None: none, or a run from
             # before runs recorded it (llama.py's forward, operator by operator)
             "row_kernel": ((result.get("resolved") or {}).get("row_kernel") or {}).get("draft"),
+            # the bytes of each model's own tensors as run (--target-quant's quantised weights included); None: a
+            # run from before runs recorded it
+            "model_bytes": (result.get("resolved") or {}).get("model_bytes"),
             "metrics": {k: result["metrics"].get(k) for k in RECORD_METRICS}, **per,
             "greedy_agreement": {k: v for k, v in agreement.items() if k != "per_sample"} or None,
             "tokens_sha256": hashlib.sha256(tokens.encode()).hexdigest(),

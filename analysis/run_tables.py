@@ -398,6 +398,19 @@ LLAMA_CPP_RUNS = (  # (label, run) of the llama-cpp profile (params.llama-cpp.ya
 LLAMA_ALONE = ("qwen-llama-cpp-ar-auto", "qwen-llama-cpp-q8_0/qwen-llama-cpp-q8_0-exact-torch-g0")
 """The rows of llama.cpp alone (γ = 0): their speed columns are empty."""
 LLAMA_CPP_ABSENT = "not measured yet: the profile's run stopped before this setting"
+
+
+def model_gigabytes(record: dict) -> str:
+    """The bytes of a run's models as run, target and draft together, in GB ("" for a run that did not record
+    them)."""
+    models = record.get("model_bytes")
+    return num(sum(models.values()) / 1e9, 2) if models else ""
+
+
+def peak_gigabytes(record: dict) -> str:
+    """A run's process's peak resident memory (its models' loading included) in GB ("" where not recorded)."""
+    peak = record["metrics"].get("peak_memory_mb")
+    return "" if peak is None else num(peak * 2**20 / 1e9, 1)
 LLAMA_CPP_SPEED = ("paired speedup", "decoding alone", "acceptance", "tokens/step", "identical to llama.cpp alone")
 
 TABLES = (
@@ -498,6 +511,20 @@ TABLES = (
               Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
               Column("ROUGE-L", "{run}", lambda r: quality_text(r, 3)),
               Column("identical to llama.cpp alone", "{run}", agreement))),
+    # docs/results.md, "A quantised target in torch": specsweep's engine in the llama-cpp profile
+    RunTable("results-llama-cpp-torch", "llama-cpp", "Qwen2.5-Coder pair in specsweep's engine, bfloat16, with",
+             (Row("int8 target, int8 draft at γ 2", {"run": "qwen-torch-int8/qwen-torch-int8-exact-torch-g2"},
+                  absent=LLAMA_CPP_ABSENT),),
+             (Column("tokens/s", "{run}", metric("tokens_per_second", 1)),
+              Column("paired speedup over the int8 target alone", "{run}", speedup),
+              Column("decoding alone", "{run}", decode_speedup),
+              Column("acceptance", "{run}", metric("acceptance_rate")),
+              Column("tokens/step", "{run}", metric("mean_accepted_tokens")),
+              Column("c", "{run}", metric("cost_ratio")), Column("r", "{run}", metric("verify_cost_ratio")),
+              Column("ROUGE-L", "{run}", lambda r: quality_text(r, 3)),
+              Column("identical to its target alone", "{run}", agreement),
+              Column("weights, GB", "{run}", model_gigabytes),
+              Column("peak resident, GB", "{run}", peak_gigabytes))),
     # docs/results.md, "The paper's table on a real pair": the rules at T = 1 (the real profile)
     RunTable("results-real-sampling", "real", "rule, T = 1, γ 4",
              tuple(Row(rule, {"run": f"qwen-sampling-bfloat16/qwen-sampling-bfloat16-{rule}-torch-g4"})
