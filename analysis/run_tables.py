@@ -394,7 +394,9 @@ LLAMA_CPP_RUNS = (  # (label, run) of the llama-cpp profile (params.llama-cpp.ya
       for g in (4, 8)),
     ("both files Q8_0: llama.cpp alone", "qwen-llama-cpp-q8_0/qwen-llama-cpp-q8_0-exact-torch-g0"),
     ("both files Q8_0: 0.5B draft, draft max 2", "qwen-llama-cpp-q8_0/qwen-llama-cpp-q8_0-exact-torch-g2"),
-    ("T = 1: 0.5B draft, draft max 4 (llama.cpp's rule)", "qwen-llama-cpp-t1/qwen-llama-cpp-t1-exact-torch-g4"))
+    ("T = 1: 0.5B draft, draft max 4 (llama.cpp's rule)", "qwen-llama-cpp-t1/qwen-llama-cpp-t1-exact-torch-g4"),
+    *((f"the study's trial {i}: 0.5B draft, its draft max, floor and minimum from Optuna",
+       f"tune/qwen-llama-cpp/trials/0000{i}") for i in (0, 1)))
 LLAMA_ALONE = ("qwen-llama-cpp-ar-auto", "qwen-llama-cpp-q8_0/qwen-llama-cpp-q8_0-exact-torch-g0")
 """The rows of llama.cpp alone (γ = 0): their speed columns are empty."""
 LLAMA_CPP_ABSENT = "not measured yet: the profile's run stopped before this setting"

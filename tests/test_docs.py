@@ -166,7 +166,7 @@ def test_publish_writes_one_small_summary_with_what_it_is_the_machine_the_date_a
     assert record["metrics"]["speedup"] == pytest.approx(1.02) and record["measurement"]["coverage"] == 0.97
     assert record["quality"] == {"rouge1": 1.0, "rouge2": 0.5, "rougeL": 1.0, "rougeLsum": 1.0}
     assert all(set(r) == {"config", "params", "metrics", "greedy_agreement", "tokens_sha256", "quality", "measurement",
-                          "ran", "packed_weights", "quant_kernel", "few_rows_kernel", "row_kernel"}
+                          "ran", "packed_weights", "quant_kernel", "few_rows_kernel", "row_kernel", "model_bytes"}
                for r in summary["runs"].values())
     assert record["params"] == {}       # exact has no parameters (a sigmoid run's: the sigmoid table's test)
 

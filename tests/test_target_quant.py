@@ -148,6 +148,10 @@ def test_a_run_with_a_quantised_target_records_it_and_its_own_tokens(saved, mode
     result = json.loads(out.read_text())
     assert result["config"]["target_quant"] == mode and result["config"]["draft_quant"] == "none"
     assert result["resolved"]["quant_kernel"]["target"] == "torch"
+    from pipeline.models import load_causal_lm
+
+    dense = weight_bytes(load_causal_lm(str(saved[1]), getattr(torch, dtype), "cpu"))
+    assert 0 < result["resolved"]["model_bytes"]["target"] < dense          # the quantised target as run
     agreement = result["metrics"]["greedy_agreement"]           # against its own paired γ = 0 loop
     assert agreement["samples"] == 2 and agreement["identical"] == 2
 
