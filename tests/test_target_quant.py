@@ -194,3 +194,18 @@ def test_the_forward_benchmark_reads_a_quantisation_after_a_dtype():
         parse_dtypes("bfloat16+int3", "cpu")
     with pytest.raises(SpecsweepError, match="use --dtype bfloat16"):
         parse_dtypes("float32+int4", "cpu")
+
+
+def test_int8_quantisation_in_blocks_of_rows_is_the_whole_matrixs(monkeypatch):
+    """quantize_int8 works through a weight ROWS_AT_ONCE rows at a time (bounded temporaries while a model loads):
+    the same q and scales, bit for bit, as one pass over every row, with a last block shorter than the others."""
+    g = torch.Generator().manual_seed(2)
+    weight = (torch.randn(37, 64, generator=g) * 0.05).to(torch.bfloat16)
+    whole = quant.quantize_int8(weight)
+    monkeypatch.setattr(quant, "ROWS_AT_ONCE", 8)
+    blocks = quant.quantize_int8(weight)
+    assert torch.equal(whole[0], blocks[0]) and torch.equal(whole[1], blocks[1])
+    w = weight.float()                                      # the formula, written out once
+    scales = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+    assert torch.equal(blocks[0], torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
+    assert torch.equal(blocks[1], scales.to(torch.bfloat16))
