@@ -319,8 +319,8 @@ def quantize_model(model, mode: str) -> int:
     a quarter (int8) or about an eighth (int4) of its projections' float32 bytes. A head tied to the input embedding
     is quantised as a copy (the embedding keeps its weight). Its projections keep no dense copy, so the kernel
     multiplies every number of rows, a prefill's too: on a CPU without native bfloat16 the kernels beat a bfloat16
-    F.linear over the dequantised weight at every number of rows measured, 1 to 384 (``python -m
-    pipeline.benchmarks.quant_linear --ways int8,int4,int8_dequantised,int4_dequantised``, docs/benchmarks.md). Records
+    F.linear over the dequantised weight at every number of rows measured, 1 to 384 (the llama-cpp profile's ``python
+    -m pipeline.benchmarks.quant_linear --ways int8,int4,dequantised``, docs/results.md). Records
     ``mode`` as ``model.quantized``. Returns the weights' bytes before minus after. A Llama, Mistral or Qwen2 model on
     a CPU (``--target-quant``; check_supported first)."""
     if mode not in TARGET_MODES[1:]:
