@@ -11,6 +11,18 @@ from .doc_sources import at_commit, ci, interval, micros, num, percent, prose, r
 from .pareto import pareto_mask
 from .run_tables import rule_params, short_cpu
 
+
+def machine_of(provenance: dict) -> str:
+    """The short name of the CPU a result's provenance recorded ("AMD EPYC")."""
+    device = provenance["device"]
+    return short_cpu(device.get("cpu_model") or device["cpu"])
+
+
+def measured_on(provenance: dict) -> str:
+    """"AMD EPYC, 2026-12-08 at 1a2b3c4": the machine, the day and the commit a result was measured on."""
+    return f"{machine_of(provenance)}, {provenance['date'][:10]}{at_commit(provenance)}"
+
+
 REDESIGN = "results/bench/redesign-engine-cpu.json"
 REDESIGN_LOOPS = (("ours_speculative", "ours, speculative"), ("ours_autoregressive", "ours, γ = 0"),
                   ("ours_speculative_hf_forward", "ours with transformers' forward, speculative"),
@@ -546,14 +558,12 @@ def bench_rules_t1(root: Path) -> str:
             "argmax": "exact, the draft proposes its argmax (llama.cpp's rule)"}
     body = [[what[k], interval(r["acceptance"], *r["acceptance_ci95"], 3), num(r["tokens_per_step"], 2),
              num(r["distortion"], 4)] for k, r in ((k, rows[k]) for k in ("sampled", "argmax") if k in rows)]
-    at = at_commit(data["provenance"])
     after = (f"Closed form on the same {s['steps']} verify steps of one exact run of specsweep's engine ({s['limit']} "
              f"articles, up to {s['max_new_tokens']} new tokens, T = {s['temperature']:g}, γ {s['gamma']}, "
              f"{s['dtype']}, the converted folders of the Q4_K_M files): acceptance Σ min(p, q) for a sampled draft, "
              f"p(argmax q) for the argmax; 95 % bootstrap intervals over verify steps; tokens/step at that "
              f"acceptance as if i.i.d.; distortion is total variation per token (0: lossless). Measured on "
-             f"{short_cpu(data['provenance']['device'].get('cpu_model') or data['provenance']['device']['cpu'])}, "
-             f"{data['provenance']['date'][:10]}{at}.")
+             f"{measured_on(data['provenance'])}.")
     return "\n".join([table(["verify rule at T = 1", "acceptance [95 %]", "tokens/step", "distortion"], body), "",
                       prose(after)])
 
@@ -633,7 +643,7 @@ def bench_replay_draft(root: Path) -> str:
                  r["draft_forwards_per_step"], 2), num(r["predicted_decode_speedup"], 2) + "x"] for r in picked]
     curve, draft = data["draft_cost_curve"], data["draft"]
     at = at_commit(data["provenance"])
-    machine = short_cpu(data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"])
+    machine = machine_of(data["provenance"])
     after = (f"{len(rows)} settings replayed on the {data['samples']} texts of {src['limit']} articles (up to "
              f"{src['max_new_tokens']} new tokens, {src['dtype']}), the draft ({draft['model']}, "
              f"--draft-quant {draft['quant']}) traced once per text; a step's cost from the target's forward over 1 "
@@ -673,14 +683,12 @@ def bench_quant_target(root: Path) -> str:
         body.append([named(d), num(data["weight_bytes"][d] / 1e9, 2), num(one["static_ms"], 0),
                      num(many["static_ms"], 0),
                      ci(many["verify_cost"]), *faster])
-    machine = short_cpu(data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"])
     after = (f"Qwen2.5-Coder-1.5B-Instruct (the converted folder: the Q4_K_M weights, dequantised) in specsweep's "
              f"static forward, one forward of 1 and of {q} new tokens after {s['context']} cached ones, batch 1, "
              f"{s['threads']} threads; every variant in the same {s['rounds']} interleaved rounds of {s['calls']} "
              f"calls, medians; the last two columns are {base}'s time over the row's, paired by round, with their "
              f"{percent(over[next(iter(over))]['ci_coverage'])} intervals (above 1: the row is faster). GB: the "
-             f"model's own tensors as loaded. Measured on {machine}, {data['provenance']['date'][:10]}"
-             f"{at_commit(data['provenance'])}.")
+             f"model's own tensors as loaded. Measured on {measured_on(data['provenance'])}.")
     return "\n".join([table(["the 1.5B target in torch", "GB", "1 token, ms", f"{q} tokens, ms",
                              f"r = ms({q}) / ms(1)", f"1 token: {base} over it", f"{q} tokens: {base} over it"], body),
                       "", prose(after)])
@@ -702,10 +710,9 @@ def bench_quant_target_projections(root: Path) -> str:
 
     body = [[r["shape"], str(r["rows"]), num(r["bfloat16_us"] / 1e3, 1), *(cell(r, w) for w in ways)]
             for r in data["results"]]
-    machine = short_cpu(data["provenance"]["device"].get("cpu_model") or data["provenance"]["device"]["cpu"])
     after = (f"One projection y = x @ W.T, W N x K of the 1.5B's shapes (gate and up stacked; down), x bfloat16 of "
              f"M rows, random values; ms per call, median of {s['rounds']} rounds of {s['calls']} calls, "
              f"{s['threads']} threads; in brackets bfloat16's time over the way's, paired by round (above 1: "
-             f"faster). Measured on {machine}, {data['provenance']['date'][:10]}{at_commit(data['provenance'])}.")
+             f"faster). Measured on {measured_on(data['provenance'])}.")
     return "\n".join([table(["N x K", "rows M", "bfloat16 F.linear, ms", *(f"{named[w]}, ms" for w in ways)], body),
                       "", prose(after)])

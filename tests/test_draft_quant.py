@@ -17,7 +17,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import PROMPTS, load_saved_pair, record_engines, save_pair, write_prompts
+from tiny_models import PROMPTS, cli_run_args, load_saved_pair, record_engines, save_pair, saved_cli_pair, write_prompts
 
 from pipeline.cli import main
 from pipeline.config import DRAFT_QUANTS, RunConfig
@@ -181,16 +181,10 @@ def test_greedy_decoding_with_a_quantised_draft_is_the_target_alone(pair, mode, 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    root = tmp_path_factory.mktemp("quant-cli")
-    tp, dp = save_pair(root, kind="llama", width=128)
-    return root, tp, dp, write_prompts(root / "prompts.jsonl")
+    return saved_cli_pair(tmp_path_factory.mktemp("quant-cli"))
 
 
-def _args(saved, out, *extra):
-    _, tp, dp, data = saved
-    return ["run", "--target", str(tp), "--draft", str(dp), "--data", str(data), "--device", "cpu", "--limit", "2",
-            "--max-new-tokens", "8", "--temperature", "0", "--repeats", "3", "--samples-per-repeat", "2",
-            "--no-progress", "--out", str(out), *extra]
+_args = cli_run_args
 
 
 def test_a_run_with_a_quantised_draft_records_it_and_the_target_alones_tokens(saved):

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import PROMPTS, load_saved_pair, save_pair, write_prompts
+from tiny_models import PROMPTS, cli_run_args, load_saved_pair, save_pair, saved_cli_pair, write_prompts
 
 from pipeline.cli import main
 from pipeline.decoding.engine import SpeculativeEngine
@@ -129,16 +129,10 @@ def test_speculation_on_a_quantised_target_emits_its_own_tokens(pair, mode, dtyp
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    root = tmp_path_factory.mktemp("target-quant-cli")
-    tp, dp = save_pair(root, kind="llama", width=128)
-    return root, tp, dp, write_prompts(root / "prompts.jsonl")
+    return saved_cli_pair(tmp_path_factory.mktemp("target-quant-cli"))
 
 
-def _args(saved, out, *extra):
-    _, tp, dp, data = saved
-    return ["run", "--target", str(tp), "--draft", str(dp), "--data", str(data), "--device", "cpu", "--limit", "2",
-            "--max-new-tokens", "8", "--temperature", "0", "--repeats", "3", "--samples-per-repeat", "2",
-            "--no-progress", "--out", str(out), *extra]
+_args = cli_run_args
 
 
 @pytest.mark.parametrize("mode,dtype", [("int8", "float32"), ("int4", "bfloat16")])

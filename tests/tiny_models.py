@@ -97,3 +97,18 @@ def record_engines(monkeypatch) -> list:
 
     monkeypatch.setattr(SpeculativeEngine, "__init__", recording)
     return engines
+
+
+def saved_cli_pair(root):
+    """(root, target path, draft path, prompts path): a tiny Llama pair (widths multiples of 128, as int4 needs) and
+    a prompts file under ``root``, for tests that run the CLI on it (:func:`cli_run_args`)."""
+    tp, dp = save_pair(root, kind="llama", width=128)
+    return root, tp, dp, write_prompts(root / "prompts.jsonl")
+
+
+def cli_run_args(saved, out, *extra):
+    """`specsweep run` on :func:`saved_cli_pair`'s pair: 2 prompts, 8 greedy tokens, 3 repeats of 2, then ``extra``."""
+    _, tp, dp, data = saved
+    return ["run", "--target", str(tp), "--draft", str(dp), "--data", str(data), "--device", "cpu", "--limit", "2",
+            "--max-new-tokens", "8", "--temperature", "0", "--repeats", "3", "--samples-per-repeat", "2",
+            "--no-progress", "--out", str(out), *extra]
