@@ -31,9 +31,10 @@ MODEL_DRAFTERS = ("model", "lookup-model")
 LOOKUP_DRAFTERS = ("prompt-lookup", "lookup-model")
 """The drafters that match n-grams of the text (--lookup-min, --lookup-max)."""
 DRAFT_QUANTS = ("none", "int8", "int4", "int8+a8", "int4+a8")
-TARGET_QUANTS = ("none", "int8", "int4")
 """How a draft model's weights are stored in its static forward (pipeline/decoding/static/quant.py's MODES, named here
 so that the settings load no torch)."""
+TARGET_QUANTS = ("none", "int8", "int4")
+"""How the target's weights are stored, quantised in place (quant.py's TARGET_MODES, named here for the same reason)."""
 WANDB_MODES = ("online", "offline", "disabled")
 VERIFY_GRAPHS = ("auto", "on", "off")
 # --compile: off (the eager static forward), or torch.compile's mode for its decoding steps (reduce-overhead and

@@ -361,11 +361,13 @@ def fallbacks(engine) -> dict:
     """Why a model's static forward on a CPU ran torch's (or oneDNN's) products where ours would have run: role -> the
     one-line reason, for a Llama-family forward whose weights could not be packed, a packed bfloat16 forward without
     our few-row kernel, or an int4 draft without our int4 kernels (kernels/cpu.py says why). Roles whose forward ran
-    what was asked are left out (packed weights turned off, or --compile, is a choice, not a fallback)."""
+    what was asked are left out (packed weights turned off, or --compile, is a choice, not a fallback), and so is a
+    model quantised in place (--target-quant), which runs torch's kernels on every CPU (quant.quantize_model)."""
     reasons = {}
     for name, m in _models(engine).items():
         static = getattr(m, "static", None)
-        if not isinstance(static, LlamaStaticForward) or static.embed.device.type != "cpu" or static.compiled:
+        if not isinstance(static, LlamaStaticForward) or static.embed.device.type != "cpu" or static.compiled \
+                or getattr(static.model, "quantized", None):
             continue
         quantised = static.quant != "none"
         ours = (quantised and static.quant.startswith("int4")) or (static.packed and static.dtype == torch.bfloat16)

@@ -25,6 +25,12 @@ from pipeline.samplers import get_sampler
 EOS = 1
 
 
+def test_the_settings_name_the_modes_the_module_takes():
+    from pipeline.config import TARGET_QUANTS
+
+    assert TARGET_QUANTS == quant.TARGET_MODES
+
+
 @pytest.mark.parametrize("kind,dtype", [(Int8Linear, torch.float32), (Int8Linear, torch.bfloat16),
                                         (Int4Linear, torch.bfloat16)])
 def test_a_projection_without_a_dense_copy_runs_its_kernel_over_every_number_of_rows(kind, dtype, monkeypatch):
@@ -142,6 +148,7 @@ def test_a_run_with_a_quantised_target_records_it_and_its_own_tokens(saved, mode
     result = json.loads(out.read_text())
     assert result["config"]["target_quant"] == mode and result["config"]["draft_quant"] == "none"
     assert result["resolved"]["quant_kernel"]["target"] == "torch"
+    assert "target" not in result["resolved"]["fallbacks"]     # torch's kernels by design, on every CPU: no fallback
     from pipeline.models import load_causal_lm
 
     dense = weight_bytes(load_causal_lm(str(saved[1]), getattr(torch, dtype), "cpu"))

@@ -97,7 +97,6 @@ def _ways(weight: torch.Tensor, x: torch.Tensor, quantized: dict) -> dict:
         ways["int4_linear"] = lambda _: quantized["int4_linear"].kernel(x)
     if "int8" in quantized:
         ways["a8"] = lambda _, q8=quantized["int8"]: int8_product(x, q8.q, q8.scales)
-    if "int8" in quantized:
         ways["dequantised"] = lambda _, q8=quantized["int8"]: F.linear(x, q8.q.to(x.dtype) * q8.scales[:, None])
     return ways
 
