@@ -44,6 +44,7 @@ from pipeline.decoding.static.quant import check_supported, quantize_model, weig
 from pipeline.errors import SpecsweepError
 from pipeline.kernels import cpu
 from pipeline.models import (
+    architecture,
     check_same_tokenizer,
     eos_token_ids,
     load_causal_lm,
@@ -107,25 +108,27 @@ def load_pair(config: RunConfig, task, dtype, device: str) -> Pair:
     if use_draft:
         check_supported(config.draft_quant, device, dtype)       # before the models load: a dtype it cannot run
     check_supported(config.target_quant, device, dtype, role="target")
+    if config.target_quant != "none":
+        check_quantizable(config.target, config.target_quant)   # before the target loads
     tokenizer = load_tokenizer(config.target)
     if use_draft and config.draft_tokenizer_mode == "shared":
         check_same_tokenizer(tokenizer, draft_tokenizer(config.draft), config.target, config.draft)
     target = load_causal_lm(config.target, dtype, device, spread=spread)
     if config.target_quant != "none":
-        quantize_target(target, config.target_quant)
+        quantize_model(target, config.target_quant)
     draft = load_causal_lm(config.draft, dtype, device) if use_draft else None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return Pair(target, draft, tokenizer, None)
 
 
-def quantize_target(target, mode: str) -> None:
-    """The target's projections and head quantised in place (``--target-quant``: quant.quantize_model), for a model
-    of a family whose static forward runs them; one-line SpecsweepError for another."""
-    if type(target).__name__ not in QUANTIZED_FAMILIES:
+def check_quantizable(target: str, mode: str) -> None:
+    """One-line SpecsweepError unless ``target`` (read from its config, no weights) is of a family whose projections
+    ``--target-quant`` quantises in place (quant.quantize_model)."""
+    family = architecture(target)
+    if family not in QUANTIZED_FAMILIES:
         raise SpecsweepError(f"--target-quant {mode} quantises a Llama, Mistral or Qwen2 target; this target is a "
-                             f"{type(target).__name__}: drop --target-quant")
-    quantize_model(target, mode)
+                             f"{family}: drop --target-quant")
 
 
 def check_decoder_only(config: RunConfig) -> None:

@@ -179,6 +179,7 @@ def test_a_mode_it_does_not_take_is_refused_by_the_parser(saved, capsys, mode):
 def test_a_target_of_another_family_is_refused_in_one_line(tmp_path, capsys):
     tp, _ = save_pair(tmp_path, kind="gpt2")
     data = write_prompts(tmp_path / "prompts.jsonl")
+    capsys.readouterr()                                           # the save's progress bar, not the run's error
     assert main(["run", "--target", str(tp), "--data", str(data), "--device", "cpu", "--limit", "1",
                  "--max-new-tokens", "4", "--gamma", "0", "--target-quant", "int8", "--no-progress",
                  "--out", str(tmp_path / "out.json")]) == 2
